@@ -1,0 +1,205 @@
+"""The policy contract: the only thing a host and a scheduling policy share.
+
+Every engine step a *host* (the discrete-event simulator, the built-in server, the vLLM or
+SGLang adapter) builds a read-only :class:`View`, calls :meth:`Policy.schedule`, executes the
+returned :class:`Plan` under the host semantics below, and reports the step back with
+:meth:`Policy.on_step`. A policy never imports a host, so one implementation runs unchanged
+in a simulated sweep and inside a GPU-backed vLLM server.
+
+Token accounting follows vLLM v1 (anchors-engines.md §1.4): a request has ``num_tokens``
+(prompt + generated output) and ``num_computed_tokens`` (tokens whose KV exists). A step
+gives a request ``n <= num_tokens - num_computed_tokens`` tokens; when computed catches up
+with ``num_tokens`` the request samples one new output token at the end of that step. So a
+prefill chunk and a decode are the same operation, and recompute preemption is simply
+``num_computed_tokens = 0`` (the re-prefill then covers prompt *and* generated output).
+
+Host semantics (identical in every host; ``harness.engine.conformance`` tests them):
+
+1. Apply ``plan.preempt`` in order: free the request's KV, set its computed tokens to 0,
+   count a preemption, and put it at the front of ``waiting``.
+2. Execute ``plan.run`` in order. Each item is clipped to the request's remaining tokens and to
+   the budget left; KV blocks are allocated for it. When KV runs out the host preempts
+   (recompute) from the *end of the run order* (the last-listed request still holding KV,
+   possibly one already scheduled this step, possibly the requester itself) until the
+   allocation fits.
+3. If nothing was preempted in step 2, admit ``plan.admit`` in order while the token budget,
+   ``max_num_seqs`` (requests holding KV) and KV allow; admission stops at the first item that
+   does not fit (head-of-line, like vLLM).
+4. Running requests not listed in ``plan.run`` are *paused*: they keep their KV.
+5. The step's duration comes from the host (cost model or real GPU); then every scheduled
+   request advances, samples a token if it caught up, and finishes at ``max_tokens``
+   (ignore-EOS semantics), freeing its KV.
+
+A plan that asks for more than the budget or caps is clipped, never exceeded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class RequestView(Protocol):
+    """What a policy may read about one request. Hosts expose their own objects through it.
+
+    Policies must treat these objects as read-only; per-request policy state belongs in the
+    policy (keyed by ``request_id``).
+    """
+
+    request_id: str
+    arrival_s: float  # host clock, seconds
+    num_prompt_tokens: int
+    num_output_tokens: int  # generated so far
+    num_computed_tokens: int  # tokens whose KV is held (0 after a recompute preemption)
+    max_tokens: int  # the output length the request stops at (ignore-EOS)
+    predicted_output_len: int | None  # known or predicted output length; None = unknown
+    tier: str
+    priority: int  # lower = more important (vLLM convention)
+    ttft_slo_s: float | None
+    tbt_slo_s: float | None
+    first_token_s: float | None
+    last_token_s: float | None
+    num_preemptions: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated output tokens."""
+        ...
+
+
+def remaining_tokens(r: RequestView) -> int:
+    """Tokens this request can be given in the next step (a decode is exactly 1)."""
+    return r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+
+
+def is_decoding(r: RequestView) -> bool:
+    """True once the request has produced output and its KV covers everything but the last token."""
+    return r.num_output_tokens > 0 and remaining_tokens(r) == 1
+
+
+def prefill_remaining(r: RequestView) -> int:
+    """Prompt (or recompute) tokens still to process before the next output token; 0 if decoding."""
+    return 0 if is_decoding(r) else remaining_tokens(r)
+
+
+@dataclass(frozen=True, slots=True)
+class KVView:
+    """KV-cache state in blocks; token figures are derived so policies can think in tokens."""
+
+    block_size: int
+    total_blocks: int
+    used_blocks: int
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.total_blocks * self.block_size
+
+    @property
+    def free_tokens(self) -> int:
+        return self.free_blocks * self.block_size
+
+    @property
+    def usage(self) -> float:
+        return self.used_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``num_tokens`` tokens of KV."""
+    return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The read-only state handed to :meth:`Policy.schedule` once per step."""
+
+    now: float
+    waiting: Sequence[RequestView]  # no KV held: new (arrival order) or preempted (front)
+    running: Sequence[RequestView]  # holding KV: prefilling, decoding or paused
+    kv: KVView
+    token_budget: int  # max tokens in one step (vLLM max_num_batched_tokens)
+    max_num_seqs: int  # max requests holding KV at once (vLLM max_num_seqs)
+    last_step_s: float | None = None  # duration of the previous step, if any
+
+
+@dataclass(slots=True)
+class Plan:
+    """An ordered step plan. Items are ``(request_id, tokens)``.
+
+    ``run``: running requests to step (1 for a decode, n for a prefill chunk), in priority
+    order (the tail is the first preemption victim). ``admit``: waiting requests to start,
+    with the size of their first chunk. ``preempt``: running requests to evict first.
+
+    ``steady``: the policy promises that, until the next arrival, finish or preemption, it
+    would return exactly "every running request decodes one token, nothing else". The
+    simulator may then fast-forward identical decode steps in closed form without calling
+    the policy (seed-stability.md §2 makes such runs common under any work-conserving
+    policy). Leave it False when unsure: it is only a speed hint.
+    """
+
+    run: list[tuple[str, int]] = field(default_factory=list)
+    admit: list[tuple[str, int]] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+    steady: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What the host tells the policy (and telemetry) after each step or fast-forwarded run.
+
+    ``num_steps > 1`` means the host fast-forwarded that many identical decode steps after a
+    ``steady`` plan; token and time fields then cover all of them.
+    """
+
+    start_s: float
+    duration_s: float
+    num_steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    kv_used_blocks: int
+    preempted: tuple[str, ...] = ()
+    admitted: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy. Construct with keyword parameters; hosts call the three hooks."""
+
+    name: str
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        """A request joined ``waiting`` (not called again after a preemption)."""
+
+    def schedule(self, view: View) -> Plan:
+        """Return this step's plan. Called once per step, never concurrently."""
+        ...
+
+    def on_step(self, report: StepReport) -> None:
+        """The step (or fast-forwarded run of steps) just executed."""
+
+
+class BasePolicy:
+    """Convenience base: no-op hooks and parameter echo for run.json. Subclassing is optional."""
+
+    name: str = "base"
+
+    def on_arrival(self, request: RequestView, now: float) -> None:  # noqa: D102
+        return None
+
+    def schedule(self, view: View) -> Plan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_step(self, report: StepReport) -> None:  # noqa: D102
+        return None
+
+    def params(self) -> dict[str, Any]:
+        """Parameters worth recording in run.json (public attributes by default)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -1,0 +1,102 @@
+"""The run directory format: one schema for live replays and simulations alike (design.md).
+
+```
+<run_dir>/
+  run.json          config, versions, trace info, seed, target, policy, tiers, status
+  requests.parquet  one row per request (REQUESTS)
+  chunks.parquet    one row per streamed chunk (CHUNKS); simulations write one row per token
+  samples.parquet   time series from the engine / Prometheus / NVML (SAMPLES)
+  summary.json      vLLM ``bench serve`` keys + per-tier SLOs + stability + send fidelity
+  report.html       self-contained report
+```
+
+All times are seconds on the run's clock: 0 is the moment the dispatch loop started (``t0``),
+so ``target_s`` is exactly the trace's arrival offset. ``run.json`` keeps ``t0_unix`` to map
+back to wall time. ``run.json.status`` is ``running`` while writing, then ``complete``, or
+``partial`` after Ctrl-C / a crash (everything flushed so far stays readable).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RUN_JSON = "run.json"
+REQUESTS_FILE = "requests.parquet"
+CHUNKS_FILE = "chunks.parquet"
+SAMPLES_FILE = "samples.parquet"
+SUMMARY_JSON = "summary.json"
+REPORT_HTML = "report.html"
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+STATUS_PARTIAL = "partial"
+
+# error_kind values (requests.parquet); None for a successful request.
+ERROR_CONNECT = "connect"  # could not connect / connection refused / DNS
+ERROR_HTTP = "http_status"  # non-200 response
+ERROR_TIMEOUT = "timeout"  # no byte within the request timeout
+ERROR_STREAM_CUT = "stream_cut"  # connection closed before [DONE] / final chunk
+ERROR_BAD_PAYLOAD = "bad_payload"  # a chunk that is not valid JSON / not the expected shape
+ERROR_NO_CHOICES = "no_choices"  # HTTP 200 but no choices-bearing chunk (vLLM counts it failed)
+ERROR_REJECTED = "rejected"  # refused by the engine before running (e.g. longer than KV capacity)
+ERROR_CANCELLED = "cancelled"  # still in flight when the run was stopped (Ctrl-C / duration)
+ERROR_KINDS = (
+    ERROR_CONNECT,
+    ERROR_HTTP,
+    ERROR_TIMEOUT,
+    ERROR_STREAM_CUT,
+    ERROR_BAD_PAYLOAD,
+    ERROR_NO_CHOICES,
+    ERROR_REJECTED,
+    ERROR_CANCELLED,
+)
+
+REQUESTS = pa.schema(
+    [
+        pa.field("req", pa.int64(), nullable=False),  # row index in the trace (join key)
+        pa.field("request_id", pa.string(), nullable=False),  # sent as x-request-id
+        pa.field("tier", pa.string()),
+        pa.field("prompt_len", pa.int64()),  # from the trace
+        pa.field("output_len", pa.int64()),  # requested max_tokens
+        pa.field("prompt_tokens", pa.int64()),  # usage.prompt_tokens, else prompt_len
+        pa.field("output_tokens", pa.int64()),  # usage.completion_tokens, else counted chunks
+        pa.field("target_s", pa.float64()),  # scheduled arrival (trace arrival_s)
+        pa.field("arrival_s", pa.float64()),  # released by the dispatcher (vLLM arrival_time)
+        pa.field("send_s", pa.float64()),  # just before POST, after the concurrency gate
+        pa.field("first_chunk_s", pa.float64()),  # first choices-bearing chunk (NaN if none)
+        pa.field("last_chunk_s", pa.float64()),  # last choices-bearing chunk (NaN if none)
+        pa.field("num_chunks", pa.int64()),
+        pa.field("success", pa.bool_()),
+        pa.field("error_kind", pa.string()),  # one of ERROR_KINDS, null when success
+        pa.field("error", pa.string()),  # short human-readable message
+        pa.field("http_status", pa.int64()),  # null when no response
+    ]
+)
+
+CHUNKS = pa.schema(
+    [
+        pa.field("req", pa.int64(), nullable=False),
+        pa.field("t_s", pa.float64(), nullable=False),  # receipt time (perf_counter - t0)
+        pa.field("tokens", pa.int32(), nullable=False),  # tokens carried by this chunk
+    ]
+)
+
+SAMPLES = pa.schema(
+    [
+        pa.field("t_s", pa.float64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # "engine" | "prometheus" | "gpu"
+        pa.field("num_steps", pa.int64()),  # engine: steps covered by this row (fast-forward)
+        pa.field("step_duration_s", pa.float64()),
+        pa.field("prefill_tokens", pa.int64()),
+        pa.field("decode_tokens", pa.int64()),
+        pa.field("kv_used_tokens", pa.int64()),
+        pa.field("kv_usage", pa.float64()),  # 0..1
+        pa.field("num_waiting", pa.int64()),
+        pa.field("num_running", pa.int64()),
+        pa.field("preemptions_total", pa.int64()),
+        pa.field("gpu_index", pa.int64()),
+        pa.field("gpu_mem_used_mib", pa.float64()),
+        pa.field("gpu_mem_total_mib", pa.float64()),
+        pa.field("gpu_util_perc", pa.float64()),
+    ]
+)
