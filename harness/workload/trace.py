@@ -1,0 +1,94 @@
+"""The Trace: the requests a run sends, with their arrival offsets and tiers.
+
+A Trace is a thin wrapper over a pandas DataFrame with the columns in :data:`COLUMNS` plus
+``meta`` (where it came from, seeds, whether a fallback profile was used) and the tiers the
+``tier`` column refers to. Every host (replay, simulate, serve) consumes this one type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.workload.tiers import Tier
+
+COLUMNS: dict[str, str] = {
+    "request_id": "str: unique id, sent as x-request-id",
+    "arrival_s": "float: offset from the run start, non-decreasing",
+    "prompt": "str|None: prompt text (None: synthesise from prompt_len at send time)",
+    "prompt_len": "int >= 1: prompt tokens (exact for the built-in engine, a hint otherwise)",
+    "output_len": "int >= 1: output tokens to generate (max_tokens, ignore-EOS)",
+    "tier": "str: a tier name from Trace.tiers",
+}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names the file/row/field where known."""
+
+
+@dataclass
+class Trace:
+    """Requests in arrival order. Construct through :meth:`from_frame` to get validation."""
+
+    df: pd.DataFrame
+    tiers: list[Tier]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_frame(
+        cls, df: pd.DataFrame, tiers: list[Tier], meta: dict[str, Any] | None = None
+    ) -> Trace:
+        """Validate columns, types and order; fill missing ``prompt`` with None."""
+        df = df.copy()
+        if "prompt" not in df.columns:
+            df["prompt"] = None
+        missing = [c for c in COLUMNS if c not in df.columns]
+        if missing:
+            raise TraceError(f"trace is missing column(s): {', '.join(missing)}")
+        if len(df) == 0:
+            raise TraceError("trace is empty")
+        for col in ("prompt_len", "output_len"):
+            vals = pd.to_numeric(df[col], errors="coerce")
+            bad = vals.isna() | (vals < 1) | (vals != np.floor(vals))
+            if bad.any():
+                row = int(np.flatnonzero(bad.to_numpy())[0])
+                raise TraceError(f"row {row}: {col}={df[col].iloc[row]!r} is not an integer >= 1")
+            df[col] = vals.astype(np.int64)
+        arr = pd.to_numeric(df["arrival_s"], errors="coerce")
+        if arr.isna().any() or (arr < 0).any():
+            row = int(np.flatnonzero((arr.isna() | (arr < 0)).to_numpy())[0])
+            raise TraceError(f"row {row}: arrival_s={df['arrival_s'].iloc[row]!r} is not >= 0")
+        df["arrival_s"] = arr.astype(float)
+        if (np.diff(df["arrival_s"].to_numpy()) < 0).any():
+            df = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+        df["request_id"] = df["request_id"].astype(str)
+        if df["request_id"].duplicated().any():
+            dup = df["request_id"][df["request_id"].duplicated()].iloc[0]
+            raise TraceError(f"duplicate request_id {dup!r}")
+        names = {t.name for t in tiers}
+        unknown = set(df["tier"].astype(str)) - names
+        if unknown:
+            raise TraceError(f"tier(s) {sorted(unknown)} not in the tier spec {sorted(names)}")
+        df["tier"] = df["tier"].astype(str)
+        return cls(df=df.reset_index(drop=True), tiers=list(tiers), meta=dict(meta or {}))
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def tier(self, name: str) -> Tier:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def content_hash(self) -> str:
+        """sha256 over the columns that define the replay (arrivals, lengths, tiers, prompts)."""
+        h = hashlib.sha256()
+        for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
+            h.update(col.encode())
+            h.update(pd.util.hash_pandas_object(self.df[col].astype(str), index=False).values)
+        return h.hexdigest()
