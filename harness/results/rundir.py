@@ -1,0 +1,415 @@
+"""Run directory I/O: an incremental, crash-safe writer and the one reader (design.md "Run
+directory"; layout and schemas in :mod:`harness.results.schema`).
+
+On-disk layout while a run is being written (why: a Parquet file is only readable once its
+footer is written, so a writer killed mid-file loses the whole file; small closed segments
+survive a SIGKILL):
+
+```
+<run_dir>/run.json                     rewritten atomically (tmp + os.replace) on every change
+<run_dir>/requests.parquet.parts/      one closed Parquet file per flush: part-000000.parquet, ...
+<run_dir>/chunks.parquet.parts/        (each written as .tmp then renamed, so a part is either
+<run_dir>/samples.parquet.parts/        complete or absent)
+```
+
+On :meth:`RunWriter.close` (also on an exception / Ctrl-C through the context manager) the
+parts of each table are streamed into one ``<table>.parquet`` file (written as .tmp, then
+renamed), and only then the parts folder is removed. So a finished run has exactly the
+single-file layout of ``schema.py``; a SIGKILLed one keeps its parts folders and
+``status: running``. :func:`read_run` reads either: the single file when present (a crash
+between the rename and the cleanup leaves a complete file plus stale parts, which are
+ignored), else the sorted parts. Status in run.json: ``running`` → ``complete`` |
+``partial``; :attr:`Run.status` reports a ``running`` run that nobody is writing as
+``partial``.
+
+Flushing: rows are buffered in memory and a table is written out as one part when its buffer
+holds ``flush_rows`` rows, when ``flush_interval_s`` has passed since the last flush (checked
+on each add), or when :meth:`RunWriter.flush` is called. Bulk producers (the simulator:
+~30M chunk rows) should use the ``*_table`` methods, which only keep references to Arrow
+tables until a part is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness import clock
+from harness.results import schema
+
+SCHEMA_VERSION = 1
+_PARTS_SUFFIX = ".parts"
+_COMPRESSION = "zstd"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` so that readers see either the old or the new file, never a torn one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "model_dump"):
+        return o.model_dump(mode="json")
+    raise TypeError(f"run.json: value of type {type(o).__name__} is not JSON serialisable")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as pretty JSON (numpy scalars, Paths and dataclasses allowed)."""
+    _atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, allow_nan=False))
+
+
+class _TableSink:
+    """One table of the run: a row buffer, a list of pending Arrow tables, and part files."""
+
+    def __init__(self, run_dir: Path, filename: str, arrow_schema: pa.Schema) -> None:
+        self.final = run_dir / filename
+        self.parts_dir = run_dir / (filename + _PARTS_SUFFIX)
+        self.schema = arrow_schema
+        self.names = set(arrow_schema.names)
+        self.rows: list[dict[str, Any]] = []
+        self.tables: list[pa.Table] = []
+        self.table_rows = 0
+        # Column buffers for add_chunks (the hot path of a live replay).
+        self.col_req: list[int] = []
+        self.col_t: list[float] = []
+        self.col_tok: list[int] = []
+        self.next_part = 0
+        self.rows_written = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self.rows) + self.table_rows + len(self.col_t)
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        unknown = row.keys() - self.names
+        if unknown:
+            raise ValueError(f"{self.final.name}: unknown column(s) {sorted(unknown)}")
+        self.rows.append(row)
+
+    def add_table(self, tbl: pa.Table) -> None:
+        if tbl.num_rows == 0:
+            return
+        unknown = set(tbl.column_names) - self.names
+        if unknown:
+            raise ValueError(f"{self.final.name}: unknown column(s) {sorted(unknown)}")
+        cols = []
+        for f in self.schema:
+            if f.name in tbl.column_names:
+                cols.append(tbl.column(f.name).cast(f.type))
+            else:
+                if not f.nullable:
+                    raise ValueError(f"{self.final.name}: missing required column {f.name!r}")
+                cols.append(pa.nulls(tbl.num_rows, f.type))
+        self._seal_rows()
+        self.tables.append(pa.Table.from_arrays(cols, schema=self.schema))
+        self.table_rows += tbl.num_rows
+
+    def _seal_rows(self) -> None:
+        """Turn the row and column buffers into a pending table (keeps insertion order)."""
+        if self.rows:
+            self.tables.append(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.table_rows += len(self.rows)
+            self.rows = []
+        if self.col_t:
+            self.tables.append(
+                pa.Table.from_arrays(
+                    [
+                        pa.array(self.col_req, pa.int64()),
+                        pa.array(self.col_t, pa.float64()),
+                        pa.array(self.col_tok, pa.int32()),
+                    ],
+                    schema=self.schema,
+                )
+            )
+            self.table_rows += len(self.col_t)
+            self.col_req, self.col_t, self.col_tok = [], [], []
+
+    def _drain(self) -> pa.Table | None:
+        self._seal_rows()
+        pieces = self.tables
+        self.tables, self.table_rows = [], 0
+        if not pieces:
+            return None
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+
+    def flush(self) -> None:
+        """Write everything buffered as one closed part file (tmp + rename)."""
+        tbl = self._drain()
+        if tbl is None or tbl.num_rows == 0:
+            return
+        self.parts_dir.mkdir(exist_ok=True)
+        path = self.parts_dir / f"part-{self.next_part:06d}.parquet"
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(tbl, tmp, compression=_COMPRESSION, row_group_size=1 << 20)
+        os.replace(tmp, path)
+        self.next_part += 1
+        self.rows_written += tbl.num_rows
+
+    def finalize(self) -> None:
+        """Merge the parts into the single final file, then drop the parts folder."""
+        self.flush()
+        parts = _list_parts(self.parts_dir)
+        tmp = self.final.with_name(self.final.name + ".tmp")
+        if len(parts) == 1:
+            os.replace(parts[0], tmp)
+        else:
+            with pq.ParquetWriter(tmp, self.schema, compression=_COMPRESSION) as w:
+                for p in parts:  # stream part by part: memory stays at one part
+                    w.write_table(pq.read_table(p, schema=self.schema))
+        os.replace(tmp, self.final)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+
+
+def _list_parts(parts_dir: Path) -> list[Path]:
+    if not parts_dir.is_dir():
+        return []
+    return sorted(parts_dir.glob("part-*.parquet"))
+
+
+class RunWriter:
+    """Writes one run directory incrementally; see the module docstring for the layout.
+
+    Use as a context manager: leaving the block normally closes the run as ``complete``; an
+    exception or KeyboardInterrupt closes it as ``partial`` (everything buffered is flushed)
+    and re-raises. ``meta`` is the run.json content (config echo, trace info, tiers, t0_unix...).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        meta: dict[str, Any],
+        *,
+        flush_rows: int = 1_000_000,
+        flush_interval_s: float = 1.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if (self.run_dir / schema.RUN_JSON).exists():
+            old = json.loads((self.run_dir / schema.RUN_JSON).read_text(encoding="utf-8"))
+            if old.get("status") == schema.STATUS_RUNNING:
+                raise FileExistsError(f"{self.run_dir} holds a run that is still being written")
+        for name in (schema.REQUESTS_FILE, schema.CHUNKS_FILE, schema.SAMPLES_FILE):
+            (self.run_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(self.run_dir / (name + _PARTS_SUFFIX), ignore_errors=True)
+        self.flush_rows = int(flush_rows)
+        self.flush_interval_s = float(flush_interval_s)
+        self.meta: dict[str, Any] = dict(meta)
+        self.meta.setdefault("schema_version", SCHEMA_VERSION)
+        self.meta.setdefault("created_unix", time.time())
+        self.meta["status"] = schema.STATUS_RUNNING
+        self._requests = _TableSink(self.run_dir, schema.REQUESTS_FILE, schema.REQUESTS)
+        self._chunks = _TableSink(self.run_dir, schema.CHUNKS_FILE, schema.CHUNKS)
+        self._samples = _TableSink(self.run_dir, schema.SAMPLES_FILE, schema.SAMPLES)
+        self._sinks = (self._requests, self._chunks, self._samples)
+        self._last_flush = clock.now()
+        self.closed = False
+        self._write_meta()
+
+    # -- metadata -------------------------------------------------------------------------
+    def _write_meta(self) -> None:
+        write_json(self.run_dir / schema.RUN_JSON, self.meta)
+
+    def update_meta(self, **kv: Any) -> None:
+        """Merge keys into run.json and rewrite it atomically."""
+        self.meta.update(kv)
+        self._write_meta()
+
+    # -- rows -----------------------------------------------------------------------------
+    def _check(self, sink: _TableSink) -> None:
+        if self.closed:
+            raise RuntimeError("RunWriter is closed")
+        if sink.buffered >= self.flush_rows:
+            sink.flush()
+        elif clock.now() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def add_request(self, row: dict[str, Any]) -> None:
+        """One REQUESTS row (missing nullable keys = null; unknown keys raise)."""
+        self._requests.add_row(row)
+        self._check(self._requests)
+
+    def add_requests_table(self, tbl: pa.Table) -> None:
+        """Many REQUESTS rows at once (columns cast to the schema; missing = null)."""
+        self._requests.add_table(tbl)
+        self._check(self._requests)
+
+    def add_chunks(self, req: int, t_s: Sequence[float], tokens: Sequence[int]) -> None:
+        """All streamed chunks of one request: receipt times (run clock, s) and token counts."""
+        if len(t_s) != len(tokens):
+            raise ValueError(f"add_chunks(req={req}): {len(t_s)} times but {len(tokens)} counts")
+        s = self._chunks
+        s.col_req.extend([int(req)] * len(t_s))
+        s.col_t.extend(t_s)
+        s.col_tok.extend(tokens)
+        self._check(s)
+
+    def add_chunks_table(self, tbl: pa.Table) -> None:
+        """Bulk CHUNKS rows (req, t_s, tokens); the fast path for simulations."""
+        self._chunks.add_table(tbl)
+        self._check(self._chunks)
+
+    def add_sample(self, row: dict[str, Any]) -> None:
+        """One SAMPLES row (missing keys = null)."""
+        self._samples.add_row(row)
+        self._check(self._samples)
+
+    def add_samples_table(self, tbl: pa.Table) -> None:
+        self._samples.add_table(tbl)
+        self._check(self._samples)
+
+    def flush(self) -> None:
+        """Write every buffered row of every table as closed part files."""
+        for s in self._sinks:
+            s.flush()
+        self._last_flush = clock.now()
+
+    # -- closing --------------------------------------------------------------------------
+    def close(self, status: str = schema.STATUS_COMPLETE) -> None:
+        """Flush, merge parts into the final files and record ``status`` in run.json."""
+        if self.closed:
+            return
+        if status not in (schema.STATUS_COMPLETE, schema.STATUS_PARTIAL):
+            raise ValueError(f"status must be complete or partial, not {status!r}")
+        self.closed = True
+        for s in self._sinks:
+            s.finalize()
+        self.meta["status"] = status
+        self.meta["closed_unix"] = time.time()
+        self.meta["rows"] = {
+            "requests": self._requests.rows_written,
+            "chunks": self._chunks.rows_written,
+            "samples": self._samples.rows_written,
+        }
+        self._write_meta()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close(schema.STATUS_COMPLETE)
+        else:
+            if not self.closed:
+                self.meta["stopped_by"] = f"{exc_type.__name__}: {exc}"[:500]
+            self.close(schema.STATUS_PARTIAL)
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """A run directory loaded in memory. ``summary`` is None until summary.json exists."""
+
+    dir: Path
+    meta: dict[str, Any]
+    requests: pd.DataFrame
+    chunks: pd.DataFrame
+    samples: pd.DataFrame
+    summary: dict[str, Any] | None = None
+    files: dict[str, str] = field(default_factory=dict)  # table -> "file" | "parts" | "none"
+
+    @property
+    def status(self) -> str:
+        """``complete`` / ``partial``; a ``running`` run read from disk is reported partial
+        (its writer either is still going or died, e.g. SIGKILL)."""
+        st = self.meta.get("status", schema.STATUS_PARTIAL)
+        return schema.STATUS_PARTIAL if st == schema.STATUS_RUNNING else st
+
+
+def read_table(
+    run_dir: Path | str, filename: str, columns: Iterable[str] | None = None
+) -> pa.Table:
+    """One table of a run as Arrow: the final file, else its flushed parts, else empty."""
+    run_dir = Path(run_dir)
+    arrow_schema = {
+        schema.REQUESTS_FILE: schema.REQUESTS,
+        schema.CHUNKS_FILE: schema.CHUNKS,
+        schema.SAMPLES_FILE: schema.SAMPLES,
+    }[filename]
+    cols = list(columns) if columns is not None else None
+    final = run_dir / filename
+    if final.is_file():
+        return pq.read_table(final, columns=cols, schema=arrow_schema)
+    parts = _list_parts(run_dir / (filename + _PARTS_SUFFIX))
+    if parts:
+        return pa.concat_tables(
+            [pq.read_table(p, columns=cols, schema=arrow_schema) for p in parts]
+        )
+    empty = arrow_schema.empty_table()
+    return empty.select(cols) if cols is not None else empty
+
+
+def _where(run_dir: Path, filename: str) -> str:
+    if (run_dir / filename).is_file():
+        return "file"
+    if _list_parts(run_dir / (filename + _PARTS_SUFFIX)):
+        return "parts"
+    return "none"
+
+
+def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) -> Run:
+    """Load a run directory (complete, partial, or killed mid-way). ``chunks=False`` /
+    ``samples=False`` skip those tables (empty frames) when only request-level data is
+    needed."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / schema.RUN_JSON
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {schema.RUN_JSON})")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+
+    def load(filename: str, want: bool) -> pd.DataFrame:
+        if not want:
+            return _empty_frame(filename)
+        return read_table(run_dir, filename).to_pandas()
+
+    summary = None
+    sp = run_dir / schema.SUMMARY_JSON
+    if sp.is_file():
+        summary = json.loads(sp.read_text(encoding="utf-8"))
+    return Run(
+        dir=run_dir,
+        meta=meta,
+        requests=load(schema.REQUESTS_FILE, True),
+        chunks=load(schema.CHUNKS_FILE, chunks),
+        samples=load(schema.SAMPLES_FILE, samples),
+        summary=summary,
+        files={
+            n: _where(run_dir, n)
+            for n in (schema.REQUESTS_FILE, schema.CHUNKS_FILE, schema.SAMPLES_FILE)
+        },
+    )
+
+
+def _empty_frame(filename: str) -> pd.DataFrame:
+    arrow_schema = {
+        schema.REQUESTS_FILE: schema.REQUESTS,
+        schema.CHUNKS_FILE: schema.CHUNKS,
+        schema.SAMPLES_FILE: schema.SAMPLES,
+    }[filename]
+    return arrow_schema.empty_table().to_pandas()
