@@ -12,16 +12,12 @@ describe the server at render time, which is the receipt time minus one network 
 Metric names (anchors-engines.md §2 for vLLM, §3.5 for SGLang); values are summed over label
 sets (several engines / data-parallel ranks behind one endpoint):
 
-=================  ================================================  ==========================
-column             vLLM                                               SGLang
-=================  ================================================  ==========================
-kv_usage           ``vllm:kv_cache_usage_perc`` (older                ``sglang:token_usage``
-                   ``vllm:gpu_cache_usage_perc``), 0..1
-num_running        ``vllm:num_requests_running``                      ``sglang:num_running_reqs``
-num_waiting        ``vllm:num_requests_waiting``                      ``sglang:num_queue_reqs``
-preemptions_total  ``vllm:num_preemptions_total``                     ``sglang:num_retracted_requests_total``
-                                                                      (else ``sglang:total_retracted_reqs``)
-=================  ================================================  ==========================
+- ``kv_usage`` (0..1): vLLM ``vllm:kv_cache_usage_perc`` (older ``vllm:gpu_cache_usage_perc``);
+  SGLang ``sglang:token_usage``.
+- ``num_running``: ``vllm:num_requests_running``; ``sglang:num_running_reqs``.
+- ``num_waiting``: ``vllm:num_requests_waiting``; ``sglang:num_queue_reqs``.
+- ``preemptions_total``: ``vllm:num_preemptions_total``; SGLang retractions
+  ``sglang:num_retracted_requests_total`` (else ``sglang:total_retracted_reqs``).
 
 KV usage is a fraction; with several engines behind one endpoint it is averaged, not summed
 (a sum of fractions is meaningless). A dead endpoint never stops the run: failures are counted
@@ -130,16 +126,12 @@ class _Nvml:
         rows = []
         for i, h in enumerate(self._handles):
             row: dict[str, Any] = {"gpu_index": i}
-            try:
+            with contextlib.suppress(Exception):
                 mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
                 row["gpu_mem_used_mib"] = mem.used / 2**20
                 row["gpu_mem_total_mib"] = mem.total / 2**20
-            except Exception:
-                pass
-            try:
+            with contextlib.suppress(Exception):
                 row["gpu_util_perc"] = float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            except Exception:
-                pass
             rows.append(row)
         return rows
 

@@ -105,7 +105,7 @@ async def test_sampler_scrapes_live_server_on_run_clock() -> None:
     prom = [r for r in rows if r["source"] == "prometheus"]
     assert len(prom) >= 5 and s.scrape_errors == 0
     ts = [r["t_s"] for r in prom]
-    assert ts == sorted(ts) and 0 <= ts[0] and ts[-1] <= t_end
+    assert ts == sorted(ts) and ts[0] >= 0 and ts[-1] <= t_end
     # successive scrapes see the server's successive states
     assert [r["num_running"] - 2 for r in prom[:5]] == [1, 2, 3, 4, 5]
     assert all(r["num_waiting"] == 2 * (r["num_running"] - 2) for r in prom)
