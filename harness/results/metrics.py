@@ -1,0 +1,421 @@
+"""vLLM-compatible request metrics, vectorised over a run's requests and chunks frames.
+
+Every formula follows ``vllm bench serve`` (anchors-harness.md §6.1 / §6.2,
+``serve.py:calculate_metrics`` and ``lib/endpoint_request_func.py``); extras carry our own
+names (§6.4). Times in the frames are seconds on the run clock; statistics are reported in ms.
+
+Per request i (successful ones only; §6.1):
+  - ``start`` = ``send_s`` (vLLM ``start_time``: just before POST, after the concurrency gate)
+  - ``ttft``  = first chunk time − start
+  - ``itl``   = gaps between consecutive chunks, one per chunk after the first (§6.1: no extra
+    entries for multi-token chunks)
+  - ``e2el``  = last chunk time − start (vLLM ``latency``)
+  - ``tpot``  = (e2el − ttft) / (output_tokens − 1), only when output_tokens > 1; counts as 0
+    for goodput otherwise (§6.2)
+  - ``success`` = the row's ``success`` flag AND at least one chunk (HTTP 200 and a
+    ``choices`` chunk, §6.1)
+
+Chunk rows are the ``choices``-bearing SSE messages (chunks.parquet); simulations write one
+row per step that emitted tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+#: Percentiles emitted for every latency metric (a superset of vLLM's default ``99``; §6.2).
+PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
+#: The four vLLM latency metrics, in vLLM's order.
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+#: Default send-lag p99 above which a run "did not keep its schedule" (design.md, loadgen).
+DEFAULT_SEND_LAG_THRESHOLD_MS = 10.0
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+def percentile_key(p: float, metric: str) -> str:
+    """vLLM's key spelling: ``p99_itl_ms``, ``p99.9_itl_ms`` (no ``.0`` for integers)."""
+    word = str(int(p)) if int(p) == p else str(p)
+    return f"p{word}_{metric}_ms"
+
+
+def latency_stats(values_s: np.ndarray, metric: str) -> dict[str, float]:
+    """mean/median/std (ddof=0)/percentiles in ms with vLLM key names; empty gives 0 (vLLM
+    computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation."""
+    v = np.asarray(values_s, dtype=np.float64)
+    if v.size == 0:
+        v = np.zeros(1)
+    out = {
+        f"mean_{metric}_ms": float(np.mean(v) * 1000.0),
+        f"median_{metric}_ms": float(np.median(v) * 1000.0),
+        f"std_{metric}_ms": float(np.std(v) * 1000.0),
+    }
+    pcts = np.percentile(v, PERCENTILES)
+    for p, q in zip(PERCENTILES, pcts, strict=True):
+        out[percentile_key(p, metric)] = float(q * 1000.0)
+    return out
+
+
+def parse_goodput(items: Iterable[str] | str | None) -> dict[str, float] | None:
+    """Parse vLLM's ``--goodput ttft:MS tpot:MS e2el:MS`` into ``{"ttft": ms, ...}``.
+
+    Raises ValueError with a one-line message on a bad item (unknown key, not a number,
+    negative)."""
+    if items is None:
+        return None
+    if isinstance(items, str):
+        items = items.replace(",", " ").split()
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, val = item.partition(":")
+        key = key.strip().lower()
+        if not sep or key not in GOODPUT_KEYS:
+            raise ValueError(
+                f"bad goodput item {item!r}: use ttft:MS, tpot:MS or e2el:MS (milliseconds)"
+            )
+        try:
+            ms = float(val)
+        except ValueError:
+            raise ValueError(f"bad goodput item {item!r}: {val!r} is not a number") from None
+        if not ms >= 0:
+            raise ValueError(f"bad goodput item {item!r}: the SLO must be >= 0 ms")
+        out[key] = ms
+    return out or None
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ChunkView:
+    """Chunks of the successful requests, grouped by request and time-ordered within.
+
+    ``grp[k]`` is the position (in the per-request frame) of chunk k's request; ``start[g]``
+    / ``end[g]`` delimit request g's chunks (end exclusive; empty when it has none).
+    """
+
+    t: np.ndarray  # float64 chunk times
+    tokens: np.ndarray  # int64 tokens per chunk
+    grp: np.ndarray  # int64 request position
+    start: np.ndarray
+    end: np.ndarray
+
+    @property
+    def first_in_group(self) -> np.ndarray:
+        """True for the first chunk of each request (where no ITL sample exists)."""
+        f = np.ones(self.t.size, dtype=bool)
+        if self.t.size > 1:
+            f[1:] = self.grp[1:] != self.grp[:-1]
+        return f
+
+    def itl(self) -> tuple[np.ndarray, np.ndarray]:
+        """All ITL samples (s) and the request position of each (vLLM §6.1)."""
+        if self.t.size < 2:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        gaps = np.diff(self.t)
+        same = self.grp[1:] == self.grp[:-1]
+        return gaps[same], self.grp[1:][same]
+
+
+def _positions(keys: np.ndarray, req_ids: np.ndarray) -> np.ndarray:
+    """Position in ``req_ids`` of each key (-1 when absent); a table lookup for dense ids."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if req_ids.size == 0:
+        return np.full(keys.size, -1, dtype=np.int64)
+    lo, hi = int(req_ids.min()), int(req_ids.max())
+    kmin, kmax = int(keys.min()), int(keys.max())
+    if lo >= 0 and kmin >= 0 and max(hi, kmax) < 4 * req_ids.size + 1_000_000:
+        table = np.full(max(hi, kmax) + 1, -1, dtype=np.int64)
+        table[req_ids] = np.arange(req_ids.size)
+        return table[keys]
+    order = np.argsort(req_ids, kind="stable")
+    sorted_ids = req_ids[order]
+    idx = np.searchsorted(sorted_ids, keys)
+    idx = np.clip(idx, 0, sorted_ids.size - 1)
+    found = sorted_ids[idx] == keys
+    return np.where(found, order[idx], -1)
+
+
+def group_chunks(chunks: pd.DataFrame, req_ids: np.ndarray, keep: np.ndarray) -> ChunkView:
+    """Group chunk rows by request position, keeping only requests where ``keep`` is True.
+
+    Rows are re-sorted (stable, by request then time) only when they are not already in
+    contiguous time-ordered groups; a writer that adds each request's chunks at once (the
+    load generator) or per request in time order (the simulator) skips the sort.
+    """
+    n = req_ids.size
+    if len(chunks) == 0:
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        return ChunkView(z, zi, zi, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+    keys = chunks["req"].to_numpy(dtype=np.int64)
+    t = chunks["t_s"].to_numpy(dtype=np.float64)
+    tok = chunks["tokens"].to_numpy(dtype=np.int64)
+    pos = _positions(keys, req_ids)
+    sel = pos >= 0
+    sel &= keep[np.where(sel, pos, 0)]
+    if not sel.all():
+        pos, t, tok = pos[sel], t[sel], tok[sel]
+    start = np.zeros(n, dtype=np.int64)
+    end = np.zeros(n, dtype=np.int64)
+    if pos.size == 0:
+        return ChunkView(t, tok, pos, start, end)
+    change = pos[1:] != pos[:-1]
+    heads = np.flatnonzero(np.r_[True, change])
+    contiguous = np.bincount(pos[heads], minlength=n).max() <= 1
+    if not (contiguous and bool(np.all((np.diff(t) >= 0) | change))):
+        order = np.lexsort((t, pos))
+        pos, t, tok = pos[order], t[order], tok[order]
+        heads = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
+    # Groups need not ascend: every consumer works on adjacency or on ``grp``.
+    lens = np.diff(np.r_[heads, pos.size])
+    start[pos[heads]] = heads
+    end[pos[heads]] = heads + lens
+    return ChunkView(t, tok, pos, start, end)
+
+
+def _col(df: pd.DataFrame, name: str, dtype: type = np.float64, fill: float = np.nan) -> np.ndarray:
+    if name not in df.columns:
+        return np.full(len(df), fill, dtype=dtype)
+    return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=fill)
+
+
+def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.DataFrame, ChunkView]:
+    """Per-request derived fields (one row per request, in the requests frame's order).
+
+    Columns: ``req, tier, success, start_s, ttft_s, e2el_s, tpot_s`` (NaN unless success and
+    output_tokens > 1), ``tpot_good_s`` (tpot with 0 for output_tokens <= 1, goodput's
+    view), ``prompt_tokens, output_tokens`` (0 for failures, like vLLM's
+    ``actual_output_lens``), ``num_chunks, end_s, error_kind``. Returns the chunk view of the
+    successful requests as well (ITL and token-level extras reuse it).
+    """
+    n = len(requests)
+    req_ids = requests["req"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    flag = (
+        requests["success"].fillna(False).to_numpy(dtype=bool)
+        if "success" in requests.columns
+        else np.zeros(n, dtype=bool)
+    )
+    cv = group_chunks(chunks, req_ids, flag)
+    counts = cv.end - cv.start
+    has = counts > 0
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    first[has] = cv.t[cv.start[has]]
+    last[has] = cv.t[cv.end[has] - 1]
+    # Without chunk rows (chunks not loaded / not written) fall back to the request columns.
+    no_rows = ~has & flag
+    if no_rows.any():
+        fc = _col(requests, "first_chunk_s")
+        lc = _col(requests, "last_chunk_s")
+        nc = _col(requests, "num_chunks", fill=0.0)
+        first[no_rows], last[no_rows] = fc[no_rows], lc[no_rows]
+        counts = np.where(no_rows & (nc > 0), nc, counts).astype(np.int64)
+    success = flag & np.isfinite(first)
+
+    send = _col(requests, "send_s")
+    ttft = np.where(success, first - send, np.nan)
+    e2el = np.where(success, last - send, np.nan)
+
+    out_tok = _col(requests, "output_tokens")
+    # vLLM: usage.completion_tokens, else re-count (here: sum of chunk tokens), else 1.
+    chunk_tok = np.bincount(cv.grp, weights=cv.tokens, minlength=n) if n else np.zeros(0)
+    missing = ~np.isfinite(out_tok) | (out_tok <= 0)
+    out_tok = np.where(missing, np.where(chunk_tok > 0, chunk_tok, 1.0), out_tok)
+    out_tok = np.where(success, out_tok, 0.0).astype(np.int64)
+
+    prompt = _col(requests, "prompt_tokens")
+    prompt = np.where(np.isfinite(prompt), prompt, _col(requests, "prompt_len", fill=0.0))
+    prompt = np.where(np.isfinite(prompt), prompt, 0.0).astype(np.int64)
+
+    multi = success & (out_tok > 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(multi, (e2el - ttft) / np.maximum(out_tok - 1, 1), np.nan)
+    tpot_good = np.where(success, np.where(multi, tpot, 0.0), np.nan)
+
+    end = np.fmax(np.fmax(last, send), _col(requests, "arrival_s"))
+    tier = requests["tier"].to_numpy(dtype=object) if "tier" in requests.columns else None
+    frame = pd.DataFrame(
+        {
+            "req": req_ids,
+            "tier": tier if tier is not None else np.full(n, None, dtype=object),
+            "success": success,
+            "start_s": send,
+            "ttft_s": ttft,
+            "e2el_s": e2el,
+            "tpot_s": tpot,
+            "tpot_good_s": tpot_good,
+            "prompt_tokens": np.where(success, prompt, 0),
+            "output_tokens": out_tok,
+            "num_chunks": np.where(success, counts, 0),
+            "end_s": end,
+            "error_kind": (
+                requests["error_kind"].to_numpy(dtype=object)
+                if "error_kind" in requests.columns
+                else np.full(n, None, dtype=object)
+            ),
+        }
+    )
+    return frame, cv
+
+
+def good_mask(rm: pd.DataFrame, goodput: Mapping[str, float] | None) -> np.ndarray | None:
+    """vLLM goodput: success and every configured SLO met (``metric <= slo``, ms on the CLI;
+    TPOT counts 0 for output_tokens <= 1; failed requests are never good). None without SLOs."""
+    if not goodput:
+        return None
+    good = rm["success"].to_numpy(dtype=bool).copy()
+    cols = {"ttft": "ttft_s", "tpot": "tpot_good_s", "e2el": "e2el_s"}
+    for key, ms in goodput.items():
+        v = rm[cols[key]].to_numpy(dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            good &= v <= ms / 1000.0
+    return good
+
+
+def max_output_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
+    """vLLM: max over 1-s buckets (from the earliest successful start) of chunk arrivals.
+    It counts chunks, not tokens (§6.2)."""
+    if cv.t.size == 0:
+        return 0.0
+    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
+    t0 = float(np.nanmin(start)) if start.size else float(cv.t.min())
+    b = np.floor(cv.t - t0).astype(np.int64)
+    b = b[b >= 0]
+    return float(np.bincount(b).max()) if b.size else 0.0
+
+
+def peak_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
+    """Our extra: the same 1-s buckets, counting tokens (chunks can carry several)."""
+    if cv.t.size == 0:
+        return 0.0
+    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
+    t0 = float(np.nanmin(start)) if start.size else float(cv.t.min())
+    b = np.floor(cv.t - t0).astype(np.int64)
+    ok = b >= 0
+    return float(np.bincount(b[ok], weights=cv.tokens[ok]).max()) if ok.any() else 0.0
+
+
+def max_concurrent_requests(rm: pd.DataFrame) -> int:
+    """Peak overlap of ``[start, start + e2el)`` over successful requests; sweep line with
+    departures before arrivals on ties (§6.2)."""
+    s = rm["success"].to_numpy(dtype=bool)
+    if not s.any():
+        return 0
+    a = rm["start_s"].to_numpy()[s]
+    d = a + rm["e2el_s"].to_numpy()[s]
+    times = np.concatenate([a, d])
+    delta = np.concatenate([np.ones(a.size, dtype=np.int64), -np.ones(d.size, dtype=np.int64)])
+    order = np.lexsort((delta, times))  # at equal times -1 (departure) sorts first
+    return int(np.cumsum(delta[order]).max())
+
+
+def tbt_token_stats(cv: ChunkView) -> dict[str, float]:
+    """Token-normalised TBT (§6.4, SGLang's native method): each gap between token-bearing
+    chunks is spread evenly over the tokens that chunk carries. Keys
+    ``tbt_token_{mean,p50,p90,p99,max}_ms``; 0 when empty."""
+    keys = ("mean", "p50", "p90", "p99", "max")
+    tok = cv.tokens
+    m = tok > 0
+    t, g, k = cv.t[m], cv.grp[m], tok[m]
+    if t.size < 2:
+        return {f"tbt_token_{x}_ms": 0.0 for x in keys}
+    same = g[1:] == g[:-1]
+    gaps = np.diff(t)[same]
+    n = k[1:][same]
+    if gaps.size == 0:
+        return {f"tbt_token_{x}_ms": 0.0 for x in keys}
+    per = np.repeat(gaps / n, n) * 1000.0
+    p50, p90, p99 = np.percentile(per, [50, 90, 99])
+    return {
+        "tbt_token_mean_ms": float(per.mean()),
+        "tbt_token_p50_ms": float(p50),
+        "tbt_token_p90_ms": float(p90),
+        "tbt_token_p99_ms": float(p99),
+        "tbt_token_max_ms": float(per.max()),
+    }
+
+
+def itl_p99_within(cv: ChunkView, n: int, slo_s: np.ndarray) -> np.ndarray:
+    """Per request: is the request's own p99 ITL (``np.percentile`` linear) <= its TBT SLO?
+
+    Exact without sorting: with n gaps ascending and h = 0.99·(n−1), the p99 interpolates
+    between the order statistics at floor(h) and ceil(h). If c gaps exceed the SLO they are
+    the top c, so the answer is decided by c alone except when floor(h) = n−c−1: then the p99
+    is ``lo + frac·(hi − lo)`` with lo the largest gap within the SLO and hi the smallest
+    above it. Requests with no ITL sample (one chunk) pass. ``slo_s`` is per request (NaN:
+    no SLO → True).
+    """
+    ok = np.ones(n, dtype=bool)
+    itl, grp = cv.itl()
+    if itl.size == 0:
+        return ok
+    s = slo_s[grp]
+    has_slo = np.isfinite(s)
+    over = (itl > s) & has_slo
+    cnt = np.bincount(grp, minlength=n)
+    c = np.bincount(grp, weights=over, minlength=n).astype(np.int64)
+    lo = np.full(n, -np.inf)
+    np.maximum.at(lo, grp[~over], itl[~over])
+    hi = np.full(n, np.inf)
+    np.minimum.at(hi, grp[over], itl[over])
+    h = 0.99 * (cnt - 1)
+    f = np.floor(h).astype(np.int64)
+    frac = h - f
+    ceil_ = np.ceil(h).astype(np.int64)
+    first_over = cnt - c  # index of the smallest gap above the SLO
+    with np.errstate(invalid="ignore"):
+        pass_clear = ceil_ < first_over
+        fail_clear = f >= first_over
+        val = lo + frac * (hi - lo)
+        edge_ok = val <= np.where(np.isfinite(slo_s), slo_s, np.inf)
+    res = np.where(c == 0, True, np.where(pass_clear, True, np.where(fail_clear, False, edge_ok)))
+    ok[cnt > 0] = res[cnt > 0]
+    return ok
+
+
+def send_fidelity(
+    requests: pd.DataFrame, threshold_ms: float = DEFAULT_SEND_LAG_THRESHOLD_MS
+) -> dict[str, float | bool | None]:
+    """How well the dispatcher kept its schedule (design.md "Load generator"; §6.4 names).
+
+    send lag = ``arrival_s − target_s`` (release by the dispatcher versus the schedule; the
+    concurrency-gate wait is vLLM's client queue time, reported separately), falling back to
+    ``send_s`` when ``arrival_s`` is missing. ``achieved_request_rate`` = dispatched requests /
+    last release time (the run clock starts at 0; vLLM pins the last arrival at N/λ, so this
+    compares with the offered rate N / last target). ``schedule_kept`` is False when the send
+    lag p99 exceeds ``threshold_ms``.
+    """
+    target = _col(requests, "target_s")
+    rel = _col(requests, "arrival_s")
+    send = _col(requests, "send_s")
+    rel = np.where(np.isfinite(rel), rel, send)
+    lag = rel - target
+    lag = lag[np.isfinite(lag)]
+    out: dict[str, float | bool | None] = {}
+    if lag.size:
+        p50, p99 = np.percentile(lag, [50, 99]) * 1000.0
+        out.update(
+            send_lag_p50_ms=float(p50),
+            send_lag_p99_ms=float(p99),
+            send_lag_max_ms=float(lag.max() * 1000.0),
+        )
+    else:
+        out.update(send_lag_p50_ms=None, send_lag_p99_ms=None, send_lag_max_ms=None)
+    released = rel[np.isfinite(rel)]
+    tg = target[np.isfinite(target)]
+    out["achieved_request_rate"] = (
+        float(released.size / released.max()) if released.size and released.max() > 0 else None
+    )
+    out["offered_request_rate"] = float(tg.size / tg.max()) if tg.size and tg.max() > 0 else None
+    q = send - rel
+    q = q[np.isfinite(q)]
+    if q.size and q.max() > 0:
+        out["client_queue_p50_ms"] = float(np.percentile(q, 50) * 1000.0)
+        out["client_queue_p99_ms"] = float(np.percentile(q, 99) * 1000.0)
+    out["send_lag_threshold_ms"] = float(threshold_ms)
+    p99 = out["send_lag_p99_ms"]
+    out["schedule_kept"] = True if p99 is None else bool(p99 <= threshold_ms)
+    return out

@@ -1,0 +1,321 @@
+"""summary.json: the exact ``vllm bench serve`` keys, per-tier SLO blocks and send fidelity.
+
+Top-level keys (anchors-harness.md §6.2): ``completed, failed, duration, total_input_tokens,
+total_output_tokens, request_throughput, request_goodput, output_throughput,
+total_token_throughput, {mean,median,std,p50,p90,p95,p99,p99.9}_{ttft,tpot,itl,e2el}_ms,
+max_output_tokens_per_s, max_concurrent_requests`` and vLLM's config echo (``date, backend,
+endpoint_type, label, model_id, tokenizer_id, num_prompts, request_rate, burstiness,
+max_concurrency``). Extras under our own names (§6.4): ``tbt_token_*_ms``,
+``peak_output_tokens_per_s`` (tokens, not chunks), ``send_lag_{p50,p99,max}_ms``,
+``achieved_request_rate``, ``offered_request_rate``, ``schedule_kept``, ``valid``,
+``errors`` (failed requests by error kind), ``slo_attainment``, ``tiers.<name>`` and
+``stability`` (from :mod:`harness.results.stability` when present).
+
+Decisions (where the specs leave room):
+- ``duration``: run.json ``duration_s`` when the producer recorded it (the replay: dispatch
+  start → all requests done; the simulator: its virtual end), else the latest request end
+  seen in the data (last chunk / send / release time), t0 = 0 on the run clock (§6.2).
+- Per-tier blocks use the SAME global duration as denominator (§6.4).
+- A request attains its tier's SLO when it succeeded, its TTFT <= the tier's TTFT SLO, and
+  its own p99 ITL (np.percentile, linear) <= the tier's TBT SLO (a missing SLO is not
+  checked). The p99 rather than the max, so that one stall in a 1000-token answer does not
+  fail it; it matches the papers' "P99 TBT" framing (seed-rad-slai.md §6.3). Failed
+  requests never attain. ``slo_attainment`` = attained / all requests of the tier.
+- Tier-level ``ttft_slo_met`` / ``p99_itl_slo_met`` compare the tier's pooled p99 TTFT / p99
+  ITL with its SLOs (null when the tier has no such SLO); ``goodput`` = attaining requests /
+  duration, ``request_goodput`` = vLLM goodput (CLI ``--goodput`` SLOs) restricted to the tier.
+- ``goodput=None`` falls back to run.json ``goodput`` (dict of ms) when the run recorded one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.results import metrics as M
+from harness.results import schema
+from harness.results.rundir import Run, read_run, write_json
+
+VLLM_REFERENCE = "vllm/benchmarks/serve.py@009e6d4a (anchors-harness.md §6)"
+
+_ECHO = {
+    # vLLM key: run.json keys to try, in order
+    "backend": ("backend", "engine"),
+    "endpoint_type": ("endpoint_type", "endpoint", "dialect"),
+    "label": ("label", "run_id"),
+    "model_id": ("model_id", "model"),
+    "tokenizer_id": ("tokenizer_id", "tokenizer", "model"),
+    "request_rate": ("request_rate", "rate"),
+    "burstiness": ("burstiness",),
+    "max_concurrency": ("max_concurrency",),
+}
+
+
+def _lookup(meta: Mapping[str, Any], key: str) -> Any:
+    """A run.json key at top level or one level down (``config``, ``trace``, ...)."""
+    if key in meta:
+        return meta[key]
+    for v in meta.values():
+        if isinstance(v, Mapping) and key in v:
+            return v[key]
+    return None
+
+
+def _tiers_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Tier name -> {share, ttft_slo_s, tbt_slo_s, priority}: run.json ``tiers`` as a list of
+    Tier dicts, a {name: dict} mapping, or a ``--tiers`` spec string."""
+    raw = _lookup(meta, "tiers")
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        from harness.workload.tiers import parse_tiers
+
+        return {t.name: t.to_dict() for t in parse_tiers(raw)}
+    if isinstance(raw, Mapping):
+        return {str(k): dict(v, name=str(k)) for k, v in raw.items()}
+    return {str(d["name"]): dict(d) for d in raw}
+
+
+def _clean(o: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+def _duration(run: Run, rm: pd.DataFrame, cv: M.ChunkView) -> float:
+    d = _lookup(run.meta, "duration_s")
+    if isinstance(d, int | float) and math.isfinite(d) and d > 0:
+        return float(d)
+    ends = rm["end_s"].to_numpy(dtype=np.float64)
+    cands = [float(np.nanmax(ends))] if np.isfinite(ends).any() else []
+    if cv.t.size:
+        cands.append(float(cv.t.max()))
+    return max([c for c in cands if math.isfinite(c)] + [0.0])
+
+
+def _block(
+    rm: pd.DataFrame,
+    cv: M.ChunkView,
+    itl: np.ndarray,
+    itl_grp: np.ndarray,
+    mask: np.ndarray,
+    duration: float,
+    good: np.ndarray | None,
+) -> dict[str, Any]:
+    """The vLLM keys over the requests in ``mask`` (§6.2 formulas)."""
+    succ = rm["success"].to_numpy(dtype=bool) & mask
+    completed = int(succ.sum())
+    total_in = int(rm["prompt_tokens"].to_numpy()[succ].sum())
+    total_out = int(rm["output_tokens"].to_numpy()[succ].sum())
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    out: dict[str, Any] = {
+        "completed": completed,
+        "failed": int(mask.sum()) - completed,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_s(completed),
+        "request_goodput": None if good is None else per_s(float((good & mask).sum())),
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+    }
+    tp = rm["tpot_s"].to_numpy()[succ]
+    values = {
+        "ttft": rm["ttft_s"].to_numpy()[succ],
+        "tpot": tp[np.isfinite(tp)],
+        "itl": itl[mask[itl_grp]] if itl.size else itl,
+        "e2el": rm["e2el_s"].to_numpy()[succ],
+    }
+    for name in M.LATENCY_METRICS:
+        out.update(M.latency_stats(values[name], name))
+    sub = _subview(cv, mask)
+    sub_rm = rm[mask] if not mask.all() else rm
+    out["max_output_tokens_per_s"] = M.max_output_tokens_per_s(sub, sub_rm)
+    out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
+    out["peak_output_tokens_per_s"] = M.peak_tokens_per_s(sub, sub_rm)
+    out.update(M.tbt_token_stats(sub))
+    return out
+
+
+def _subview(cv: M.ChunkView, mask: np.ndarray) -> M.ChunkView:
+    if mask.all() or cv.t.size == 0:
+        return cv
+    keep = mask[cv.grp]
+    return M.ChunkView(cv.t[keep], cv.tokens[keep], cv.grp[keep], cv.start, cv.end)
+
+
+def compute_summary(
+    run: Run,
+    goodput: Mapping[str, float] | None = None,
+    *,
+    send_lag_threshold_ms: float | None = None,
+    stability: bool = True,
+) -> dict[str, Any]:
+    """All summary keys for ``run`` (see the module docstring). ``goodput``: vLLM-style SLOs
+    in ms, e.g. ``{"ttft": 200, "tpot": 50}`` (:func:`metrics.parse_goodput` parses the CLI
+    form)."""
+    meta = run.meta
+    if goodput is None:
+        g = _lookup(meta, "goodput")
+        goodput = dict(g) if isinstance(g, Mapping) and g else None
+    if goodput:
+        bad = set(goodput) - set(M.GOODPUT_KEYS)
+        if bad:
+            raise ValueError(f"unknown goodput metric(s) {sorted(bad)}: use ttft, tpot, e2el")
+    if send_lag_threshold_ms is None:
+        t = _lookup(meta, "send_lag_threshold_ms")
+        send_lag_threshold_ms = float(t) if t is not None else M.DEFAULT_SEND_LAG_THRESHOLD_MS
+
+    rm, cv = M.request_metrics(run.requests, run.chunks)
+    itl, itl_grp = cv.itl()
+    duration = _duration(run, rm, cv)
+    good = M.good_mask(rm, goodput)
+    n = len(rm)
+    everyone = np.ones(n, dtype=bool)
+
+    created = meta.get("created_unix")
+    date = (
+        _dt.datetime.fromtimestamp(created, _dt.UTC).strftime("%Y%m%d-%H%M%S")
+        if isinstance(created, int | float)
+        else None
+    )
+    out: dict[str, Any] = {"date": date}
+    for key, cands in _ECHO.items():
+        out[key] = next((v for c in cands if (v := _lookup(meta, c)) is not None), None)
+    if out["request_rate"] is None:
+        out["request_rate"] = "inf"
+    num = _lookup(meta, "num_requests")
+    out["num_prompts"] = int(num) if isinstance(num, int | float) else n
+    out["run_id"] = meta.get("run_id", run.dir.name)
+    out["status"] = run.status
+    out["policy"] = _lookup(meta, "policy")
+    out["duration"] = duration
+    out["goodput_slos_ms"] = dict(goodput) if goodput else None
+    out.update(_block(rm, cv, itl, itl_grp, everyone, duration, good))
+
+    # Failures by error kind.
+    failed = ~rm["success"].to_numpy(dtype=bool)
+    kinds = pd.Series(rm["error_kind"].to_numpy()[failed], dtype=object).fillna("unknown")
+    out["errors"] = {str(k): int(v) for k, v in kinds.value_counts().sort_index().items()}
+
+    # Send fidelity (§6.4) and validity.
+    out.update(M.send_fidelity(run.requests, send_lag_threshold_ms))
+    reasons = []
+    if not out["schedule_kept"]:
+        reasons.append(
+            f"send lag p99 {out['send_lag_p99_ms']:.1f} ms > {send_lag_threshold_ms:g} ms: "
+            "the load generator did not keep its schedule"
+        )
+    out["valid"] = not reasons
+    out["invalid_reasons"] = reasons
+
+    # Per tier.
+    tiers_meta = _tiers_from_meta(meta)
+    tier_col = rm["tier"].to_numpy(dtype=object)
+    names = list(tiers_meta) + sorted(
+        {str(t) for t in tier_col if t is not None and str(t) not in tiers_meta}
+    )
+    ttft_slo = np.full(n, np.nan)
+    tbt_slo = np.full(n, np.nan)
+    masks: dict[str, np.ndarray] = {}
+    for name in names:
+        m = tier_col == name
+        masks[name] = m
+        tm = tiers_meta.get(name, {})
+        if tm.get("ttft_slo_s") is not None:
+            ttft_slo[m] = float(tm["ttft_slo_s"])
+        if tm.get("tbt_slo_s") is not None:
+            tbt_slo[m] = float(tm["tbt_slo_s"])
+    succ = rm["success"].to_numpy(dtype=bool)
+    ttft_ok = ~np.isfinite(ttft_slo) | (
+        np.nan_to_num(rm["ttft_s"].to_numpy(), nan=np.inf) <= ttft_slo
+    )
+    tbt_ok = M.itl_p99_within(cv, n, tbt_slo)
+    attained = succ & ttft_ok & tbt_ok
+    has_slo = np.isfinite(ttft_slo) | np.isfinite(tbt_slo)
+    out["slo_attainment"] = float(attained[has_slo].mean()) if has_slo.any() else None
+
+    tiers_out: dict[str, Any] = {}
+    for name in names:
+        m = masks[name]
+        tm = tiers_meta.get(name, {})
+        blk = _block(rm, cv, itl, itl_grp, m, duration, good)
+        cnt = int(m.sum())
+        t_slo, b_slo = tm.get("ttft_slo_s"), tm.get("tbt_slo_s")
+        blk_head = {
+            "num_requests": cnt,
+            "share": tm.get("share"),
+            "priority": tm.get("priority"),
+            "ttft_slo_ms": None if t_slo is None else float(t_slo) * 1000.0,
+            "tbt_slo_ms": None if b_slo is None else float(b_slo) * 1000.0,
+        }
+        if cnt and (t_slo is not None or b_slo is not None):
+            blk_head["slo_attainment"] = float(attained[m].mean())
+            blk_head["goodput"] = float(attained[m].sum()) / duration if duration > 0 else 0.0
+        else:
+            blk_head["slo_attainment"] = None
+            blk_head["goodput"] = None
+        blk_head["ttft_slo_attainment"] = (
+            float((succ & ttft_ok)[m].mean()) if cnt and t_slo is not None else None
+        )
+        blk_head["tbt_slo_attainment"] = (
+            float((succ & tbt_ok)[m].mean()) if cnt and b_slo is not None else None
+        )
+        has_done = blk["completed"] > 0
+        blk_head["ttft_slo_met"] = (
+            None
+            if t_slo is None or not cnt
+            else bool(has_done and blk["p99_ttft_ms"] <= float(t_slo) * 1000.0)
+        )
+        blk_head["p99_itl_slo_met"] = (
+            None
+            if b_slo is None or not cnt
+            else bool(has_done and blk["p99_itl_ms"] <= float(b_slo) * 1000.0)
+        )
+        tiers_out[name] = {**blk_head, **blk}
+    out["tiers"] = tiers_out
+
+    if stability:
+        out["stability"] = _stability(run)
+    out["metrics_reference"] = VLLM_REFERENCE
+    return _clean(out)
+
+
+def _stability(run: Run) -> dict[str, Any] | None:
+    """The stability verdict from engineer G's module when it is installed (design.md)."""
+    try:
+        from harness.results.stability import analyze_stability
+    except ImportError:
+        return None
+    try:
+        return dict(analyze_stability(run))
+    except Exception as e:  # a stability bug must not lose the vLLM metrics; say so in-band
+        return {"verdict": "error", "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def write_summary(
+    run_dir: Path | str,
+    goodput: Mapping[str, float] | None = None,
+    *,
+    send_lag_threshold_ms: float | None = None,
+) -> dict[str, Any]:
+    """Read the run, compute its summary and write ``summary.json`` atomically."""
+    run = read_run(run_dir, samples=True)
+    summary = compute_summary(run, goodput, send_lag_threshold_ms=send_lag_threshold_ms)
+    write_json(Path(run_dir) / schema.SUMMARY_JSON, summary)
+    return summary
