@@ -111,3 +111,97 @@ def assign_tiers(n: int, tiers: list[Tier], seed: int | None) -> np.ndarray:
     shares = np.array([t.share for t in tiers], dtype=float)
     idx = rng.choice(len(tiers), size=n, p=shares / shares.sum())
     return np.array([t.name for t in tiers], dtype=object)[idx]
+
+
+# ------------------------------------------------------------------ tier mixes over time
+
+
+@dataclass(frozen=True, slots=True)
+class TierMix:
+    """Tier shares that change over time: ``times[k]`` starts ``shares[k]`` (one row per
+    step, columns in the order of the tier list). Built by :func:`parse_tier_mix`."""
+
+    times: tuple[float, ...]
+    shares: tuple[tuple[float, ...], ...]
+    spec: str = ""
+
+    def shares_at(self, t: np.ndarray) -> np.ndarray:
+        """Share matrix (len(t) x tiers) in force at each time."""
+        k = np.clip(np.searchsorted(np.asarray(self.times), t, side="right") - 1, 0, None)
+        return np.asarray(self.shares)[k]
+
+
+def parse_tier_mix(spec: str, tiers: list[Tier]) -> TierMix:
+    """Parse ``--tier-mix``: ``TIME:name=share[/name=share...]`` steps joined by commas.
+
+    Example over the default tiers: ``0:paid=0.05,60:paid=0.5,90:paid=0.05`` is a 30 s
+    paid-tier burst (half the traffic paid) over a 5% base. Tiers a step does not name
+    share what is left in proportion to their base shares. Before the first step (and when
+    it is not at 0) the base shares apply.
+    """
+    names = [t.name for t in tiers]
+    base = np.array([t.share for t in tiers], dtype=float)
+    times: list[float] = [0.0]
+    rows: list[tuple[float, ...]] = [tuple(base)]
+    for part in spec.split(","):
+        head, sep, body = part.strip().partition(":")
+        if not sep or not body:
+            raise TierSpecError(f"tier mix step {part!r}: expected TIME:name=share[/...]")
+        try:
+            t = float(head)
+        except ValueError:
+            raise TierSpecError(f"tier mix step {part!r}: time {head!r} is not a number") from None
+        if t < 0 or t < times[-1] or (t == times[-1] and len(times) > 1):
+            raise TierSpecError(f"tier mix step {part!r}: times must increase from 0")
+        given: dict[str, float] = {}
+        for item in body.split("/"):
+            key, eq, val = item.partition("=")
+            key = key.strip()
+            if not eq or key not in names:
+                raise TierSpecError(
+                    f"tier mix step {part!r}: {item!r} is not name=share for a tier in {names}"
+                )
+            try:
+                given[key] = float(val)
+            except ValueError:
+                raise TierSpecError(
+                    f"tier mix step {part!r}: share {val!r} is not a number"
+                ) from None
+            if not 0.0 <= given[key] <= 1.0:
+                raise TierSpecError(f"tier mix step {part!r}: share {val} outside [0, 1]")
+        rest = 1.0 - sum(given.values())
+        if rest < -1e-9:
+            raise TierSpecError(f"tier mix step {part!r}: shares sum above 1")
+        free = [i for i, n in enumerate(names) if n not in given]
+        row = np.zeros(len(names))
+        for i, n in enumerate(names):
+            if n in given:
+                row[i] = given[n]
+        if free:
+            w = base[free]
+            row[free] = rest * (w / w.sum() if w.sum() > 0 else np.full(len(free), 1 / len(free)))
+        elif abs(rest) > 1e-6:
+            raise TierSpecError(f"tier mix step {part!r}: shares sum to {1 - rest:g}, not 1")
+        if t == 0.0:
+            rows[0] = tuple(row)
+        else:
+            times.append(t)
+            rows.append(tuple(row))
+    return TierMix(times=tuple(times), shares=tuple(rows), spec=spec)
+
+
+def assign_tiers_at(
+    arrival_s: np.ndarray, tiers: list[Tier], mix: TierMix | None, seed: int | None
+) -> np.ndarray:
+    """Tier per request with time-varying shares, on the same tier stream as
+    :func:`assign_tiers` (one uniform draw per request index, inverted through the shares
+    in force at its arrival), so with a constant mix both give identical tags."""
+    n = len(arrival_s)
+    if mix is None:
+        return assign_tiers(n, tiers, seed)
+    rng = np.random.default_rng(None if seed is None else [seed, 3])
+    u = rng.random(n)
+    cdf = np.cumsum(mix.shares_at(np.asarray(arrival_s, dtype=float)), axis=1)
+    cdf /= cdf[:, -1:]
+    idx = np.minimum((u[:, None] >= cdf).sum(axis=1), len(tiers) - 1)
+    return np.array([t.name for t in tiers], dtype=object)[idx]

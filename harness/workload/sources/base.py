@@ -1,0 +1,92 @@
+"""What a trace source hands to :func:`harness.workload.build_trace`.
+
+A source yields *rows* (lengths, optional prompt text, optional timestamps); build_trace
+then samples rows, draws arrivals and tags tiers. Column contract of ``SourceData.df``:
+
+- ``prompt_len``, ``output_len``: int >= 1 (required);
+- ``prompt``: str (optional; None = synthesise from the length);
+- ``timestamp_s``: float seconds, the source's own arrival times (optional);
+- ``request_id``, ``tier``, ``arrival_s``: only the project format carries these (a frozen
+  replay); ``hash_ids``: Mooncake prefix-block ids (optional).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.workload.tiers import Tier
+from harness.workload.trace import TraceError
+
+
+@dataclass
+class SourceData:
+    df: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    tiers: list[Tier] | None = None
+    notes: list[str] = field(default_factory=list)
+    # A generative source (synthetic, length profiles) draws ``n`` rows on demand instead
+    # of holding a finite table; ``df`` is then empty.
+    sampler: Callable[[int, np.random.Generator], pd.DataFrame] | None = None
+
+    @property
+    def has_timestamps(self) -> bool:
+        return "timestamp_s" in self.df.columns
+
+
+def announce(message: str) -> None:
+    """One yellow ``warning:`` line on stderr: fallbacks and oversampling are never silent."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(
+        f"[bold yellow]warning:[/] {message}", markup=True, soft_wrap=True
+    )
+    sys.stderr.flush()
+
+
+def take_options(options: dict[str, Any], allowed: dict[str, Any], source: str) -> dict[str, Any]:
+    """Split ``options`` into the ``allowed`` keys (with defaults); unknown keys are an error."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TraceError(
+            f"source {source!r}: unknown option(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(allowed)) or 'none'})"
+        )
+    out = dict(allowed)
+    out.update(options)
+    return out
+
+
+def check_lengths(
+    df: pd.DataFrame,
+    path: Path | str,
+    row_offset: int = 0,
+    fields: tuple[str, str] = ("prompt_len", "output_len"),
+    names: tuple[str, str] | None = None,
+) -> pd.DataFrame:
+    """Coerce the length columns to int >= 1; the error names file, row and field.
+
+    ``row_offset``: added to the 0-based frame index to give the row number users see
+    (e.g. 2 for a CSV: 1-based plus the header line). ``names``: field names as the file
+    spells them.
+    """
+    import numpy as np
+
+    names = names or fields
+    for col, shown in zip(fields, names, strict=True):
+        vals = pd.to_numeric(df[col], errors="coerce")
+        bad = vals.isna() | (vals < 1) | (vals != np.floor(vals))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise TraceError(
+                f"{path}: row {i + row_offset}: field {shown!r}={df[col].iloc[i]!r} "
+                "is not an integer >= 1"
+            )
+        df[col] = vals.astype("int64")
+    return df
