@@ -1,0 +1,354 @@
+"""Stability analysis of one run: is the backlog bounded, or does it grow, and how fast?
+
+Why: a latency percentile from an overloaded run depends on how long the run lasted; only a
+queue-growth verdict says whether a rate is sustainable (anchors-harness.md §5 item 3,
+seed-stability.md §4). Works on live and simulated runs alike (only the run directory).
+
+Rules (each cites its source; "REC" = the spec's recommendation, "ours" = our choice):
+
+- Backlog ``B(t)`` = arrivals − departures, in requests (anchors §5.3; seed-stability §4.2
+  lists requests-in-system as the secondary measure, REC 12). Arrival = ``target_s`` (the
+  offered load, not the send time). Departure = ``last_chunk_s`` for a success; for a failure
+  the last time seen (``last_chunk_s``, else ``first_chunk_s``, else ``send_s``, else
+  ``target_s``: a lower bound); a ``cancelled`` request (in flight when the run stopped) never
+  departs. Sampled on a regular grid of ``grid_points`` points.
+- Analysis window ends at the last arrival (or the end of observation if earlier): after the
+  arrivals stop the backlog can only drain, which would bias the trend down (ours).
+- Warm-up cut: MSER-5 (anchors §5.3 suggests MSER) on the backlog grid, clamped to
+  [20 %, 50 %] of the window (seed-stability §4.3: "discard a warm-up of ≥ 20–50 % of T").
+- Trend: OLS slope of ``B(t)`` on the rest (seed-stability §4.3). Its CI uses a Newey–West
+  (Bartlett) HAC variance, because ``B(t)`` on a fine grid is strongly autocorrelated, with
+  Andrews' (1991) AR(1) plug-in bandwidth; the critical value is Student-t with
+  ``n / (L + 1)`` degrees of freedom (ours: a conservative small-sample correction).
+- Verdict (seed-stability §4.6, in request units, ε = ``epsilon``·λ̂):
+  ``unstable`` if the CI's lower bound > ε; ``stable`` if its upper bound < ε **and** the
+  last-quarter mean backlog is not above the previous quarter's by more than 2 standard
+  deviations of ``B`` **and** the window spans ≥ 10 mean sojourn times; else
+  ``inconclusive``. Always ``inconclusive`` inside the critical band |1 − ρ̂| < ``delta`` when
+  a capacity is known, and with fewer than 30 arrivals after the cut.
+- Little's law (anchors §5.3): ``little_law_ratio`` = mean B / (λ̂ · mean sojourn) over the
+  window (sojourns of requests still in the system are censored at the end of observation);
+  ≈ 1 in steady state. ``little_law_ratio_server`` uses the engine's running + waiting
+  gauges (samples) for L, an independent measurement.
+- Fluid comparison (seed-stability §4.3): with a known capacity μ (req/s), ρ̂ = λ̂/μ and the
+  fluid slope is max(0, λ̂ − μ); a work-conserving scheduler above capacity should match it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+VERDICT_STABLE = "stable"
+VERDICT_UNSTABLE = "unstable"
+VERDICT_INCONCLUSIVE = "inconclusive"
+
+MIN_ARRIVALS = 30
+MIN_SOJOURNS_IN_WINDOW = 10.0
+
+
+@dataclass
+class BacklogSeries:
+    """Backlog on a regular grid (run clock, seconds) plus the per-request times it came from."""
+
+    t: np.ndarray
+    backlog: np.ndarray
+    arrivals: np.ndarray  # sorted arrival times
+    departures: np.ndarray  # departure time per request (NaN: never departed), arrival order
+    t_end: float  # end of the analysis window (last arrival / end of observation)
+    t_obs: float  # end of observation (last timestamp seen)
+
+
+def departure_times(requests: pd.DataFrame) -> np.ndarray:
+    """Departure time per row of ``requests`` (NaN: still in the system); see module rules."""
+    n = len(requests)
+    if n == 0:
+        return np.zeros(0)
+
+    def col(name: str) -> np.ndarray:
+        if name not in requests:
+            return np.full(n, np.nan)
+        return pd.to_numeric(requests[name], errors="coerce").to_numpy(dtype=float)
+
+    dep = col("last_chunk_s")
+    for fallback in ("first_chunk_s", "send_s", "target_s"):
+        dep = np.where(np.isnan(dep), col(fallback), dep)
+    success = (
+        requests["success"].fillna(False).to_numpy(dtype=bool)
+        if "success" in requests
+        else np.ones(n, dtype=bool)
+    )
+    last = col("last_chunk_s")
+    # A success without a last chunk cannot happen in a valid run; keep its fallback time.
+    dep = np.where(success & ~np.isnan(last), last, dep)
+    if "error_kind" in requests:
+        cancelled = (requests["error_kind"].astype(object) == "cancelled").to_numpy()
+        dep = np.where(cancelled & ~success, np.nan, dep)
+    return dep
+
+
+def backlog_series(requests: pd.DataFrame, grid_points: int = 1000) -> BacklogSeries:
+    """B(t) = arrivals(≤ t) − departures(≤ t) on a regular grid over [0, t_end]."""
+    arr = pd.to_numeric(requests.get("target_s"), errors="coerce").to_numpy(dtype=float)
+    dep = departure_times(requests)
+    keep = ~np.isnan(arr)
+    arr, dep = arr[keep], dep[keep]
+    order = np.argsort(arr, kind="stable")
+    arr, dep = arr[order], dep[order]
+    observed = [x for x in (arr, dep[~np.isnan(dep)]) if len(x)]
+    for c in ("send_s", "first_chunk_s", "last_chunk_s"):
+        if c in requests:
+            v = pd.to_numeric(requests[c], errors="coerce").to_numpy(dtype=float)
+            if np.isfinite(v).any():
+                observed.append(v[np.isfinite(v)])
+    t_obs = float(max(np.max(x) for x in observed)) if observed else 0.0
+    t_end = float(min(arr[-1], t_obs)) if len(arr) else 0.0
+    if t_end <= 0:
+        t_end = t_obs
+    t = np.linspace(0.0, t_end, max(int(grid_points), 2))
+    dep_sorted = np.sort(dep[~np.isnan(dep)])
+    b = np.searchsorted(arr, t, side="right") - np.searchsorted(dep_sorted, t, side="right")
+    return BacklogSeries(t, b.astype(float), arr, dep, t_end, t_obs)
+
+
+def mser_cut(x: np.ndarray, batch: int = 5) -> int:
+    """MSER-m truncation index (White 1997): the d ≤ n/2 (in batches of ``batch``) that
+    minimises the tail's variance / (n − d)²; returned as an index into ``x``."""
+    nb = len(x) // batch
+    if nb < 4:
+        return 0
+    y = x[: nb * batch].reshape(nb, batch).mean(axis=1)
+    best_d, best = 0, math.inf
+    # suffix sums give every tail's mean and variance in O(n)
+    s1 = np.cumsum(y[::-1])[::-1]
+    s2 = np.cumsum((y * y)[::-1])[::-1]
+    for d in range(0, nb // 2 + 1):
+        m = nb - d
+        var_sum = s2[d] - s1[d] * s1[d] / m
+        stat = var_sum / (m * m)
+        if stat < best:
+            best, best_d = stat, d
+    return best_d * batch
+
+
+@dataclass
+class Trend:
+    slope: float
+    ci: tuple[float, float]
+    se: float
+    bandwidth: int
+    n: int
+
+
+def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None:
+    """OLS slope of y on t with a Newey–West CI (Bartlett kernel, Andrews AR(1) bandwidth)."""
+    ok = np.isfinite(t) & np.isfinite(y)
+    t, y = t[ok], y[ok]
+    n = len(t)
+    if n < 5 or np.ptp(t) <= 0:
+        return None
+    c = t - t.mean()
+    sxx = float(c @ c)
+    slope = float(c @ (y - y.mean())) / sxx
+    e = (y - y.mean()) - slope * c
+    u = c * e  # the score of the slope
+    if not np.any(u):
+        return Trend(slope, (slope, slope), 0.0, 0, n)
+    # Andrews (1991) plug-in bandwidth for the Bartlett kernel under AR(1)
+    rho = float(np.clip(np.corrcoef(u[1:], u[:-1])[0, 1], -0.97, 0.97)) if n > 3 else 0.0
+    if not np.isfinite(rho):
+        rho = 0.0
+    alpha = 4 * rho**2 / ((1 - rho) ** 2 * (1 + rho) ** 2)
+    lag = int(min(n - 1, math.ceil(1.1447 * (alpha * n) ** (1 / 3))))
+    s = float(u @ u)
+    for ell in range(1, lag + 1):
+        s += 2 * (1 - ell / (lag + 1)) * float(u[ell:] @ u[:-ell])
+    se = math.sqrt(max(s, 0.0)) / sxx
+    df = max(2, n // (lag + 1))
+    q = float(stats.t.ppf(0.5 + level / 2, df))
+    return Trend(slope, (slope - q * se, slope + q * se), se, lag, n)
+
+
+def _capacity_from_cost_model(cost_model: Any, requests: pd.DataFrame) -> float | None:
+    """Fluid capacity μ (req/s) for the run's mean request sizes, via ``harness.policies.fluid``
+    when it offers one (engineer P's helpers); None when unknown."""
+    if cost_model is None:
+        return None
+    try:
+        from harness.policies import fluid  # noqa: PLC0415 (optional, written in parallel)
+    except ImportError:
+        return None
+    fn = getattr(fluid, "capacity_rps", None) or getattr(fluid, "fluid_capacity_rps", None)
+    if fn is None:
+        return None
+    try:
+        mp = float(pd.to_numeric(requests["prompt_len"], errors="coerce").mean())
+        col = "output_tokens" if "output_tokens" in requests else "output_len"
+        md = float(pd.to_numeric(requests[col], errors="coerce").mean())
+        if isinstance(cost_model, str):
+            from harness.engine.costmodel import get_cost_model
+
+            cost_model = get_cost_model(cost_model)
+        mu = float(fn(cost_model, mean_prompt=mp, mean_output=md))
+        return mu if mu > 0 and math.isfinite(mu) else None
+    except Exception:
+        return None
+
+
+def _f(x: float | None, nd: int = 6) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(float(x), nd)
+
+
+def analyze_stability(
+    run: Any,
+    cost_model: Any = None,
+    *,
+    capacity_rps: float | None = None,
+    epsilon: float = 0.02,
+    delta: float = 0.05,
+    grid_points: int = 1000,
+) -> dict[str, Any]:
+    """Stability verdict and diagnostics for a run (``harness.results.rundir.Run`` or anything
+    with ``requests``/``samples`` DataFrames). Keys per anchors-harness.md §6.4; rules in the
+    module docstring. ``capacity_rps`` overrides the fluid capacity from ``cost_model``."""
+    req: pd.DataFrame = run.requests
+    samples: pd.DataFrame | None = getattr(run, "samples", None)
+    out: dict[str, Any] = {
+        "verdict": VERDICT_INCONCLUSIVE,
+        "reason": "",
+        "backlog_slope_rps": None,
+        "backlog_slope_ci": None,
+        "growth_rate_rps": None,
+        "ttft_slope_ms_per_s": None,
+        "ttft_slope_ci": None,
+        "warmup_cut_s": None,
+        "window_s": None,
+        "little_law_ratio": None,
+        "little_law_ratio_server": None,
+        "arrival_rate_rps": None,
+        "completion_rate_rps": None,
+        "mean_backlog": None,
+        "final_backlog": None,
+        "max_backlog": None,
+        "mean_sojourn_s": None,
+        "queue_slope_rps": None,
+        "queue_mean": None,
+        "queue_max": None,
+        "rho": None,
+        "fluid_capacity_rps": None,
+        "fluid_slope_rps": None,
+        "epsilon": epsilon,
+        "method": "OLS backlog trend, Newey-West CI, MSER-5 warm-up clamped to [20%, 50%]",
+    }
+    if req is None or len(req) == 0:
+        out["reason"] = "no requests"
+        return out
+    bs = backlog_series(req, grid_points)
+    if bs.t_end <= 0:
+        out["reason"] = "run has no duration"
+        return out
+    cut_idx = mser_cut(bs.backlog)
+    n = len(bs.t)
+    cut_idx = int(np.clip(cut_idx, int(0.2 * (n - 1)), int(0.5 * (n - 1))))
+    cut = float(bs.t[cut_idx])
+    tw, bw = bs.t[cut_idx:], bs.backlog[cut_idx:]
+    span = bs.t_end - cut
+    out["warmup_cut_s"] = _f(cut, 4)
+    out["window_s"] = [_f(cut, 4), _f(bs.t_end, 4)]
+    out["max_backlog"] = int(bs.backlog.max())
+    out["final_backlog"] = int(bw[-1])
+    out["mean_backlog"] = _f(float(bw.mean()), 4)
+
+    in_win = (bs.arrivals > cut) & (bs.arrivals <= bs.t_end)
+    n_arr = int(in_win.sum())
+    lam = n_arr / span if span > 0 else float("nan")
+    dep_ok = bs.departures[~np.isnan(bs.departures)]
+    n_dep = int(((dep_ok > cut) & (dep_ok <= bs.t_end)).sum())
+    out["arrival_rate_rps"] = _f(lam, 4)
+    out["completion_rate_rps"] = _f(n_dep / span if span > 0 else float("nan"), 4)
+    soj = np.where(np.isnan(bs.departures), bs.t_obs, bs.departures) - bs.arrivals
+    w_mean = float(soj[in_win].mean()) if n_arr else float("nan")
+    out["mean_sojourn_s"] = _f(w_mean, 4)
+    if n_arr and w_mean > 0:
+        out["little_law_ratio"] = _f(float(bw.mean()) / (lam * w_mean), 4)
+
+    # engine queue (samples): engine rows first, else Prometheus
+    if samples is not None and len(samples) and "num_waiting" in samples:
+        s = samples[samples["num_waiting"].notna()]
+        for src in ("engine", "prometheus"):
+            sub = s[s["source"] == src] if "source" in s else s
+            if len(sub):
+                s = sub
+                break
+        s = s[(s["t_s"] > cut) & (s["t_s"] <= bs.t_end)]
+        if len(s):
+            qt = s["t_s"].to_numpy(dtype=float)
+            qw = s["num_waiting"].to_numpy(dtype=float)
+            out["queue_mean"] = _f(float(qw.mean()), 4)
+            out["queue_max"] = int(qw.max())
+            tr = hac_trend(qt, qw)
+            out["queue_slope_rps"] = _f(tr.slope) if tr else None
+            if "num_running" in s and n_arr and w_mean > 0:
+                in_sys = qw + s["num_running"].fillna(0).to_numpy(dtype=float)
+                out["little_law_ratio_server"] = _f(float(in_sys.mean()) / (lam * w_mean), 4)
+
+    # TTFT trend over arrival time (vLLM TTFT: first chunk − send)
+    if {"first_chunk_s", "send_s", "target_s"} <= set(req.columns):
+        tt = req["target_s"].to_numpy(dtype=float)
+        ttft = (req["first_chunk_s"] - req["send_s"]).to_numpy(dtype=float) * 1000.0
+        m = (tt > cut) & (tt <= bs.t_end) & np.isfinite(ttft)
+        if m.sum() >= 5:
+            o = np.argsort(tt[m], kind="stable")
+            tr = hac_trend(tt[m][o], ttft[m][o])
+            if tr:
+                out["ttft_slope_ms_per_s"] = _f(tr.slope, 4)
+                out["ttft_slope_ci"] = [_f(tr.ci[0], 4), _f(tr.ci[1], 4)]
+
+    mu = capacity_rps if capacity_rps is not None else _capacity_from_cost_model(cost_model, req)
+    rho = None
+    if mu is not None and mu > 0 and math.isfinite(lam):
+        rho = lam / mu
+        out["rho"] = _f(rho, 4)
+        out["fluid_capacity_rps"] = _f(mu, 4)
+        out["fluid_slope_rps"] = _f(max(0.0, lam - mu), 4)
+
+    trend = hac_trend(tw, bw)
+    if trend is None:
+        out["reason"] = "too few points after the warm-up cut"
+        return out
+    out["backlog_slope_rps"] = _f(trend.slope)
+    out["backlog_slope_ci"] = [_f(trend.ci[0]), _f(trend.ci[1])]
+    out["growth_rate_rps"] = _f(max(0.0, trend.slope))
+    out["hac_bandwidth"] = trend.bandwidth
+
+    tol = epsilon * lam if math.isfinite(lam) else 0.0
+    q = len(bw) // 4
+    last_q, prev_q = (bw[-q:], bw[-2 * q : -q]) if q else (bw, bw)
+    jump_ok = (last_q.mean() - prev_q.mean()) <= 2.0 * max(float(bw.std()), 1.0)
+    if n_arr < MIN_ARRIVALS:
+        verdict, reason = VERDICT_INCONCLUSIVE, f"only {n_arr} arrivals after the warm-up cut"
+    elif rho is not None and abs(1.0 - rho) < delta:
+        verdict, reason = VERDICT_INCONCLUSIVE, f"critical band: rho={rho:.3f} within {delta}"
+    elif trend.ci[0] > tol:
+        verdict = VERDICT_UNSTABLE
+        reason = f"backlog grows: slope CI lower bound {trend.ci[0]:.4g} > {tol:.4g} req/s"
+    elif trend.ci[1] < tol and jump_ok and span >= MIN_SOJOURNS_IN_WINDOW * w_mean:
+        verdict = VERDICT_STABLE
+        reason = f"backlog slope CI upper bound {trend.ci[1]:.4g} < {tol:.4g} req/s"
+    else:
+        verdict = VERDICT_INCONCLUSIVE
+        if span < MIN_SOJOURNS_IN_WINDOW * w_mean:
+            reason = f"window {span:.1f}s < {MIN_SOJOURNS_IN_WINDOW:g} mean sojourns"
+        elif not jump_ok:
+            reason = "backlog jumps in the last quarter"
+        else:
+            reason = f"slope CI [{trend.ci[0]:.4g}, {trend.ci[1]:.4g}] straddles {tol:.4g} req/s"
+    out["verdict"], out["reason"] = verdict, reason
+    return out

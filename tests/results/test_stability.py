@@ -1,0 +1,145 @@
+"""Stability verdicts on runs with known answers (synthetic FCFS queue; seed-stability.md §4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.report.synthetic import synthetic_capacity_rps, write_synthetic_run
+from harness.results.rundir import read_run
+from harness.results.stability import (
+    analyze_stability,
+    backlog_series,
+    departure_times,
+    hac_trend,
+    mser_cut,
+)
+
+CAP = synthetic_capacity_rps(8, 200, 100, 2e-4, 0.02)  # ≈ 3.96 req/s for the defaults
+
+
+def _run(tmp_path: Path, load: float, seed: int, n: int = 1500):
+    rd = write_synthetic_run(
+        tmp_path / f"r{load}-{seed}", num_requests=n, rate=load * CAP, seed=seed
+    )
+    return read_run(rd)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_below_capacity_is_stable(tmp_path: Path, seed: int) -> None:
+    run = _run(tmp_path, 0.6, seed)
+    s = analyze_stability(run, capacity_rps=run.meta["synthetic"]["capacity_rps"])
+    assert s["verdict"] == "stable", s["reason"]
+    lo, hi = s["backlog_slope_ci"]
+    assert lo <= s["backlog_slope_rps"] <= hi
+    assert s["fluid_slope_rps"] == 0.0 and s["rho"] < 0.7
+    # steady state: Little's law holds from the client view and from the engine's gauges
+    assert s["little_law_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert s["little_law_ratio_server"] == pytest.approx(1.0, abs=0.05)
+    # arrivals are completed at the rate they come
+    assert s["completion_rate_rps"] == pytest.approx(s["arrival_rate_rps"], rel=0.1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_above_capacity_is_unstable_with_fluid_growth_rate(tmp_path: Path, seed: int) -> None:
+    run = _run(tmp_path, 1.6, seed)
+    mu = run.meta["synthetic"]["capacity_rps"]
+    s = analyze_stability(run, capacity_rps=mu)
+    assert s["verdict"] == "unstable", s["reason"]
+    # fluid prediction for a work-conserving FCFS queue: backlog grows at λ − μ (§4.3)
+    assert s["fluid_slope_rps"] == pytest.approx(s["arrival_rate_rps"] - mu, rel=1e-3)
+    assert s["backlog_slope_rps"] == pytest.approx(s["fluid_slope_rps"], rel=0.25)
+    assert s["growth_rate_rps"] == s["backlog_slope_rps"] > 0
+    assert s["ttft_slope_ms_per_s"] > 0  # waiting time grows with arrival time
+    assert s["completion_rate_rps"] < s["arrival_rate_rps"]
+    assert s["queue_slope_rps"] > 0  # the engine's waiting gauge grows too
+
+
+def test_critical_band_is_inconclusive(tmp_path: Path) -> None:
+    run = _run(tmp_path, 1.0, 0, n=600)
+    lam = analyze_stability(run)["arrival_rate_rps"]
+    s2 = analyze_stability(run, capacity_rps=lam * 1.01)
+    assert s2["verdict"] == "inconclusive" and "critical" in s2["reason"]
+
+
+def _noisy_flat_requests(seed: int, lam: float = 10.0, horizon: float = 600.0) -> pd.DataFrame:
+    """Poisson arrivals whose sojourn swings slowly (period 60 s) between 1 and 9 s: the backlog
+    λ·W(t) oscillates between ~10 and ~90 with no trend; flat but very noisy."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / lam, int(lam * horizon)))
+    phase = rng.uniform(0, 2 * np.pi)
+    w = 5 + 4 * np.sin(2 * np.pi * t / 60 + phase) + rng.exponential(0.5, len(t))
+    return pd.DataFrame(
+        {
+            "target_s": t,
+            "send_s": t,
+            "first_chunk_s": t + 0.2 * w,
+            "last_chunk_s": t + w,
+            "success": True,
+            "error_kind": None,
+        }
+    )
+
+
+def test_flat_noisy_backlog_is_never_unstable() -> None:
+    verdicts = []
+    for seed in range(12):
+        run = SimpleNamespace(requests=_noisy_flat_requests(seed), samples=None)
+        s = analyze_stability(run)
+        verdicts.append(s["verdict"])
+        # the CI never claims growth beyond the tolerance ε·λ̂ (2% of 10 req/s)
+        assert s["backlog_slope_ci"][0] <= 0.02 * s["arrival_rate_rps"]
+    assert "unstable" not in verdicts, verdicts
+
+
+def test_departure_rules_and_backlog_counts() -> None:
+    req = pd.DataFrame(
+        {
+            "target_s": [0.0, 1.0, 2.0, 3.0],
+            "send_s": [0.0, 1.0, 2.0, 3.0],
+            "first_chunk_s": [0.5, np.nan, np.nan, 3.5],
+            "last_chunk_s": [1.5, np.nan, np.nan, np.nan],
+            "success": [True, False, False, False],
+            "error_kind": [None, "connect", "cancelled", "stream_cut"],
+        }
+    )
+    dep = departure_times(req)
+    # success: last chunk; failure: last time seen (send, first chunk); cancelled: never leaves
+    assert dep[0] == 1.5 and dep[1] == 1.0 and np.isnan(dep[2]) and dep[3] == 3.5
+    bs = backlog_series(req, grid_points=7)  # grid 0, .5, ..., 3.0 (last arrival)
+    assert list(bs.t) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    # arrivals ≤ t minus departures ≤ t
+    assert list(bs.backlog) == [1, 1, 1, 0, 1, 1, 2]
+
+
+def test_hac_trend_recovers_slope_and_covers_truth() -> None:
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(40):
+        t = np.linspace(0, 100, 500)
+        e = np.zeros(500)
+        for i in range(1, 500):  # AR(1) noise, rho = 0.9
+            e[i] = 0.9 * e[i - 1] + rng.normal()
+        tr = hac_trend(t, 0.3 * t + e)
+        assert tr is not None
+        covered += tr.ci[0] <= 0.3 <= tr.ci[1]
+    assert covered >= 34  # ~95% nominal; a naive iid CI covers far less under rho=0.9
+
+
+def test_mser_cut_finds_transient() -> None:
+    x = np.concatenate([np.linspace(100, 10, 100), np.full(400, 10.0)])
+    x[100:] += np.random.default_rng(1).normal(0, 1, 400)
+    cut = mser_cut(x)
+    assert 80 <= cut <= 130
+
+
+def test_empty_and_tiny_runs() -> None:
+    empty = SimpleNamespace(requests=pd.DataFrame(), samples=None)
+    assert analyze_stability(empty)["verdict"] == "inconclusive"
+    tiny = SimpleNamespace(requests=_noisy_flat_requests(0).head(20), samples=None)
+    s = analyze_stability(tiny)
+    assert s["verdict"] == "inconclusive"
