@@ -1,0 +1,280 @@
+"""Streaming OpenAI-compatible client: one request in, one :class:`RequestResult` out.
+
+Timing follows ``vllm bench serve`` (anchors-harness.md §6.1) with one refinement:
+
+- every SSE message is stamped with :func:`harness.clock.now` taken right after the network
+  read that completed it returned (before any JSON parsing), so the stamp is the receipt
+  time; messages delivered by the same read share a stamp (anchors-harness.md §7,
+  "Timestamps");
+- a *chunk* is an SSE message whose JSON has a non-empty ``choices`` list, even with empty
+  text (vLLM's TTFT/ITL rule); the usage-only message and ``[DONE]`` are not chunks.
+
+Token count per chunk (documented rule, anchors-harness.md §6.1 ``output_tokens``):
+
+1. if the chunk carries ``usage.completion_tokens`` (``continuous_usage_stats``), its tokens
+   are the increase of that cumulative count since the previous chunk;
+2. otherwise 1 if it carries text (``text``, ``delta.content`` or reasoning content), else 0;
+3. at the end, the final ``usage.completion_tokens`` N is authoritative (it becomes
+   ``output_tokens``). If counts came from usage stats (rule 1), a difference is settled on
+   the last chunks (added to the last one, or removed from the end, never below 0). If they
+   were estimates (rule 2), N is spread evenly over the text-bearing chunks (largest-remainder,
+   later chunks get the extra token), since a server without usage stats that batches
+   several tokens per chunk gives no better clue. Without a final usage the counted sum is
+   ``output_tokens``.
+
+A request succeeds when the response is HTTP 200, at least one chunk arrived and the stream
+ended properly (``[DONE]``, or every choice reported a ``finish_reason``). Failures are
+classified with the ``ERROR_*`` kinds of :mod:`harness.results.schema` and never raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from harness import clock
+from harness.loadgen.sse import DONE, SSEDecoder
+from harness.results import schema
+
+READ_BUFSIZE = 10 * 2**20  # SGLang's value; aiohttp's 64 KiB default throttles long streams
+# (vllm #39963, anchors-harness.md §2.1).
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one request produced. Times are absolute :func:`harness.clock.now` readings
+    (the dispatcher shifts them to the run clock); NaN where they never happened."""
+
+    req: int
+    request_id: str
+    tier: str | None
+    prompt_len: int
+    output_len: int
+    target: float = math.nan
+    arrival: float = math.nan
+    send: float = math.nan
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    chunk_t: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    success: bool = False
+    error_kind: str | None = None
+    error: str | None = None
+    http_status: int | None = None
+
+    @property
+    def first_chunk(self) -> float:
+        return self.chunk_t[0] if self.chunk_t else math.nan
+
+    @property
+    def last_chunk(self) -> float:
+        return self.chunk_t[-1] if self.chunk_t else math.nan
+
+    def fail(self, kind: str, message: str) -> None:
+        self.success = False
+        self.error_kind = kind
+        self.error = message[:500]
+
+
+def make_session(
+    *, limit: int = 0, timeout_s: float | None = None, connect_timeout_s: float = 10.0
+) -> aiohttp.ClientSession:
+    """The ONE session a run uses: keep-alive pool (``limit`` 0 = unbounded, else the
+    concurrency cap, like vLLM's ``TCPConnector(limit=max_concurrency or 0)``), large read
+    buffer, and ``timeout_s`` as the longest silence allowed between bytes."""
+    connector = aiohttp.TCPConnector(
+        limit=limit, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300
+    )
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        read_bufsize=READ_BUFSIZE,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+class _BadPayload(Exception):
+    pass
+
+
+class _StreamState:
+    """Per-request parse state for OpenAI-style stream messages."""
+
+    __slots__ = (
+        "assigned",
+        "usage_counted",
+        "text_chunks",
+        "final_completion",
+        "prompt_tokens",
+        "done",
+        "finished_choices",
+    )
+
+    def __init__(self) -> None:
+        self.assigned = 0  # tokens attributed to chunks so far
+        self.usage_counted = False  # any chunk counted from continuous usage stats
+        self.text_chunks: list[int] = []  # indices of chunks that carried text
+        self.final_completion: int | None = None
+        self.prompt_tokens: int | None = None
+        self.done = False
+        self.finished_choices = False
+
+
+def interpret_openai(payload: bytes, t: float, res: RequestResult, st: _StreamState) -> None:
+    """Apply one SSE data payload of an OpenAI-compatible stream to ``res``/``st``."""
+    if payload == DONE:
+        st.done = True
+        return
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        raise _BadPayload(f"invalid JSON in stream: {payload[:120]!r}") from None
+    if not isinstance(obj, dict):
+        raise _BadPayload(f"stream message is not a JSON object: {payload[:120]!r}")
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if choices:
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise _BadPayload(f"malformed choices: {payload[:120]!r}")
+        c0 = choices[0]
+        delta = c0.get("delta")
+        if isinstance(delta, dict):
+            has_text = bool(
+                delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            )
+        else:
+            has_text = bool(c0.get("text"))
+        if c0.get("finish_reason") is not None:
+            st.finished_choices = True
+        cum = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(cum, int):
+            tok = cum - st.assigned if cum > st.assigned else 0
+            st.usage_counted = True
+        else:
+            tok = 1 if has_text else 0
+        if has_text:
+            st.text_chunks.append(len(res.chunk_t))
+        st.assigned += tok
+        res.chunk_t.append(t)
+        res.chunk_tokens.append(tok)
+    elif "error" in obj:
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise _BadPayload(f"error in stream: {str(msg)[:200]}")
+    if isinstance(usage, dict):
+        ct = usage.get("completion_tokens")
+        if isinstance(ct, int):
+            st.final_completion = ct
+        pt = usage.get("prompt_tokens")
+        if isinstance(pt, int):
+            st.prompt_tokens = pt
+
+
+def reconcile(res: RequestResult, st: _StreamState) -> None:
+    """Settle chunk token counts against the final usage (module docstring, rule 3)."""
+    toks = res.chunk_tokens
+    n = st.final_completion
+    if n is None or not toks:
+        res.output_tokens = n if n is not None else st.assigned
+        return
+    res.output_tokens = n
+    diff = n - sum(toks)
+    if diff == 0:
+        return
+    if st.usage_counted:
+        if diff > 0:
+            toks[-1] += diff
+        else:
+            i = len(toks) - 1
+            while diff < 0 and i >= 0:
+                take = min(toks[i], -diff)
+                toks[i] -= take
+                diff += take
+                i -= 1
+        return
+    idx = st.text_chunks or list(range(len(toks)))
+    base, rem = divmod(n, len(idx))
+    for i in range(len(toks)):
+        toks[i] = 0
+    for k, i in enumerate(idx):
+        toks[i] = base + (1 if k >= len(idx) - rem else 0)
+
+
+async def stream_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    res: RequestResult,
+) -> RequestResult:
+    """POST ``body`` and consume the SSE stream into ``res``; stamps ``res.send`` itself.
+
+    Never raises except :class:`asyncio.CancelledError`, which is recorded as ``cancelled``
+    before it propagates.
+    """
+    st = _StreamState()
+    got_response = False
+    now = clock.now
+    try:
+        res.send = now()
+        async with session.post(url, data=body, headers=headers) as resp:
+            got_response = True
+            res.http_status = resp.status
+            if resp.status != 200:
+                try:
+                    text = (await asyncio.wait_for(resp.content.read(300), 5.0)).decode(
+                        "utf-8", "replace"
+                    )
+                except Exception:  # the status is the error; the body is only a hint
+                    text = ""
+                res.fail(schema.ERROR_HTTP, f"HTTP {resp.status}: {text.strip()}")
+                return res
+            dec = SSEDecoder()
+            feed = dec.feed
+            async for data in resp.content.iter_any():
+                t = now()
+                if st.done:
+                    continue  # drain to EOF so the connection returns to the pool
+                for payload in feed(data):
+                    interpret_openai(payload, t, res, st)
+                    if st.done:
+                        break
+            if not res.chunk_t:
+                res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
+            elif not (st.done or st.finished_choices):
+                res.fail(schema.ERROR_STREAM_CUT, "stream ended before [DONE]")
+            else:
+                res.success = True
+    except asyncio.CancelledError:
+        res.fail(schema.ERROR_CANCELLED, "cancelled while in flight")
+        raise
+    except _BadPayload as exc:
+        res.fail(schema.ERROR_BAD_PAYLOAD, str(exc))
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            res.fail(schema.ERROR_CONNECT, f"connect timeout: {exc}")
+        else:
+            res.fail(schema.ERROR_TIMEOUT, f"no data within the read timeout ({exc or 'timeout'})")
+    except aiohttp.ClientPayloadError as exc:
+        res.fail(schema.ERROR_STREAM_CUT, f"stream cut: {exc}")
+    except aiohttp.ClientError as exc:
+        kind = schema.ERROR_STREAM_CUT if got_response else schema.ERROR_CONNECT
+        res.fail(kind, f"{type(exc).__name__}: {exc}")
+    except OSError as exc:
+        res.fail(schema.ERROR_CONNECT, f"{type(exc).__name__}: {exc}")
+    finally:
+        if res.prompt_tokens is None:
+            res.prompt_tokens = st.prompt_tokens if st.prompt_tokens is not None else res.prompt_len
+        reconcile(res, st)
+    return res
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,384 @@
+"""Open-loop dispatcher: release every request at ``t0 + arrival_s`` on an absolute schedule.
+
+Rules (anchors-harness.md §2.1 "Dispatch loop" and §7 "Client engine"):
+
+- targets are absolute (``t0 + arrival_s``), computed once; the loop sleeps until the next
+  target and releases *every* request that is due, so a late wake-up never shifts later
+  requests (the relative-sleep drift of vllm #21104 / SGLang);
+- one asyncio task per request; an optional semaphore caps requests in flight. The request
+  is *released* (``arrival_s``) when its task starts, and *sent* (``send_s``) right before
+  the POST, after the semaphore: ``send_s - arrival_s`` is vLLM's ``client_queue_time`` and
+  ``arrival_s - target_s`` is the dispatcher's lag;
+- bounds: ``num_requests`` keeps the first N rows; ``duration_s`` sends no request whose
+  target is past it, lets the ones in flight at ``t0 + duration_s`` finish within
+  ``drain_timeout_s``, then cancels them (recorded as ``cancelled``);
+- results stream into a :class:`~harness.results.rundir.RunWriter` from a flusher task every
+  ``flush_interval_s`` (Parquet work runs in a worker thread so the loop keeps its schedule),
+  so Ctrl-C leaves a readable partial run; on cancellation every in-flight request is
+  recorded as ``cancelled`` and flushed before the error propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+import pyarrow as pa
+
+from harness import clock
+from harness.loadgen.client import RequestResult, encode_body, stream_request
+from harness.loadgen.dialects import Dialect, Endpoint
+from harness.results import schema
+from harness.workload.tiers import Tier
+
+
+class Writer(Protocol):
+    def add_requests_table(self, tbl: pa.Table) -> None: ...
+    def add_chunks_table(self, tbl: pa.Table) -> None: ...
+    def add_sample(self, row: dict[str, Any]) -> None: ...
+    def flush(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request of the schedule, in the form the dispatcher needs (no pandas in the loop)."""
+
+    req: int
+    request_id: str
+    arrival_s: float
+    prompt: str | None
+    prompt_len: int
+    output_len: int
+    tier: str | None
+
+
+@dataclass
+class DispatchStats:
+    """Counters for the progress bar and run.json."""
+
+    planned: int = 0
+    sent: int = 0
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    tokens: int = 0
+    not_sent: int = 0
+    cancelled: int = 0
+    max_lag_s: float = 0.0
+    end_s: float = math.nan  # run clock when the last request finished (vLLM's duration)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+
+def synthetic_prompt(n: int) -> str:
+    """A prompt of about ``n`` tokens for traces without text: ``n`` repetitions of " hi"
+    (one token each in common BPE vocabularies; SGLang's Mooncake filler). The built-in engine
+    gets the exact length through the dialect's length hint instead."""
+    return _PROMPT_BASE[: 3 * n - 1] if n <= _PROMPT_MAX else "hi" + " hi" * (n - 1)
+
+
+_PROMPT_MAX = 32768
+_PROMPT_BASE = "hi" + " hi" * (_PROMPT_MAX - 1)
+
+
+def _prompt_for(n: int) -> str:
+    try:  # engineer W's synthesiser, when the workload package provides one
+        from harness.workload.prompts import synthetic_prompt as w_prompt  # type: ignore
+
+        return w_prompt(n)
+    except ImportError:
+        return synthetic_prompt(n)
+
+
+class Dispatcher:
+    """Runs one schedule against one target. Create, then ``await run(t0)`` once."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        *,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        dialect: Dialect,
+        endpoint: Endpoint,
+        tiers: dict[str, Tier],
+        writer: Writer,
+        max_concurrency: int | None = None,
+        duration_s: float | None = None,
+        drain_timeout_s: float = 30.0,
+        flush_interval_s: float = 1.0,
+        headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        prompt_fn: Callable[[int], str] | None = None,
+        on_progress: Callable[[DispatchStats], None] | None = None,
+        progress_interval_s: float = 0.25,
+        freeze_gc: bool = True,
+    ) -> None:
+        self.jobs = jobs
+        self.session = session
+        self.url = base_url.rstrip("/") + dialect.path(endpoint)
+        self.model = model
+        self.dialect = dialect
+        self.endpoint = endpoint
+        self.tiers = tiers
+        self.writer = writer
+        self.sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.duration_s = duration_s
+        self.drain_timeout_s = drain_timeout_s
+        self.flush_interval_s = flush_interval_s
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.extra_body = extra_body
+        self.prompt_fn = prompt_fn or _prompt_for
+        self.on_progress = on_progress
+        self.progress_interval_s = progress_interval_s
+        self.freeze_gc = freeze_gc
+        self.stats = DispatchStats(planned=len(jobs))
+        self._finished: list[RequestResult] = []
+        self._samples: list[dict[str, Any]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._write_lock = asyncio.Lock()
+        self.t0 = math.nan
+
+    # -- sink for the Sampler: buffered so every writer call happens in the flusher -------
+    def sample_sink(self, row: dict[str, Any]) -> None:
+        self._samples.append(row)
+
+    async def _one(self, job: Job, target: float) -> None:
+        st = self.stats
+        res = RequestResult(
+            req=job.req,
+            request_id=job.request_id,
+            tier=job.tier,
+            prompt_len=job.prompt_len,
+            output_len=job.output_len,
+            target=target,
+            arrival=clock.now(),
+        )
+        lag = res.arrival - target
+        if lag > st.max_lag_s:
+            st.max_lag_s = lag
+        st.in_flight += 1
+        try:
+            prompt = job.prompt if job.prompt is not None else self.prompt_fn(job.prompt_len)
+            body = self.dialect.body(
+                self.endpoint,
+                self.model,
+                prompt,
+                job.prompt_len,
+                job.output_len,
+                self.tiers.get(job.tier) if job.tier is not None else None,
+                self.extra_body,
+            )
+            data = encode_body(body)
+            headers = dict(self.headers)
+            headers["x-request-id"] = job.request_id
+            if self.sem is not None:
+                async with self.sem:
+                    st.sent += 1
+                    await stream_request(self.session, self.url, data, headers, res)
+            else:
+                st.sent += 1
+                await stream_request(self.session, self.url, data, headers, res)
+        except asyncio.CancelledError:
+            if res.error_kind is None:  # cancelled before the POST (e.g. in the semaphore)
+                res.fail(schema.ERROR_CANCELLED, "cancelled before it was sent")
+            raise
+        finally:
+            st.in_flight -= 1
+            self._record(res)
+
+    def _record(self, res: RequestResult) -> None:
+        st = self.stats
+        if res.success:
+            st.done += 1
+            st.tokens += res.output_tokens or 0
+        else:
+            st.failed += 1
+            kind = res.error_kind or "unknown"
+            st.error_kinds[kind] = st.error_kinds.get(kind, 0) + 1
+            if kind == schema.ERROR_CANCELLED:
+                st.cancelled += 1
+        self._finished.append(res)
+
+    # -- writing ----------------------------------------------------------------------------
+    def _tables(self, results: list[RequestResult]) -> tuple[pa.Table | None, pa.Table | None]:
+        if not results:
+            return None, None
+        t0 = self.t0
+        cols: dict[str, list[Any]] = {n: [] for n in schema.REQUESTS.names}
+        c_req: list[int] = []
+        c_t: list[float] = []
+        c_tok: list[int] = []
+        for r in results:
+            cols["req"].append(r.req)
+            cols["request_id"].append(r.request_id)
+            cols["tier"].append(r.tier)
+            cols["prompt_len"].append(r.prompt_len)
+            cols["output_len"].append(r.output_len)
+            cols["prompt_tokens"].append(r.prompt_tokens)
+            cols["output_tokens"].append(r.output_tokens)
+            cols["target_s"].append(r.target - t0)
+            cols["arrival_s"].append(r.arrival - t0)
+            cols["send_s"].append(r.send - t0)
+            cols["first_chunk_s"].append(r.first_chunk - t0)
+            cols["last_chunk_s"].append(r.last_chunk - t0)
+            cols["num_chunks"].append(len(r.chunk_t))
+            cols["success"].append(r.success)
+            cols["error_kind"].append(r.error_kind)
+            cols["error"].append(r.error)
+            cols["http_status"].append(r.http_status)
+            n = len(r.chunk_t)
+            if n:
+                c_req.extend([r.req] * n)
+                c_t.extend(r.chunk_t)
+                c_tok.extend(r.chunk_tokens)
+        req_tbl = pa.Table.from_pydict(cols, schema=schema.REQUESTS)
+        chunk_tbl = None
+        if c_t:
+            t_arr = np.asarray(c_t, dtype=np.float64) - t0
+            chunk_tbl = pa.Table.from_arrays(
+                [pa.array(c_req, pa.int64()), pa.array(t_arr), pa.array(c_tok, pa.int32())],
+                schema=schema.CHUNKS,
+            )
+        return req_tbl, chunk_tbl
+
+    def _write(self, results: list[RequestResult], samples: list[dict[str, Any]]) -> None:
+        req_tbl, chunk_tbl = self._tables(results)
+        if req_tbl is not None:
+            self.writer.add_requests_table(req_tbl)
+        if chunk_tbl is not None:
+            self.writer.add_chunks_table(chunk_tbl)
+        for row in samples:
+            self.writer.add_sample(row)
+        self.writer.flush()
+
+    def _take(self) -> tuple[list[RequestResult], list[dict[str, Any]]]:
+        results, self._finished = self._finished, []
+        samples, self._samples = self._samples, []
+        return results, samples
+
+    async def flush(self, *, in_thread: bool = True) -> None:
+        """Hand everything finished so far to the writer (one writer call at a time)."""
+        async with self._write_lock:
+            results, samples = self._take()
+            if not results and not samples:
+                return
+            if in_thread:
+                await asyncio.to_thread(self._write, results, samples)
+            else:
+                self._write(results, samples)
+
+    def flush_sync(self) -> None:
+        """Last-resort flush from synchronous code (after the loop is gone)."""
+        results, samples = self._take()
+        if results or samples:
+            self._write(results, samples)
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.flush()
+
+    async def _progress(self) -> None:
+        assert self.on_progress is not None
+        while True:
+            self.on_progress(self.stats)
+            await asyncio.sleep(self.progress_interval_s)
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self, t0: float) -> DispatchStats:
+        """Dispatch every job on the schedule anchored at ``t0`` (a :func:`clock.now` value,
+        possibly slightly in the future) and wait until all finished or were cancelled."""
+        self.t0 = t0
+        jobs = self.jobs
+        if self.duration_s is not None:
+            keep = [j for j in jobs if j.arrival_s <= self.duration_s]
+            self.stats.not_sent = len(jobs) - len(keep)
+            jobs = keep
+        targets = [t0 + j.arrival_s for j in jobs]
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()  # like vLLM's freeze_gc_heap: fewer long GC pauses during dispatch
+        helpers = [asyncio.create_task(self._flusher())]
+        if self.on_progress is not None:
+            helpers.append(asyncio.create_task(self._progress()))
+        tasks = self._tasks
+        now = clock.now
+        sleep = asyncio.sleep
+        create = asyncio.create_task
+        try:
+            i, n = 0, len(jobs)
+            while i < n:
+                delay = targets[i] - now()
+                if delay > 0:
+                    await sleep(delay)
+                t = now()
+                # Release every job that is due: a late wake-up never shifts later targets.
+                while i < n and targets[i] <= t:
+                    task = create(self._one(jobs[i], targets[i]))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    i += 1
+            await self._wait_all(t0)
+            self.stats.end_s = now() - t0
+        except BaseException:
+            # Ctrl-C / crash: stop everything, record the in-flight requests as cancelled.
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if math.isnan(self.stats.end_s):
+                self.stats.end_s = now() - t0
+            raise
+        finally:
+            for h in helpers:
+                h.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if self.on_progress is not None:
+                self.on_progress(self.stats)
+            await self.flush(in_thread=False)
+            if self.freeze_gc:
+                gc.unfreeze()
+        return self.stats
+
+    async def _wait_all(self, t0: float) -> None:
+        tasks = self._tasks
+        if not tasks:
+            return
+        if self.duration_s is None:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+            return
+        # Duration bound: what is in flight at t0 + duration gets drain_timeout_s more.
+        deadline = t0 + self.duration_s + self.drain_timeout_s
+        while tasks:
+            remaining = deadline - clock.now()
+            if remaining <= 0:
+                break
+            await asyncio.wait(list(tasks), timeout=remaining)
+        for task in list(tasks):
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+
+
+def jobs_from_frame(df: Any) -> list[Job]:
+    """Trace DataFrame (harness.workload.trace.COLUMNS) -> jobs, in row order (``req`` = row)."""
+    ids = df["request_id"].astype(str).tolist()
+    arr = df["arrival_s"].astype(float).tolist()
+    prompts = df["prompt"].tolist() if "prompt" in df.columns else [None] * len(df)
+    plen = df["prompt_len"].astype(int).tolist()
+    olen = df["output_len"].astype(int).tolist()
+    tiers = df["tier"].tolist() if "tier" in df.columns else [None] * len(df)
+    out = []
+    for i in range(len(df)):
+        p = prompts[i]
+        if p is not None and not isinstance(p, str):
+            p = None if (isinstance(p, float) and math.isnan(p)) else str(p)
+        out.append(Job(i, ids[i], arr[i], p, plen[i], olen[i], tiers[i]))
+    return out

@@ -1,0 +1,403 @@
+"""`harness replay`: build a trace, check the target, dispatch it open-loop, write the run.
+
+Flow (design.md "One flow"): ``build_trace`` (engineer W) → readiness check (httpx, bounded
+by ``ready_timeout_s``) → :class:`~harness.results.rundir.RunWriter` → optional
+:class:`~harness.loadgen.sampler.Sampler` → :class:`~harness.loadgen.dispatcher.Dispatcher`
+→ ``write_summary`` (engineer R). With no ``target`` the built-in engine server is started
+in-process (``harness.engine.server.embedded``, engineer S).
+
+User errors raise :class:`~harness.cli.errors.HarnessError` with one line; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import platform
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness import clock
+from harness.cli.errors import HarnessError
+from harness.loadgen.client import make_session
+from harness.loadgen.dialects import Endpoint, get_dialect
+from harness.loadgen.dispatcher import Dispatcher, DispatchStats, jobs_from_frame
+from harness.workload.tiers import Tier, TierSpecError, parse_tiers
+from harness.workload.trace import Trace, TraceError
+
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+BUILTIN_ONLY = ("policy", "cost_model", "kv_tokens", "speed", "faults")
+
+
+class ReplayConfig(BaseModel):
+    """Everything one replay needs. Immutable; validated on construction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trace: str = Field(description="trace name (lmsys, sharegpt, synthetic, ...) or file path")
+    rate: float | None = Field(
+        None, gt=0, description="offered request rate, req/s; None = the trace's own timestamps"
+    )
+    target: str | None = Field(
+        None, description="base URL of an OpenAI-compatible server; None = built-in engine"
+    )
+    model: str | None = Field(None, description="model name; None = first of /v1/models")
+    engine: Literal["openai", "vllm", "sglang", "builtin"] | None = Field(
+        None, description="request dialect; None = builtin without a target, else vllm"
+    )
+    endpoint: Endpoint = Field(Endpoint.COMPLETIONS, description="completions or chat")
+    arrival: Literal["poisson", "gamma", "constant", "trace"] = Field(
+        "poisson", description="arrival process; 'trace' = the trace's timestamps"
+    )
+    burstiness: float = Field(1.0, gt=0, description="gamma shape (vLLM --burstiness); 1=Poisson")
+    time_scale: float = Field(1.0, gt=0, description="multiplies trace timestamps")
+    num_requests: int | None = Field(None, ge=1, description="send at most this many requests")
+    duration_s: float | None = Field(None, gt=0, description="send no request after this, s")
+    max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
+    tiers: str | None = Field(None, description="tier spec; None = the SLAI paper's defaults")
+    goodput: dict[str, float] | None = Field(
+        None, description="goodput SLOs in ms, keys ttft/tpot/e2el (vLLM --goodput)"
+    )
+    seed: int = Field(0, description="seed for arrivals, sampling and tiers (separate streams)")
+    out: Path | None = Field(None, description="run directory; None = reports/<run-id>")
+    timeout_s: float = Field(600.0, gt=0, description="longest silence within one response, s")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="with duration_s: time in-flight requests get to finish, s"
+    )
+    ready_timeout_s: float = Field(5.0, gt=0, description="how long the target may take to answer")
+    send_priority: bool = Field(True, description="send the tier as the body 'priority' field")
+    extra_body: dict[str, Any] | None = Field(None, description="merged into every request body")
+    api_key: str | None = Field(None, description="sent as 'Authorization: Bearer <key>'")
+    sample_interval_s: float | None = Field(
+        0.25, description="engine /metrics + GPU sampling period, s; None = no sampling"
+    )
+    gpu: bool = Field(True, description="sample GPU memory through NVML when available")
+    progress: bool = Field(True, description="show the live progress bar")
+    trace_options: dict[str, Any] = Field(
+        default_factory=dict, description="source options passed through to build_trace"
+    )
+    # Built-in engine only (no target).
+    policy: str | None = Field(None, description="built-in: scheduling policy (default vllm)")
+    cost_model: str | None = Field(None, description="built-in: cost model preset or file")
+    kv_tokens: int | None = Field(None, ge=1, description="built-in: KV-cache capacity, tokens")
+    speed: float | None = Field(None, gt=0, description="built-in: wall-clock speed-up factor")
+    faults: str | None = Field(None, description="built-in: fault-injection spec")
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers_parse(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_tiers(v)  # TierSpecError (a ValueError) names the bad part
+        return v
+
+    @field_validator("goodput")
+    @classmethod
+    def _goodput_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            bad = set(v) - set(GOODPUT_KEYS)
+            if bad:
+                raise ValueError(f"goodput keys must be ttft, tpot, e2el; got {sorted(bad)}")
+            if any(x <= 0 for x in v.values()):
+                raise ValueError("goodput SLOs must be > 0 ms")
+        return v or None
+
+    @field_validator("target")
+    @classmethod
+    def _target_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            if not v.startswith(("http://", "https://")):
+                raise ValueError(f"target {v!r} must start with http:// or https://")
+            v = v.rstrip("/")
+            if v.endswith("/v1"):
+                v = v[:-3]
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> ReplayConfig:
+        if self.target is not None:
+            given = [k for k in BUILTIN_ONLY if getattr(self, k) is not None]
+            if given:
+                flags = ", ".join("--" + k.replace("_", "-") for k in given)
+                raise ValueError(f"{flags} only apply to the built-in engine (drop --target)")
+        if self.arrival == "trace" and self.rate is not None:
+            raise ValueError("--arrival trace replays the trace's timestamps; drop --rate")
+        if self.arrival != "trace" and self.rate is None:
+            raise ValueError(f"--arrival {self.arrival} needs --rate")
+        if self.sample_interval_s is not None and self.sample_interval_s <= 0:
+            raise ValueError("sample_interval_s must be > 0")
+        return self
+
+    @property
+    def dialect_name(self) -> str:
+        return self.engine or ("builtin" if self.target is None else "vllm")
+
+
+# -- trace ------------------------------------------------------------------------------------
+def load_trace(cfg: ReplayConfig) -> Trace:
+    """Build the trace through engineer W's ``build_trace``; errors become HarnessError."""
+    try:
+        from harness.workload import build_trace  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from harness.workload.build import build_trace  # type: ignore[no-redef]
+        except ImportError:
+            raise HarnessError(
+                "trace sources are not available yet (harness.workload.build_trace)"
+            ) from None
+    tiers: list[Tier] | None = parse_tiers(cfg.tiers) if cfg.tiers else None
+    try:
+        return build_trace(
+            cfg.trace,
+            num_requests=cfg.num_requests,
+            rate=cfg.rate,
+            arrival="trace" if cfg.arrival == "trace" else cfg.arrival,
+            burstiness=cfg.burstiness,
+            time_scale=cfg.time_scale,
+            duration_s=cfg.duration_s,
+            tiers=tiers,
+            seed=cfg.seed,
+            **cfg.trace_options,
+        )
+    except (TraceError, TierSpecError, FileNotFoundError, KeyError, ValueError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise HarnessError(f"trace {cfg.trace!r}: {msg}") from None
+
+
+# -- target -----------------------------------------------------------------------------------
+async def check_ready(
+    base_url: str, model: str | None, timeout_s: float, api_key: str | None = None
+) -> str:
+    """Wait (up to ``timeout_s``) until the target answers ``/health`` or ``/v1/models``;
+    return the model to use (``model``, else the first id ``/v1/models`` lists)."""
+    deadline = clock.now() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    last = "no answer"
+    async with httpx.AsyncClient(headers=headers) as client:
+        while True:
+            left = deadline - clock.now()
+            if left <= 0:
+                raise HarnessError(
+                    f"target {base_url} is not reachable ({last}) after {timeout_s:g} s"
+                )
+            per = httpx.Timeout(max(0.05, min(left, 2.0)))
+            try:
+                r = await client.get(base_url + "/v1/models", timeout=per)
+                if r.status_code == 200:
+                    if model is not None:
+                        return model
+                    try:
+                        data = r.json().get("data") or []
+                        if data and data[0].get("id"):
+                            return str(data[0]["id"])
+                    except (ValueError, AttributeError):
+                        pass
+                    raise HarnessError(f"target {base_url} lists no model; pass --model")
+                r2 = await client.get(base_url + "/health", timeout=per)
+                if r2.status_code == 200:
+                    if model is None:
+                        raise HarnessError(f"target {base_url} has no /v1/models; pass --model")
+                    return model
+                last = f"HTTP {r.status_code} on /v1/models, {r2.status_code} on /health"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await asyncio.sleep(min(0.2, max(0.0, deadline - clock.now())))
+
+
+@contextlib.asynccontextmanager
+async def _target(cfg: ReplayConfig) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Yield (base URL, engine info): the given target, or the in-process built-in server."""
+    if cfg.target is not None:
+        yield cfg.target, {"kind": "external"}
+        return
+    try:
+        from harness.engine.server import embedded  # type: ignore[attr-defined]
+    except ImportError:
+        raise HarnessError("the built-in engine is not available yet; pass --target URL") from None
+    kw: dict[str, Any] = {"policy": cfg.policy or "vllm"}
+    for k in ("cost_model", "kv_tokens", "speed", "faults"):
+        if getattr(cfg, k) is not None:
+            kw[k] = getattr(cfg, k)
+    try:
+        cm = embedded(**kw)
+    except (ValueError, KeyError) as exc:
+        raise HarnessError(f"built-in engine: {exc}") from None
+    async with cm as url:
+        yield str(url).rstrip("/"), {"kind": "builtin", **kw}
+
+
+# -- run --------------------------------------------------------------------------------------
+def default_run_dir(cfg: ReplayConfig, trace_hash: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    rate = "trace" if cfg.rate is None else f"{cfg.rate:g}"
+    digest = hashlib.sha1(f"{time.time_ns()}{trace_hash}".encode()).hexdigest()[:6]
+    return Path("reports") / f"replay-{stamp}-{cfg.dialect_name}-r{rate}-{digest}"
+
+
+def _versions() -> dict[str, str]:
+    from harness import __version__
+
+    return {
+        "harness": __version__,
+        "python": platform.python_version(),
+        "aiohttp": aiohttp.__version__,
+    }
+
+
+def _meta(cfg: ReplayConfig, trace: Trace, base_url: str, model: str) -> dict[str, Any]:
+    return {
+        "kind": "replay",
+        "config": cfg.model_dump(mode="json"),
+        "target": base_url,
+        "engine": cfg.dialect_name,
+        "endpoint": cfg.endpoint.value,
+        "model": model,
+        "trace": {
+            "source": cfg.trace,
+            "num_requests": len(trace),
+            "content_hash": trace.content_hash(),
+            "meta": json.loads(json.dumps(trace.meta, default=str)),
+        },
+        "tiers": [t.to_dict() for t in trace.tiers],
+        "seed": cfg.seed,
+        "rate": cfg.rate,
+        "arrival": cfg.arrival,
+        "burstiness": cfg.burstiness,
+        "time_scale": cfg.time_scale,
+        "max_concurrency": cfg.max_concurrency,
+        "duration_s": cfg.duration_s,
+        "goodput": cfg.goodput,
+        "versions": _versions(),
+        "host": platform.node(),
+    }
+
+
+def _stats_meta(stats: DispatchStats) -> dict[str, Any]:
+    return {
+        "planned": stats.planned,
+        "sent": stats.sent,
+        "completed": stats.done,
+        "failed": stats.failed,
+        "cancelled": stats.cancelled,
+        "not_sent": stats.not_sent,
+        "max_release_lag_ms": round(stats.max_lag_s * 1000.0, 3),
+        "error_kinds": dict(stats.error_kinds),
+        "end_s": None if math.isnan(stats.end_s) else stats.end_s,
+    }
+
+
+async def run_replay_async(
+    cfg: ReplayConfig,
+    *,
+    trace: Trace | None = None,
+    on_progress: Callable[[DispatchStats], None] | None = None,
+) -> Path:
+    """Run one replay and return its run directory. ``trace`` overrides ``cfg.trace``
+    (tests, sweeps that build the trace once)."""
+    from harness.results.rundir import RunWriter
+
+    if trace is None:
+        trace = load_trace(cfg)
+    jobs = jobs_from_frame(trace.df)
+    if cfg.num_requests is not None:
+        jobs = jobs[: cfg.num_requests]
+    dialect = get_dialect(cfg.dialect_name, send_priority=cfg.send_priority)
+    tiers = {t.name: t for t in trace.tiers}
+
+    async with _target(cfg) as (base_url, engine_info):
+        model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
+        run_dir = cfg.out or default_run_dir(cfg, trace.content_hash())
+        meta = _meta(cfg, trace, base_url, model)
+        meta["engine_info"] = engine_info
+        try:
+            writer = RunWriter(run_dir, meta)
+        except (FileExistsError, OSError) as exc:
+            raise HarnessError(f"cannot write run directory {run_dir}: {exc}") from None
+        with writer:
+            session = make_session(limit=cfg.max_concurrency or 0, timeout_s=cfg.timeout_s)
+            headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+            progress_cb = on_progress
+            async with session:
+                disp = Dispatcher(
+                    jobs,
+                    session=session,
+                    base_url=base_url,
+                    model=model,
+                    dialect=dialect,
+                    endpoint=cfg.endpoint,
+                    tiers=tiers,
+                    writer=writer,
+                    max_concurrency=cfg.max_concurrency,
+                    duration_s=cfg.duration_s,
+                    drain_timeout_s=cfg.drain_timeout_s,
+                    headers=headers,
+                    extra_body=cfg.extra_body,
+                    on_progress=progress_cb,
+                )
+                sampler = _make_sampler(cfg, base_url, disp)
+                try:
+                    async with sampler if sampler is not None else contextlib.nullcontext():
+                        t0 = clock.now() + 0.01
+                        if sampler is not None:
+                            sampler.t0 = t0
+                        writer.update_meta(t0_unix=time.time() + (t0 - clock.now()))
+                        await disp.run(t0)
+                finally:
+                    extra: dict[str, Any] = {"dispatch": _stats_meta(disp.stats)}
+                    if sampler is not None:
+                        extra["sampler"] = sampler.meta()
+                    if not math.isnan(disp.stats.end_s):
+                        extra["duration_s_measured"] = disp.stats.end_s
+                    await disp.flush(in_thread=False)
+                    writer.update_meta(**extra)
+    _summarise(run_dir, cfg.goodput)
+    return Path(run_dir)
+
+
+def _make_sampler(cfg: ReplayConfig, base_url: str, disp: Dispatcher) -> Any:
+    if cfg.sample_interval_s is None:
+        return None
+    try:
+        from harness.loadgen.sampler import Sampler
+    except ImportError:
+        return None
+    url = None if cfg.dialect_name == "openai" else base_url
+    return Sampler(
+        url,
+        cfg.dialect_name,
+        disp.sample_sink,
+        t0=clock.now(),
+        interval_s=cfg.sample_interval_s,
+        gpu=cfg.gpu,
+    )
+
+
+def _summarise(run_dir: Path, goodput: dict[str, float] | None) -> dict[str, Any] | None:
+    try:
+        from harness.results.summary import write_summary
+    except ImportError:
+        return None
+    return write_summary(run_dir, goodput=goodput)
+
+
+def run_replay(
+    cfg: ReplayConfig, *, trace: Trace | None = None, progress: bool | None = None
+) -> Path:
+    """Synchronous entry point: runs the replay with a live progress bar (when ``cfg.progress``
+    and a terminal is attached) and returns the run directory."""
+    show = cfg.progress if progress is None else progress
+    if not show:
+        return asyncio.run(run_replay_async(cfg, trace=trace))
+    from harness.loadgen.progress import LiveProgress
+
+    with LiveProgress(total=cfg.num_requests) as live:
+        return asyncio.run(run_replay_async(cfg, trace=trace, on_progress=live.update))

@@ -1,0 +1,30 @@
+"""Fixtures for the load-generator tests: a real SSE server on an ephemeral port (fakesse)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from fakesse import FakeServer
+
+
+@pytest.fixture
+async def sse_server() -> AsyncIterator[FakeServer]:
+    srv = FakeServer()
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.handle)
+    app.router.add_post("/v1/chat/completions", srv.handle)
+    app.router.add_get("/v1/models", srv.models)
+    app.router.add_get("/metrics", srv.metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    srv.url = f"http://127.0.0.1:{port}"
+    try:
+        yield srv
+    finally:
+        srv.stop.set()
+        await runner.cleanup()
