@@ -1,0 +1,743 @@
+"""The built-in OpenAI-compatible engine server: the engine core run in wall-clock time.
+
+Why: ``harness replay`` needs a target on a machine with no GPU, and every policy should be
+exercised over real HTTP exactly as a live engine would be (design.md "One flow"). The same
+:class:`~harness.engine.core.EngineCore` as the simulator runs here; only "advance to t"
+differs (style-examples.md take-away 6: one core, two clocks).
+
+Wall-clock host (one engine-loop task):
+
+1. If the core has no work, wait on an :class:`asyncio.Event` set by the next arrival (no
+   polling). The first step after idle starts at the arrival's model time.
+2. ``outcome = core.step(m)`` at model time ``m``; then sleep until the wall time of
+   ``m + duration_s`` on an *absolute* schedule: wall = ``t0 + model / speed``. Steps run
+   back to back in model time (the next one starts at ``m + duration_s``) however late the
+   loop woke, so lateness never accumulates into drift; it is recorded (``harness:
+   step_lateness_seconds``). Only if the loop falls more than ``max_catchup_s`` behind does
+   it resynchronise to "now" (counted in ``/harness/stats``).
+3. At the step's end the tokens sampled in it (policies/base.py host rule 5) are handed to
+   each request's stream; each HTTP handler writes its chunk. If a handler is behind when
+   several tokens are pending it sends them in one chunk, as vLLM's output collector merges
+   deltas for a slow consumer.
+
+Model time vs wall time: the core and the policy see model seconds; the client sees wall
+seconds = model / ``speed``. SLOs arriving in ``vllm_xargs`` are client (wall) seconds and
+are multiplied by ``speed`` for the policy, so ``--speed`` compresses the whole timeline
+consistently.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE in vLLM's chunk format,
+or one JSON body when ``stream`` is false), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
+(Prometheus, vLLM names), ``GET /harness/stats`` (lateness statistics for benchmarks) and
+``POST /harness/stats/reset``, ``GET /harness/faults`` (the injected-fault log as JSON).
+The ``x-request-id`` header names the request (as in vLLM) and is what the fault log records. With ``api_key`` set, every path but ``/health`` and
+``/metrics`` needs ``Authorization: Bearer <key>`` (401 otherwise); those two stay open as in
+vLLM so probes and the metrics sampler work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness import clock
+from harness.engine.server_faults import FaultLog, FaultPlan, choose_fault, parse_faults
+from harness.engine.server_metrics import ServerMetrics
+from harness.engine.server_protocol import (
+    DONE,
+    ParsedRequest,
+    RequestError,
+    StreamEncoder,
+    error_body,
+    parse_request,
+)
+from harness.workload.tiers import Tier, default_tiers, parse_tiers
+
+log = logging.getLogger("harness.serve")
+
+DEFAULT_MODEL = "harness-builtin"
+DEFAULT_COST_MODEL = "a100-llama2-7b"
+# Llama-2-7B fp16 on an A100-80GB at vLLM's 0.9 utilisation: (72 - 12.6) GiB / 512 KiB per token.
+DEFAULT_KV_TOKENS = 121_600
+
+
+class ServerConfig(BaseModel):
+    """Everything ``harness serve`` / :func:`embedded` take; validated, never mutated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = Field("vllm", description="registered policy name (harness policies)")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="policy kwargs")
+    cost_model: str = Field(DEFAULT_COST_MODEL, description="cost-model preset or JSON path")
+    kv_tokens: int | None = Field(None, ge=1, description="KV capacity in tokens; None=preset")
+    engine: dict[str, Any] = Field(
+        default_factory=dict, description="extra EngineConfig fields (block_size, ...)"
+    )
+    speed: float = Field(1.0, gt=0, description="wall seconds = model seconds / speed")
+    model: str = Field(DEFAULT_MODEL, description="model name served and echoed")
+    api_key: str | None = Field(None, description="required Bearer token; None = open")
+    faults: str | None = Field(None, description="fault spec, see server_faults")
+    fault_log: Path | None = Field(None, description="JSONL file recording injected faults")
+    tiers: str | None = Field(None, description="tier spec to resolve SLOs from a tier name")
+    spin_s: float = Field(
+        1e-3,
+        ge=0,
+        description="end each step's sleep this early and yield-spin to the exact target "
+        "(epoll rounds timeouts up to whole ms)",
+    )
+    max_catchup_s: float = Field(
+        0.25, gt=0, description="wall lateness (s) beyond which the loop resynchronises"
+    )
+
+    @field_validator("faults")
+    @classmethod
+    def _check_faults(cls, v: str | None) -> str | None:
+        parse_faults(v)
+        return v
+
+    @field_validator("tiers")
+    @classmethod
+    def _check_tiers(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_tiers(v)
+        return v
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One request's hand-off between the engine loop and its HTTP handler."""
+
+    rid: str
+    max_tokens: int
+    arrival_wall: float
+    produced: int = 0  # tokens the engine has sampled
+    pending: list[tuple[int, float]] = field(default_factory=list)  # (n tokens, wall target)
+    finished: bool = False
+    failed: str | None = None
+    waiter: asyncio.Future | None = None
+    first_wall: float | None = None
+    last_wall: float | None = None
+
+    def push(self, n: int, t_sched: float) -> None:
+        self.produced += n
+        self.pending.append((n, t_sched))
+        self._wake()
+
+    def finish(self) -> None:
+        self.finished = True
+        self._wake()
+
+    def fail(self, reason: str) -> None:
+        self.failed = reason
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Return once tokens are pending, or the stream finished or failed."""
+        while not self.pending and not self.finished and self.failed is None:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+
+class _Lateness:
+    """Growable float64 buffer of lateness samples (s); cheap appends on the hot path."""
+
+    def __init__(self, cap: int = 1 << 16) -> None:
+        self._buf = np.empty(cap)
+        self.n = 0
+
+    def add(self, x: float) -> None:
+        if self.n == len(self._buf):
+            self._buf = np.concatenate([self._buf, np.empty(len(self._buf))])
+        self._buf[self.n] = x
+        self.n += 1
+
+    def stats(self) -> dict[str, float | int]:
+        a = self._buf[: self.n]
+        if not len(a):
+            return {"count": 0}
+        p50, p99, p999 = np.percentile(a, [50, 99, 99.9])
+        return {
+            "count": int(len(a)),
+            "mean_ms": float(a.mean() * 1e3),
+            "p50_ms": float(p50 * 1e3),
+            "p99_ms": float(p99 * 1e3),
+            "p99.9_ms": float(p999 * 1e3),
+            "max_ms": float(a.max() * 1e3),
+        }
+
+    def reset(self) -> None:
+        self.n = 0
+
+
+class EngineHost:
+    """Runs one :class:`EngineCore` in wall-clock time and feeds the request streams."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        from harness.engine.core import EngineConfig, EngineCore
+        from harness.engine.costmodel import get_cost_model
+        from harness.policies.registry import make_policy
+
+        self.cfg = cfg
+        self.speed = cfg.speed
+        policy = make_policy(cfg.policy, **cfg.policy_params)
+        cost = get_cost_model(cfg.cost_model)
+        ekw = dict(cfg.engine)
+        if cfg.kv_tokens is not None:
+            ekw["kv_tokens"] = cfg.kv_tokens
+        elif not {"num_blocks", "kv_tokens", "gpu_mem_gib"} & set(ekw):
+            ekw["kv_tokens"] = DEFAULT_KV_TOKENS
+        self.engine_config = EngineConfig(**ekw)
+        self.core = EngineCore(policy, cost, self.engine_config)
+        self.tiers: dict[str, Tier] = {
+            t.name: t for t in (parse_tiers(cfg.tiers) if cfg.tiers else default_tiers())
+        }
+        self.streams: dict[str, _Stream] = {}
+        self.t0 = clock.now()
+        self._next_model: float | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.error: str | None = None
+        self.steps = 0
+        self.resyncs = 0
+        self.step_lateness = _Lateness()
+        self.emit_lateness = _Lateness()
+        self.metrics: ServerMetrics | None = None
+        self._preempt_seen = 0
+
+    # -- time ------------------------------------------------------------------------------
+    def model_now(self, wall: float | None = None) -> float:
+        return ((clock.now() if wall is None else wall) - self.t0) * self.speed
+
+    def wall_of(self, model_s: float) -> float:
+        return self.t0 + model_s / self.speed
+
+    # -- requests --------------------------------------------------------------------------
+    def unique_id(self, wanted: str | None) -> str:
+        rid = wanted or uuid.uuid4().hex
+        if rid in self.streams:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
+        return rid
+
+    def submit(self, rid: str, req: ParsedRequest) -> _Stream:
+        """Add a validated request to the core; :class:`RequestError` if it can never fit."""
+        if self.error is not None:
+            raise RequestError(f"engine failed: {self.error}", None, status=500)
+        tier = self.tiers.get(req.tier) if req.tier is not None else None
+        ttft = req.ttft_slo_s if req.ttft_slo_s is not None else (tier and tier.ttft_slo_s)
+        tbt = req.tbt_slo_s if req.tbt_slo_s is not None else (tier and tier.tbt_slo_s)
+        prio = req.priority if req.priority is not None else (tier.priority if tier else 0)
+        wall = clock.now()
+        self._add_to_core(
+            rid,
+            arrival_s=self.model_now(wall),
+            prompt_len=req.prompt_len,
+            max_tokens=req.max_tokens,
+            predicted_output_len=req.predicted_output_len,
+            tier=req.tier or "default",
+            priority=int(prio),
+            ttft_slo_s=None if ttft is None else ttft * self.speed,
+            tbt_slo_s=None if tbt is None else tbt * self.speed,
+        )
+        st = _Stream(rid=rid, max_tokens=req.max_tokens, arrival_wall=wall)
+        self.streams[rid] = st
+        self._wake.set()
+        return st
+
+    def _add_to_core(self, rid: str, **kw: Any) -> None:
+        core = self.core
+        if not core.add_request(rid, kw.pop("prompt_len"), kw.pop("max_tokens"), **kw):
+            reason = core.rejections.pop(rid, "it can never fit in the KV cache")
+            raise RequestError(f"request rejected: {reason}", "max_tokens")
+
+    def release(self, st: _Stream) -> None:
+        """The handler is done with ``st``: abort it in the core if it is still running."""
+        if self.streams.pop(st.rid, None) is not None and not st.finished:
+            with contextlib.suppress(KeyError, ValueError):
+                self.core.abort(st.rid)
+            if self.metrics is not None:
+                self.metrics.success_abort.inc()
+
+    # -- loop ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.t0 = clock.now()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a core/policy bug: fail every stream loudly, keep serving 500s
+            log.exception("engine loop failed")
+            self.error = f"{type(e).__name__}: {e}"
+            for st in list(self.streams.values()):
+                st.fail(self.error)
+
+    async def _loop(self) -> None:
+        core = self.core
+        now = clock.now
+        sleep = asyncio.sleep
+        while True:
+            if not core.has_work():
+                self._next_model = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            wall = now()
+            m = self._next_model
+            if m is None:
+                m = self.model_now(wall)
+            elif wall - self.wall_of(m) > self.cfg.max_catchup_s:
+                self.resyncs += 1
+                m = self.model_now(wall)
+            out = core.step(m)
+            if out.idle:
+                # The policy holds every request back (e.g. a WAIT threshold): re-ask it after
+                # an arrival or after one step's worth of time, whichever comes first.
+                self._next_model = None
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.idle_recheck_s())
+                continue
+            self.steps += 1
+            end_m = m + out.duration_s
+            target = self.wall_of(end_m)
+            delay = target - now() - self.cfg.spin_s
+            if delay > 0:
+                await sleep(delay)  # wakes up to ~1 ms late (epoll timeouts are whole ms)
+            while now() < target:  # the last stretch: yield to handlers until the target
+                await sleep(0)
+            late = now() - target
+            self.step_lateness.add(late)
+            met = self.metrics
+            if met is not None:
+                met.step_lateness.observe(max(late, 0.0))
+            streams = self.streams
+            n_each = out.tokens_each
+            for r in out.sampled:
+                st = streams.get(r.request_id)
+                if st is not None:
+                    st.push(n_each, target)
+            for r in out.finished:
+                st = streams.get(r.request_id)
+                if st is not None:
+                    st.finish()
+            if met is not None:
+                rep = out.report
+                if rep is not None and rep.prefill_tokens:
+                    met.prompt_tokens.inc(rep.prefill_tokens)
+                pre = int(core.preemptions_total)
+                if pre > self._preempt_seen:
+                    met.preemptions.inc(pre - self._preempt_seen)
+                    self._preempt_seen = pre
+            self._next_model = end_m
+
+    def idle_recheck_s(self) -> float:
+        """Wall seconds before re-asking a policy that scheduled nothing while work waits."""
+        last = self.core.last_step_s or 0.01
+        return max(last, 1e-3) / self.speed
+
+    def kv_capacity_tokens(self) -> int:
+        return int(self.engine_config.capacity_tokens)
+
+    def gauges(self) -> tuple[int, int, float]:
+        c = self.core
+        return int(c.num_running), int(c.num_waiting), float(c.kv_usage)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "resyncs": self.resyncs,
+            "in_flight": len(self.streams),
+            "speed": self.speed,
+            "step_lateness": self.step_lateness.stats(),
+            "emit_lateness": self.emit_lateness.stats(),
+        }
+
+
+# -- HTTP layer ----------------------------------------------------------------------------
+HOST_KEY = web.AppKey("host", EngineHost)
+CFG_KEY = web.AppKey("cfg", ServerConfig)
+FAULTS_KEY = web.AppKey("faults", FaultLog)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+}
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+def _json_error(message: str, *, param: str | None = None, status: int = 400) -> web.Response:
+    return web.json_response(error_body(message, param=param, code=status), status=status)
+
+
+@web.middleware
+async def _auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    key = request.app[CFG_KEY].api_key
+    if key is not None and request.path not in _OPEN_PATHS:
+        got = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+            return _json_error("invalid or missing API key", status=401)
+    return await handler(request)
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError("request body is not valid JSON", None) from None
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    app = request.app
+    host = app[HOST_KEY]
+    cfg = app[CFG_KEY]
+    try:
+        req = parse_request(await _read_json(request), chat=chat)
+        rid = host.unique_id(request.headers.get("x-request-id"))
+        plan = choose_fault(app["fault_spec"], rid, req.max_tokens)
+        if plan is not None and plan.kind == "error":
+            _log_fault(app, rid, plan)
+            return _json_error("injected fault: internal server error", status=500)
+        st = host.submit(rid, req)
+    except RequestError as e:
+        return _json_error(e.message, param=e.param, status=e.status)
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    enc = StreamEncoder(
+        chat=chat,
+        rid=rid if rid.startswith(prefix) else prefix + rid,
+        model=cfg.model,
+        prompt_len=req.prompt_len,
+        continuous=req.continuous_usage,
+    )
+    try:
+        if plan is not None and plan.kind == "slow_first":
+            _log_fault(app, rid, plan)
+            await asyncio.sleep(plan.duration_s)
+        if req.stream:
+            return await _stream(request, host, st, req, enc, plan)
+        return await _unary(request, host, st, enc, plan)
+    finally:
+        host.release(st)
+
+
+def _log_fault(app: web.Application, rid: str, plan: FaultPlan) -> None:
+    app[FAULTS_KEY].record(rid, plan)
+    app[METRICS_KEY].fault(plan.kind)
+
+
+async def _unary(
+    request: web.Request, host: EngineHost, st: _Stream, enc: StreamEncoder, plan: FaultPlan | None
+) -> web.StreamResponse:
+    while not st.finished and st.failed is None:
+        st.pending.clear()
+        await st.wait()
+    if st.failed is not None:
+        return _json_error(f"engine failed: {st.failed}", status=500)
+    _observe_done(request.app[METRICS_KEY], st, clock.now())
+    body = json.dumps(enc.full_response(st.produced)).encode()
+    if plan is not None and plan.kind == "stall":
+        _log_fault(request.app, st.rid, plan)
+        await asyncio.sleep(plan.duration_s)
+    if plan is not None and plan.kind in ("drop", "malformed"):
+        _log_fault(request.app, st.rid, plan)
+        if plan.kind == "drop":
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=500)  # never reaches the closed socket
+        body = body[: len(body) // 2]
+    return web.Response(body=body, content_type="application/json")
+
+
+def _observe_done(met: ServerMetrics, st: _Stream, t: float) -> None:
+    met.e2e.observe(t - st.arrival_wall)
+    met.success_length.inc()
+
+
+async def _stream(
+    request: web.Request,
+    host: EngineHost,
+    st: _Stream,
+    req: ParsedRequest,
+    enc: StreamEncoder,
+    plan: FaultPlan | None,
+) -> web.StreamResponse:
+    app = request.app
+    met = app[METRICS_KEY]
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await resp.prepare(request)
+    write = resp.write
+    now = clock.now
+    emit = host.emit_lateness.add
+    fault_at = plan.at_token if plan is not None and plan.kind != "slow_first" else -1
+    sent = 0
+    debug = req.debug_timing
+    try:
+        while True:
+            if sent == fault_at:
+                fault_at = -1
+                assert plan is not None
+                _log_fault(app, st.rid, plan)
+                if plan.kind == "drop":
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                if plan.kind == "malformed":
+                    await write(enc.malformed_chunk())
+                elif plan.kind == "stall":
+                    await asyncio.sleep(plan.duration_s)
+            await st.wait()
+            if st.failed is not None:
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            if not st.pending:  # finished, everything sent
+                break
+            n = 0
+            t_first = st.pending[0][1]
+            limit = fault_at - sent if fault_at > sent else 1 << 62
+            while st.pending and n < limit:
+                k, _t = st.pending[0]
+                take = min(k, limit - n)
+                n += take
+                if take == k:
+                    st.pending.pop(0)
+                else:
+                    st.pending[0] = (k - take, _t)
+            done = st.finished and not st.pending and sent + n == st.produced
+            data = enc.token_chunk(sent, n, done, t_first if debug else None)
+            if sent == 0 and enc.chat:
+                data = enc.role_chunk() + data
+            await write(data)
+            t = now()
+            emit(t - t_first)
+            met.emit_lateness.observe(max(t - t_first, 0.0))
+            met.generation_tokens.inc(n)
+            if sent == 0:
+                st.first_wall = t
+                met.ttft.observe(t - st.arrival_wall)
+            else:
+                met.itl.observe(t - (st.last_wall or t))
+            st.last_wall = t
+            sent += n
+            if done:
+                break
+        tail = b""
+        if req.include_usage:
+            tail += enc.usage_chunk(sent)
+        await write(tail + DONE)
+        await resp.write_eof()
+        _observe_done(met, st, now())
+    except (ConnectionResetError, ConnectionError, RuntimeError):
+        # The client went away (or the transport closed under us): the engine aborts it.
+        pass
+    return resp
+
+
+async def _models(request: web.Request) -> web.Response:
+    cfg = request.app[CFG_KEY]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "harness",
+                    "root": cfg.model,
+                    "max_model_len": int(request.app[HOST_KEY].kv_capacity_tokens()),
+                }
+            ],
+        }
+    )
+
+
+async def _health(request: web.Request) -> web.Response:
+    host = request.app[HOST_KEY]
+    if host.error is not None:
+        return web.Response(status=503, text=host.error)
+    return web.Response(status=200)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    s = request.app[HOST_KEY].stats()
+    s["faults"] = request.app[FAULTS_KEY].counts()
+    return web.json_response(s)
+
+
+async def _faults(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FAULTS_KEY].events)
+
+
+async def _stats_reset(request: web.Request) -> web.Response:
+    host = request.app[HOST_KEY]
+    host.step_lateness.reset()
+    host.emit_lateness.reset()
+    return web.json_response({"ok": True})
+
+
+def check_config(cfg: ServerConfig) -> None:
+    """Build policy, cost model and engine once so bad input fails before binding a port."""
+    EngineHost(cfg)
+
+
+def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
+    """Build the aiohttp application (engine loop starts with the app, stops on cleanup)."""
+    cfg = cfg if cfg is not None else ServerConfig(**kw)
+    app = web.Application(middlewares=[_auth_middleware], client_max_size=64 * 2**20)
+    host = EngineHost(cfg)
+    cap = host.kv_capacity_tokens()
+    block = getattr(host.engine_config, "block_size", 16)
+    metrics = ServerMetrics(
+        model=cfg.model,
+        read_gauges=host.gauges,
+        cache_info={
+            "block_size": str(block),
+            "num_gpu_blocks": str(cap // block if block else 0),
+            "kv_cache_size_tokens": str(cap),
+            "policy": cfg.policy,
+            "cost_model": cfg.cost_model,
+        },
+    )
+    host.metrics = metrics
+    app[HOST_KEY] = host
+    app[CFG_KEY] = cfg
+    app[METRICS_KEY] = metrics
+    app[FAULTS_KEY] = FaultLog(cfg.fault_log)
+    app["fault_spec"] = parse_faults(cfg.faults)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/harness/stats", _stats)
+    app.router.add_post("/harness/stats/reset", _stats_reset)
+    app.router.add_get("/harness/faults", _faults)
+
+    async def _on_startup(app: web.Application) -> None:
+        app[HOST_KEY].start()
+
+    async def _on_cleanup(app: web.Application) -> None:
+        await app[HOST_KEY].stop()
+        app[FAULTS_KEY].close()
+
+    app.on_startup.append(_on_startup)
+    app.on_cleanup.append(_on_cleanup)
+    return app
+
+
+async def start_server(
+    cfg: ServerConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start ``cfg``'s app on ``host:port`` (0 = a free port); return the runner and base URL."""
+    app = create_app(cfg)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        await runner.cleanup()
+        raise
+    site = web.SockSite(runner, sock)
+    await site.start()
+    real_port = sock.getsockname()[1]
+    h = f"[{host}]" if ":" in host else host
+    return runner, f"http://{h}:{real_port}"
+
+
+@contextlib.asynccontextmanager
+async def embedded(
+    policy: str = "vllm",
+    cost_model: str = DEFAULT_COST_MODEL,
+    kv_tokens: int | None = None,
+    speed: float = 1.0,
+    faults: str | None = None,
+    **kw: Any,
+) -> AsyncIterator[str]:
+    """Run the built-in server in this event loop on a free 127.0.0.1 port; yield its base URL.
+
+    Extra keywords are :class:`ServerConfig` fields (``model``, ``api_key``, ``fault_log``,
+    ``tiers``, ``engine``, ``policy_params``...). The server stops when the block exits.
+    """
+    cfg = ServerConfig(
+        policy=policy, cost_model=cost_model, kv_tokens=kv_tokens, speed=speed, faults=faults, **kw
+    )
+    runner, url = await start_server(cfg, "127.0.0.1", 0)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+def app_of(runner: web.AppRunner) -> web.Application:
+    """The application behind a runner (tests read its fault log and host)."""
+    return runner.app
+
+
+async def serve_forever(cfg: ServerConfig, host: str, port: int) -> None:
+    """Run until cancelled (Ctrl-C): what ``harness serve`` calls."""
+    runner, url = await start_server(cfg, host, port)
+    print(f"harness serve: {cfg.policy} on {cfg.cost_model}, speed {cfg.speed:g}, at {url}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+__all__ = [
+    "DEFAULT_COST_MODEL",
+    "DEFAULT_MODEL",
+    "EngineHost",
+    "ServerConfig",
+    "check_config",
+    "create_app",
+    "embedded",
+    "serve_forever",
+    "start_server",
+]
