@@ -194,7 +194,7 @@ def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.Da
     n = len(requests)
     req_ids = requests["req"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
     flag = (
-        requests["success"].fillna(False).to_numpy(dtype=bool)
+        requests["success"].astype("boolean").fillna(False).to_numpy(dtype=bool)
         if "success" in requests.columns
         else np.zeros(n, dtype=bool)
     )
