@@ -221,9 +221,19 @@ def _own_timestamps(
     notes: list[str] = []
     if src.sampler is not None:
         # A generative source with timing (a profile with inter-arrival gaps).
-        if n is None:
-            raise TraceError("a generated source needs num_requests with its own timing")
-        rows = src.sampler(n, sampling_rng(seed))
+        if n is not None:
+            rows = src.sampler(n, sampling_rng(seed))
+        elif duration_s is None:
+            raise TraceError("a generated source needs num_requests or a duration")
+        else:
+            m = 256
+            while True:  # draw more until the generated timing covers the duration
+                rows = src.sampler(m, sampling_rng(seed))
+                if float(rows["timestamp_s"].max() - rows["timestamp_s"].min()) > duration_s:
+                    break
+                if m > 50_000_000:
+                    raise TraceError("duration too long for the generated source")
+                m *= 2
         ts = rows["timestamp_s"].to_numpy(dtype=float)
         order = np.argsort(ts, kind="stable")
     else:

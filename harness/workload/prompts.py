@@ -1,24 +1,173 @@
-"""Prompt synthesis for length-only traces (placeholder: words mode)."""
+"""Prompt synthesis for length-only traces, and the token counter used by dataset loaders.
+
+Two modes (``build_trace(..., prompts=...)``):
+
+- ``"words"``: ``N`` whitespace-separated English words. The built-in engine's documented
+  rule is one token per whitespace-separated word, so the prompt is exactly ``N`` tokens
+  there; on a real tokenizer it is roughly ``N`` to ``1.3 N`` tokens.
+- ``"tokenizer:SPEC"``: exactly ``N`` tokens for that tokenizer (``SPEC`` = a
+  ``tokenizer.json`` file, a folder holding one, or a HF name when ``transformers`` can load
+  it locally). Counted without special tokens: a server that adds a BOS token reports
+  ``N + 1`` prompt tokens.
+
+Prompts are deterministic: request ``i`` uses the stream ``[seed, 4, i]`` (independent of
+every other request, so the loader can synthesise one at send time with
+:func:`synthesize_prompt`). Mooncake rows with ``hash_ids`` share prefixes: block ``h`` is
+always the same words (stream ``[seed, 5, h]``), so requests with a common hash prefix have a
+common text prefix, like the original trace's KV-cache reuse.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "it", "an", "were", "are", "which", "this", "be", "or", "has", "had", "not", "but", "first", "one", "their", "its", "new", "after", "who", "they", "have", "two", "been", "she", "other", "all", "time", "there", "when", "also", "into", "year", "more", "only", "would", "over", "can", "some", "these", "may", "up", "out", "most", "where", "than", "many", "then", "about", "such", "school", "city", "world", "state", "made", "used", "during", "under", "three", "later", "part", "between", "well", "each", "both", "people", "while", "work", "before", "through", "high", "known", "being", "long", "since", "year", "second", "house", "life", "team", "name", "family", "number", "water", "around", "until", "film", "game", "played", "place", "area", "group", "found", "river", "good", "light", "music", "small", "early", "great", "river", "north", "south", "east", "west", "local", "power", "million", "book", "open", "order", "point", "land", "human", "black", "white", "market", "paper", "system", "public", "church", "field", "union", "early", "story", "night"]
+from harness.workload.trace import TraceError
+
+_WORDS_TEXT = """
+the of and to in is was for on that with as by at from his her it an were are which this be
+or has had not but first one their its new after who they have two been she other all time
+there when also into year more only would over can some these may up out most where than
+many then about such school city world state made used during under three later part
+between well each both people while work before through high known being long since second
+house life team name family number water around until film game played place area group
+found river good light music small early great north south east west local power million
+book open order point land human black white market paper system public church field union
+story night
+"""
+WORDS: tuple[str, ...] = tuple(_WORDS_TEXT.split())
+
+
+def _words(n: int, rng: np.random.Generator) -> list[str]:
+    return [WORDS[i] for i in rng.integers(0, len(WORDS), size=n)]
 
 
 def synthesize_prompt(n: int, seed: int | None, index: int) -> str:
-    """``n`` whitespace-separated words (the built-in engine counts one token per word)."""
+    """``n`` whitespace-separated words for request ``index`` (built-in engine: ``n`` tokens)."""
+    if n < 1:
+        raise TraceError(f"prompt length must be >= 1, got {n}")
     rng = np.random.default_rng(None if seed is None else [seed, 4, index])
-    idx = rng.integers(0, len(WORDS), size=n)
-    return " ".join(WORDS[i] for i in idx)
+    return " ".join(_words(n, rng))
 
 
-def fill_prompts(df: pd.DataFrame, mode: str, seed: int | None, **kw: Any) -> list[str]:
-    return [
-        p if isinstance(p, str) else synthesize_prompt(int(n), seed, i)
-        for i, (p, n) in enumerate(zip(df["prompt"], df["prompt_len"], strict=True))
-    ]
+def prefix_prompt(
+    n: int, hash_ids: list[int], block_tokens: int, seed: int | None, index: int
+) -> str:
+    """``n`` words whose ``block_tokens``-word blocks are fixed per hash id (shared prefixes)."""
+    out: list[str] = []
+    for h in hash_ids:
+        if len(out) >= n:
+            break
+        rng = np.random.default_rng(None if seed is None else [seed, 5, int(h)])
+        out.extend(_words(min(block_tokens, n - len(out)), rng))
+    if len(out) < n:
+        rng = np.random.default_rng(None if seed is None else [seed, 4, index])
+        out.extend(_words(n - len(out), rng))
+    return " ".join(out)
+
+
+# ---------------------------------------------------------------------------- tokenizers
+
+
+@dataclass
+class TokenCounter:
+    """A tokenizer seen through two calls; ``name`` goes into trace meta."""
+
+    name: str
+    impl: Any
+    kind: str  # "tokenizers" | "transformers"
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "tokenizers":
+            return list(self.impl.encode(text, add_special_tokens=False).ids)
+        return list(self.impl.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.impl.decode(ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+def load_tokenizer(spec: str) -> TokenCounter:
+    """A local ``tokenizer.json`` (file or folder), else ``transformers`` if installed."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "tokenizer.json").exists():
+        path = path / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            return TokenCounter(
+                name=str(spec), impl=Tokenizer.from_file(str(path)), kind="tokenizers"
+            )
+        except Exception as e:  # the tokenizers library raises a bare Exception
+            raise TraceError(f"{path}: not a tokenizer.json file ({e})") from None
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]
+    except ImportError:
+        raise TraceError(
+            f"tokenizer {spec!r}: not a local tokenizer.json and transformers is not installed"
+        ) from None
+    try:
+        return TokenCounter(
+            name=spec, impl=AutoTokenizer.from_pretrained(spec), kind="transformers"
+        )
+    except Exception as e:  # network / missing files: many exception types
+        raise TraceError(
+            f"tokenizer {spec!r} could not be loaded ({str(e).splitlines()[0]})"
+        ) from None
+
+
+def approx_tokens(text: str) -> int:
+    """Token count without a tokenizer: UTF-8 bytes / 4, rounded up (OpenAI's rule of thumb
+    of ~4 characters per token for English; CJK text counts ~0.75 token per character)."""
+    return max(1, math.ceil(len(text.encode("utf-8")) / 4))
+
+
+def exact_prompt(n: int, tok: TokenCounter, seed: int | None, index: int) -> str:
+    """A prompt of exactly ``n`` tokens for ``tok`` (without special tokens).
+
+    Start from ``n`` words, then trim through the token ids (decode the first ``n``) or pad
+    with more words, re-encoding to check; decode/encode round trips are not always stable,
+    so a few rounds are allowed before giving up with a clear error.
+    """
+    rng = np.random.default_rng(None if seed is None else [seed, 4, index])
+    text = " ".join(_words(n, rng))
+    for _ in range(12):
+        ids = tok.encode(text)
+        if len(ids) == n:
+            return text
+        if len(ids) > n:
+            text = tok.decode(ids[:n])
+        else:
+            text = text + " " + " ".join(_words(n - len(ids), rng))
+    raise TraceError(f"could not build a prompt of exactly {n} tokens for {tok.name!r}")
+
+
+def fill_prompts(
+    df: pd.DataFrame, mode: str, seed: int | None, block_tokens: int | None = None
+) -> list[str]:
+    """Prompts for rows without text (rows that have text keep it)."""
+    tok: TokenCounter | None = None
+    if mode.startswith("tokenizer:"):
+        tok = load_tokenizer(mode.split(":", 1)[1])
+    elif mode != "words":
+        raise TraceError(f"prompts must be 'words' or 'tokenizer:PATH', got {mode!r}")
+    hashes = df["hash_ids"] if "hash_ids" in df.columns else None
+    out: list[str] = []
+    for i, (p, n) in enumerate(zip(df["prompt"], df["prompt_len"], strict=True)):
+        if isinstance(p, str):
+            out.append(p)
+        elif tok is not None:
+            out.append(exact_prompt(int(n), tok, seed, i))
+        elif hashes is not None and len(hashes.iloc[i]) and block_tokens:
+            out.append(prefix_prompt(int(n), list(hashes.iloc[i]), int(block_tokens), seed, i))
+        else:
+            out.append(synthesize_prompt(int(n), seed, i))
+    return out

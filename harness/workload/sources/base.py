@@ -34,10 +34,12 @@ class SourceData:
     # A generative source (synthetic, length profiles) draws ``n`` rows on demand instead
     # of holding a finite table; ``df`` is then empty.
     sampler: Callable[[int, np.random.Generator], pd.DataFrame] | None = None
+    # True when ``sampler`` also yields ``timestamp_s`` (a profile with inter-arrival gaps).
+    timed: bool = False
 
     @property
     def has_timestamps(self) -> bool:
-        return "timestamp_s" in self.df.columns
+        return self.timed or "timestamp_s" in self.df.columns
 
 
 def announce(message: str) -> None:

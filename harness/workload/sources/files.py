@@ -23,7 +23,7 @@ from harness.workload.trace import COLUMNS, TraceError
 
 PARQUET_META_KEY = b"harness.trace"
 
-FORMATS = ("project", "csv", "burstgpt", "mooncake")
+FORMATS = ("project", "csv", "burstgpt", "mooncake", "azure")
 
 
 def detect_format(path: Path) -> str:
@@ -34,7 +34,9 @@ def detect_format(path: Path) -> str:
     if suffix == ".csv":
         with path.open(newline="", encoding="utf-8", errors="replace") as f:
             header = f.readline()
-        return "burstgpt" if "Request tokens" in header else "csv"
+        if "Request tokens" in header:
+            return "burstgpt"
+        return "azure" if "ContextTokens" in header else "csv"
     if suffix in (".jsonl", ".ndjson"):
         with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -68,6 +70,8 @@ def load_file(path: Path, options: dict[str, Any]) -> SourceData:
         return load_burstgpt(path, opts)
     if fmt == "mooncake":
         return load_mooncake(path, opts)
+    if fmt == "azure":
+        return load_azure(path, opts)
     raise TraceError(f"unknown trace format {fmt!r} (use {', '.join(FORMATS)})")
 
 
@@ -166,6 +170,38 @@ def load_vidur_csv(path: Path, options: dict[str, Any]) -> SourceData:
         line_of,
     )
     return _finish(out.drop(columns="_line"), path, "csv", dropped)
+
+
+def load_azure(path: Path, options: dict[str, Any]) -> SourceData:
+    """Azure LLM inference trace CSV as released (``TIMESTAMP,ContextTokens,GeneratedTokens``,
+    timestamps as date-times); arrivals are seconds since the first timestamp."""
+    opts = take_options(options, {"zero_lengths": "drop"}, "azure")
+    df = _read_csv(path)
+    _require(df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path, "Azure trace CSV")
+    line_of = np.arange(len(df)) + 2
+    ts = pd.to_datetime(df["TIMESTAMP"], errors="coerce", format="mixed")
+    if ts.isna().any():
+        i = int(np.flatnonzero(ts.isna().to_numpy())[0])
+        raise TraceError(
+            f"{path}: line {int(line_of[i])}: field 'TIMESTAMP'={df['TIMESTAMP'].iloc[i]!r} "
+            "is not a date-time"
+        )
+    secs = (ts - ts.min()).dt.total_seconds().to_numpy(dtype=float)
+    out = pd.DataFrame(
+        {
+            "prompt_len": df["ContextTokens"],
+            "output_len": df["GeneratedTokens"],
+            "timestamp_s": secs,
+        }
+    )
+    out, dropped = _drop_zero(
+        out,
+        {"prompt_len": "ContextTokens", "output_len": "GeneratedTokens"},
+        path,
+        opts["zero_lengths"],
+        line_of,
+    )
+    return _finish(out, path, "azure", dropped)
 
 
 def load_burstgpt(path: Path, options: dict[str, Any]) -> SourceData:

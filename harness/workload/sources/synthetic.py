@@ -31,6 +31,7 @@ def load_synthetic(options: dict[str, Any]) -> SourceData:
             df=pd.DataFrame(columns=["prompt_len", "output_len"]),
             meta={"source": "synthetic", "profile": prof.name, "profile_origin": prof.origin},
             sampler=prof.sample_frame,
+            timed=prof.gap_q is not None,
         )
     try:
         il, ol, rr = int(opts["input_len"]), int(opts["output_len"]), float(opts["range_ratio"])
