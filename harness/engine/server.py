@@ -29,9 +29,10 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE in vLLM'
 or one JSON body when ``stream`` is false), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
 (Prometheus, vLLM names), ``GET /harness/stats`` (lateness statistics for benchmarks) and
 ``POST /harness/stats/reset``, ``GET /harness/faults`` (the injected-fault log as JSON).
-The ``x-request-id`` header names the request (as in vLLM) and is what the fault log records. With ``api_key`` set, every path but ``/health`` and
-``/metrics`` needs ``Authorization: Bearer <key>`` (401 otherwise); those two stay open as in
-vLLM so probes and the metrics sampler work.
+The ``x-request-id`` header names the request (as in vLLM) and is what the fault log records.
+With ``api_key`` set, every path but ``/health`` and ``/metrics`` needs
+``Authorization: Bearer <key>`` (401 otherwise); those two stay open as in vLLM so probes and
+the metrics sampler work.
 """
 
 from __future__ import annotations
