@@ -1,1 +1,59 @@
-"""Placeholder: filled in by its issue (see harness/policies/__init__.py)."""
+"""``sarathi``: Sarathi-Serve, decode-first with chunked prefill (stall-free batching).
+
+Rules (seed-stability.md §2.3 "Sarathi-Serve", and Vidur's ``SarathiReplicaScheduler`` as used by
+the WAIT paper, seed-wait.md §5):
+
+1. every decoding request gets its one decode token (running order), while budget lasts;
+2. then ongoing (partially prefilled or recomputing) running requests get prefill chunks, in
+   running order, as large as the budget left allows;
+3. then new/preempted waiting requests are admitted with a first chunk of what is left, in
+   ``order``: ``fcfs`` (default) or ``spf`` (shortest remaining prefill first).
+
+The token budget (``View.token_budget``) is Sarathi's chunk size; ``chunk_size`` can lower it.
+Decodes sit first in the run order, so KV shortage preempts prefills first (tail victim).
+"""
+
+from __future__ import annotations
+
+from harness.policies.base import BasePolicy, Plan, View
+from harness.policies.common import admit_list, split_running
+from harness.policies.registry import register
+
+
+@register("sarathi")
+class SarathiPolicy(BasePolicy):
+    """Decode-first, then chunked prefills up to the token budget (work-conserving)."""
+
+    def __init__(self, order: str = "fcfs", chunk_size: int | None = None):
+        if order not in ("fcfs", "spf"):
+            raise ValueError(f"sarathi order must be 'fcfs' or 'spf', not {order!r}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.order = order
+        self.chunk_size = chunk_size
+
+    def schedule(self, view: View) -> Plan:
+        budget = (
+            view.token_budget
+            if self.chunk_size is None
+            else min(view.token_budget, self.chunk_size)
+        )
+        decoding, prefilling = split_running(view.running)
+        run: list[tuple[str, int]] = []
+        for r in decoding:
+            if budget <= 0:
+                break
+            run.append((r.request_id, 1))
+            budget -= 1
+        for r in prefilling:
+            if budget <= 0:
+                break
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            run.append((r.request_id, n))
+            budget -= n
+        admit: list[tuple[str, int]] = []
+        seats = view.max_num_seqs - len(view.running)
+        if view.waiting and budget > 0 and seats > 0:
+            admit = admit_list(view, budget, seats, order=self.order)
+        steady = not prefilling and not admit and len(run) == len(view.running)
+        return Plan(run=run, admit=admit, steady=steady)

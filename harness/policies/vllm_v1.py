@@ -1,1 +1,61 @@
-"""Placeholder: filled in by its issue (see harness/policies/__init__.py)."""
+"""``vllm``: vLLM v1's default scheduler (FCFS, chunked prefill on).
+
+Rules (anchors-engines.md §1.4, ``Scheduler.schedule()``):
+
+- Pass 1: every RUNNING request in running order gets ``num_tokens - num_computed_tokens``
+  tokens (a decode is 1, a partial prefill its rest), capped by ``long_prefill_token_threshold``
+  (if > 0) and by the token budget left (this is chunked prefill). When KV runs out the tail of
+  the running list is preempted (recompute) - the host does that (base.py rule 2).
+- Pass 2 (only if nothing was preempted): WAITING requests FCFS (preempted ones at the front),
+  each ``min(remaining, budget left)``, while ``max_num_seqs`` and KV allow; the first that does
+  not fit blocks the rest. With chunked prefill disabled a prompt larger than the budget left
+  stops admission.
+
+``steady`` is set when every running request decodes and nobody can be admitted (waiting is
+empty, or the head cannot get a seat or its first chunk's KV).
+"""
+
+from __future__ import annotations
+
+from harness.policies.base import BasePolicy, Plan, View
+from harness.policies.common import admit_list
+from harness.policies.registry import register
+
+
+@register("vllm")
+class VLLMV1Policy(BasePolicy):
+    """vLLM v1 default: running first in order, chunked prefill within the budget, FCFS."""
+
+    def __init__(self, long_prefill_token_threshold: int = 0, chunked_prefill: bool = True):
+        if long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+        self.long_prefill_token_threshold = int(long_prefill_token_threshold)
+        self.chunked_prefill = bool(chunked_prefill)
+
+    def schedule(self, view: View) -> Plan:
+        budget = view.token_budget
+        cap = self.long_prefill_token_threshold
+        run: list[tuple[str, int]] = []
+        all_decode = True
+        for r in view.running:
+            n = r.num_tokens - r.num_computed_tokens
+            if n != 1 or r.num_output_tokens == 0:
+                all_decode = False
+                if cap and n > cap:
+                    n = cap
+            if n > budget:
+                n = budget
+            if n > 0:
+                run.append((r.request_id, n))
+                budget -= n
+        seats = view.max_num_seqs - len(view.running)
+        admit: list[tuple[str, int]] = []
+        if view.waiting and budget > 0 and seats > 0:
+            # KV that pass 1 will allocate is unknown here; the host enforces it exactly.
+            admit = admit_list(
+                view, budget, seats, whole=not self.chunked_prefill, free_blocks=None
+            )
+            if cap:
+                admit = [(rid, min(n, cap)) for rid, n in admit]
+        steady = all_decode and not admit and len(run) == len(view.running)
+        return Plan(run=run, admit=admit, steady=steady)

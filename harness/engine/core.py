@@ -1,0 +1,610 @@
+"""The engine core: the reference host of the policy contract.
+
+One iteration-level engine with KV accounting in blocks, chunked prefill, recompute preemption and
+``max_tokens`` enforcement (ignore-EOS). It has no clock of its own: ``step(now)`` executes one
+step that starts at ``now`` and takes the cost model's duration, so the discrete-event simulator
+(virtual time) and the built-in server (wall clock) share it (style-examples take-away 6).
+
+Host semantics are exactly those of :mod:`harness.policies.base` (docstring, rules 1-5); the
+comments below cite the rule they implement. Token accounting follows vLLM v1
+(anchors-engines.md §1.4): ``num_computed_tokens`` catches up with ``num_tokens``; a request
+samples one output token at the end of a step in which it caught up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, islice
+from typing import Any
+
+import numpy as np
+
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import CostModel
+from harness.policies.base import KVView, Plan, Policy, StepReport, View
+
+WAITING = 0
+RUNNING = 1
+FINISHED = 2
+ABORTED = 3
+REJECTED = 4
+
+
+class RejectedRequest(ValueError):
+    """A request that can never be served (e.g. longer than the KV capacity)."""
+
+
+class EngineRequest:
+    """One request's state; satisfies :class:`harness.policies.base.RequestView`."""
+
+    __slots__ = (
+        "request_id",
+        "arrival_s",
+        "num_prompt_tokens",
+        "num_output_tokens",
+        "num_computed_tokens",
+        "max_tokens",
+        "predicted_output_len",
+        "tier",
+        "priority",
+        "ttft_slo_s",
+        "tbt_slo_s",
+        "first_token_s",
+        "last_token_s",
+        "num_preemptions",
+        "num_blocks",
+        "status",
+        "index",
+        "data",
+        "finish_s",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        *,
+        predicted_output_len: int | None = None,
+        tier: str = "default",
+        priority: int = 0,
+        ttft_slo_s: float | None = None,
+        tbt_slo_s: float | None = None,
+        index: int = -1,
+        data: Any = None,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.max_tokens = max_tokens
+        self.predicted_output_len = predicted_output_len
+        self.tier = tier
+        self.priority = priority
+        self.ttft_slo_s = ttft_slo_s
+        self.tbt_slo_s = tbt_slo_s
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.num_preemptions = 0
+        self.num_blocks = 0
+        self.status = WAITING
+        self.index = index
+        self.data = data
+        self.finish_s: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"EngineRequest({self.request_id!r}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})"
+        )
+
+
+class _WaitingSeq(Sequence):
+    """Read-only view of ``waiting``: preempted requests first (front), then arrivals in order.
+
+    Iteration is O(1) per item; indexing walks (policies normally iterate from the head).
+    """
+
+    __slots__ = ("_front", "_rest")
+
+    def __init__(self, front: deque[EngineRequest], rest: dict[str, EngineRequest]) -> None:
+        self._front = front
+        self._rest = rest
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._rest)
+
+    def __iter__(self) -> Iterator[EngineRequest]:
+        return chain(self._front, self._rest.values())
+
+    def __getitem__(self, idx):  # type: ignore[no-untyped-def]
+        n = len(self)
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(n)
+            if step == 1:
+                return list(islice(iter(self), start, stop))
+            return list(self)[idx]
+        if idx < 0:
+            idx += n
+        if not 0 <= idx < n:
+            raise IndexError(idx)
+        if idx < len(self._front):
+            return self._front[idx]
+        return next(islice(iter(self._rest.values()), idx - len(self._front), None))
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one call to :meth:`EngineCore.step` did.
+
+    ``sampled`` got ``tokens_each`` new tokens each (1, or the number of fast-forwarded steps);
+    their times are ``step_ends`` (one per step). ``scheduled`` lists ``(request_id, tokens,
+    is_decode)`` for the first (or only) step, in execution order.
+    """
+
+    start_s: float
+    duration_s: float
+    num_steps: int
+    step_ends: np.ndarray
+    sampled: list[EngineRequest]
+    tokens_each: int
+    finished: list[EngineRequest]
+    preempted: list[str]
+    admitted: list[str]
+    scheduled: list[tuple[str, int, bool]]
+    report: StepReport | None
+    idle: bool = False
+    plan_bugs: list[str] = field(default_factory=list)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+    @property
+    def tokens(self) -> list[tuple[str, int]]:
+        """``(request_id, new tokens sampled at step end)`` per request."""
+        return [(r.request_id, self.tokens_each) for r in self.sampled]
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class EngineCore:
+    """Iteration-level engine hosting one :class:`~harness.policies.base.Policy`.
+
+    Counters for telemetry: ``num_waiting``, ``num_running``, ``kv_usage``,
+    ``kv_used_tokens``, ``preemptions_total``, ``num_rejected``, ``num_finished``,
+    ``num_steps_total``.
+    """
+
+    def __init__(
+        self, policy: Policy, cost_model: CostModel, config: EngineConfig | None = None
+    ) -> None:
+        self.policy = policy
+        self.cost_model = cost_model
+        self.config = config or EngineConfig(kv_tokens=1 << 20)
+        self.block_size = self.config.block_size
+        self.total_blocks = self.config.total_blocks
+        self.used_blocks = 0
+        self.token_budget = self.config.token_budget
+        self.max_num_seqs = self.config.max_num_seqs
+        self._requests: dict[str, EngineRequest] = {}
+        self._front: deque[EngineRequest] = deque()  # preempted, front of waiting
+        self._waiting: dict[str, EngineRequest] = {}  # arrival order
+        self._running: list[EngineRequest] = []  # admission order
+        self.preemptions_total = 0
+        self.num_rejected = 0
+        self.num_finished = 0
+        self.num_steps_total = 0
+        self.rejections: dict[str, str] = {}
+        self.last_step_s: float | None = None
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def num_waiting(self) -> int:
+        return len(self._front) + len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self.used_blocks * self.block_size
+
+    @property
+    def kv_usage(self) -> float:
+        return self.used_blocks / self.total_blocks
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._front or self._waiting)
+
+    def get(self, request_id: str) -> EngineRequest | None:
+        return self._requests.get(request_id)
+
+    @property
+    def running(self) -> list[EngineRequest]:
+        return list(self._running)
+
+    @property
+    def waiting(self) -> list[EngineRequest]:
+        return list(chain(self._front, self._waiting.values()))
+
+    # ------------------------------------------------------------------ requests
+    def fit_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why a request of this size can never run here, or None if it can.
+
+        Its KV peaks at ``prompt + max_tokens - 1`` tokens (the last sampled token is never
+        fed back), which must fit in the whole cache.
+        """
+        if prompt_len < 1:
+            return f"prompt_len={prompt_len} must be >= 1"
+        if max_tokens < 1:
+            return f"max_tokens={max_tokens} must be >= 1"
+        peak = prompt_len + max_tokens - 1
+        if _blocks(peak, self.block_size) > self.total_blocks:
+            return (
+                f"needs {peak} KV tokens (prompt {prompt_len} + max_tokens {max_tokens} - 1) "
+                f"but the KV cache holds {self.total_blocks * self.block_size}"
+            )
+        return None
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_tokens: int,
+        *,
+        arrival_s: float,
+        tier: str = "default",
+        priority: int = 0,
+        ttft_slo_s: float | None = None,
+        tbt_slo_s: float | None = None,
+        predicted_output_len: int | None = None,
+        index: int = -1,
+        data: Any = None,
+    ) -> bool:
+        """Queue a request. Returns False (reason in ``rejections[request_id]``, counted in
+        ``num_rejected``) when it can never fit; raises ValueError on a duplicate id."""
+        if request_id in self._requests:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        problem = self.fit_problem(prompt_len, max_tokens)
+        if problem is not None:
+            self.num_rejected += 1
+            self.rejections[request_id] = problem
+            return False
+        if predicted_output_len is None and self.config.known_output_lengths:
+            predicted_output_len = max_tokens
+        r = EngineRequest(
+            request_id,
+            arrival_s,
+            int(prompt_len),
+            int(max_tokens),
+            predicted_output_len=predicted_output_len,
+            tier=tier,
+            priority=priority,
+            ttft_slo_s=ttft_slo_s,
+            tbt_slo_s=tbt_slo_s,
+            index=index,
+            data=data,
+        )
+        self._requests[request_id] = r
+        self._waiting[request_id] = r
+        self.policy.on_arrival(r, arrival_s)
+        return True
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is, freeing its KV. False if unknown or already done."""
+        r = self._requests.pop(request_id, None)
+        if r is None:
+            return False
+        if r.status == RUNNING:
+            self._running.remove(r)
+            self.used_blocks -= r.num_blocks
+            r.num_blocks = 0
+        elif r.status == WAITING and self._waiting.pop(request_id, None) is None:
+            self._front.remove(r)
+        r.status = ABORTED
+        return True
+
+    def _preempt(self, r: EngineRequest) -> None:
+        """Recompute preemption (base.py rule 1/2): free KV, computed := 0, front of waiting."""
+        self._running.remove(r)
+        self.used_blocks -= r.num_blocks
+        r.num_blocks = 0
+        r.num_computed_tokens = 0
+        r.num_preemptions += 1
+        r.status = WAITING
+        self._front.appendleft(r)
+        self.preemptions_total += 1
+
+    def view(self, now: float) -> View:
+        return View(
+            now=now,
+            waiting=_WaitingSeq(self._front, self._waiting),
+            running=tuple(self._running),
+            kv=KVView(self.block_size, self.total_blocks, self.used_blocks),
+            token_budget=self.token_budget,
+            max_num_seqs=self.max_num_seqs,
+            last_step_s=self.last_step_s,
+        )
+
+    # ------------------------------------------------------------------ the step
+    def step(self, now: float, fast_forward_until: float | None = None) -> StepOutcome:
+        """Execute one step starting at ``now`` (rules 1-5 of base.py).
+
+        With ``fast_forward_until`` set and a ``steady`` plan that decodes every running request,
+        the host also executes the following identical decode steps in closed form, as long as
+        each starts strictly before ``fast_forward_until`` (the next arrival), no request
+        finishes before the last one, and KV blocks suffice (rule: Plan.steady).
+        """
+        plan: Plan = self.policy.schedule(self.view(now))
+        bs = self.block_size
+        budget = self.token_budget
+        reqs = self._requests
+        preempted: list[str] = []
+        bugs: list[str] = []
+
+        # Rule 1: explicit preemptions, in order.
+        for rid in plan.preempt:
+            r = reqs.get(rid)
+            if r is None or r.status != RUNNING:
+                bugs.append(f"preempt {rid!r}: not running")
+                continue
+            self._preempt(r)
+            preempted.append(rid)
+
+        # Rule 2: run items in order; KV shortage preempts from the end of the run order.
+        sched: dict[str, tuple[EngineRequest, int]] = {}
+        order: list[EngineRequest] = []
+        preempted_in_run = False
+        free = self.total_blocks - self.used_blocks
+        for rid, n in plan.run:
+            r = reqs.get(rid)
+            if r is None or r.status != RUNNING or rid in sched:
+                bugs.append(f"run {rid!r}: not a running request (or listed twice)")
+                continue
+            order.append(r)
+            c = r.num_computed_tokens
+            rem = r.num_prompt_tokens + r.num_output_tokens - c
+            if n > rem:
+                n = rem
+            if n > budget:
+                n = budget
+            if n <= 0:
+                continue
+            need = _blocks(c + n, bs) - r.num_blocks
+            if need > free:
+                while need > free and order:
+                    victim = order.pop()
+                    if victim.status != RUNNING:
+                        continue
+                    got = sched.pop(victim.request_id, None)
+                    if got is not None:
+                        budget += got[1]
+                    self._preempt(victim)
+                    free = self.total_blocks - self.used_blocks
+                    preempted.append(victim.request_id)
+                    preempted_in_run = True
+                    if victim is r:
+                        break
+                if r.status != RUNNING:
+                    continue
+                need = _blocks(c + n, bs) - r.num_blocks
+            r.num_blocks += need
+            self.used_blocks += need
+            free -= need
+            sched[rid] = (r, n)
+            budget -= n
+
+        # Rule 3: admissions in order, only if step 2 preempted nothing; head-of-line blocking.
+        admitted: list[str] = []
+        if not preempted_in_run:
+            for rid, n in plan.admit:
+                r = reqs.get(rid)
+                if r is None or r.status != WAITING:
+                    bugs.append(f"admit {rid!r}: not waiting")
+                    continue
+                if budget <= 0 or len(self._running) >= self.max_num_seqs:
+                    break
+                rem = r.num_prompt_tokens + r.num_output_tokens  # computed is 0 while waiting
+                n = max(1, min(n, rem, budget))
+                need = _blocks(n, bs)
+                if need > free:
+                    break
+                if self._waiting.pop(rid, None) is None:
+                    self._front.remove(r)
+                r.status = RUNNING
+                self._running.append(r)
+                r.num_blocks = need
+                self.used_blocks += need
+                free -= need
+                sched[rid] = (r, n)
+                budget -= n
+                admitted.append(rid)
+
+        if not sched:
+            report = None
+            if preempted:
+                report = StepReport(
+                    start_s=now,
+                    duration_s=0.0,
+                    num_steps=0,
+                    prefill_tokens=0,
+                    decode_tokens=0,
+                    num_prefill_seqs=0,
+                    num_decode_seqs=0,
+                    kv_used_blocks=self.used_blocks,
+                    preempted=tuple(preempted),
+                )
+                self.policy.on_step(report)
+            return StepOutcome(
+                now, 0.0, 0, np.empty(0), [], 0, [], preempted, admitted, [], report, True, bugs
+            )
+
+        # Composition (rule 5 input to the cost model).
+        prefill = 0
+        n_prefill = 0
+        n_decode = 0
+        kv_read = 0
+        scheduled: list[tuple[str, int, bool]] = []
+        for rid, (r, n) in sched.items():
+            c = r.num_computed_tokens
+            is_dec = n == 1 and r.num_output_tokens > 0 and c == r.num_tokens - 1
+            if is_dec:
+                n_decode += 1
+            else:
+                prefill += n
+                n_prefill += 1
+            kv_read += c + n
+            scheduled.append((rid, n, is_dec))
+        duration = self.cost_model.step_time(prefill, n_decode, kv_read)
+
+        # Fast-forward (Plan.steady): every running request decodes, nothing else happens.
+        k = 1
+        step_ends: np.ndarray
+        if (
+            plan.steady
+            and fast_forward_until is not None
+            and n_prefill == 0
+            and not preempted
+            and not admitted
+            and len(sched) == len(self._running)
+        ):
+            k, step_ends = self._fast_forward_len(
+                now, duration, n_decode, kv_read, fast_forward_until
+            )
+        else:
+            step_ends = np.array([now + duration])
+        end = float(step_ends[-1])
+
+        # Rule 5: advance, sample, finish at max_tokens (ignore-EOS), free KV.
+        sampled: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
+        if k > 1:
+            t_first = float(step_ends[0])
+            for r, _n in sched.values():
+                c = r.num_computed_tokens + k
+                r.num_computed_tokens = c
+                r.num_output_tokens += k
+                nb = _blocks(c, bs)
+                self.used_blocks += nb - r.num_blocks
+                r.num_blocks = nb
+                if r.first_token_s is None:
+                    r.first_token_s = t_first
+                r.last_token_s = end
+                sampled.append(r)
+                if r.num_output_tokens >= r.max_tokens:
+                    finished.append(r)
+        else:
+            for r, n in sched.values():
+                c = r.num_computed_tokens + n
+                r.num_computed_tokens = c
+                if c == r.num_prompt_tokens + r.num_output_tokens:
+                    r.num_output_tokens += 1
+                    if r.first_token_s is None:
+                        r.first_token_s = end
+                    r.last_token_s = end
+                    sampled.append(r)
+                    if r.num_output_tokens >= r.max_tokens:
+                        finished.append(r)
+        if finished:
+            for r in finished:
+                r.status = FINISHED
+                r.finish_s = end
+                self.used_blocks -= r.num_blocks
+                r.num_blocks = 0
+                del self._requests[r.request_id]
+            done = set(map(id, finished))
+            self._running = [r for r in self._running if id(r) not in done]
+            self.num_finished += len(finished)
+
+        total = end - now
+        self.last_step_s = total / k
+        self.num_steps_total += k
+        report = StepReport(
+            start_s=now,
+            duration_s=total,
+            num_steps=k,
+            prefill_tokens=prefill,
+            decode_tokens=n_decode * k,
+            num_prefill_seqs=n_prefill,
+            num_decode_seqs=n_decode,
+            kv_used_blocks=self.used_blocks,
+            preempted=tuple(preempted),
+            admitted=tuple(admitted),
+            finished=tuple(r.request_id for r in finished),
+        )
+        self.policy.on_step(report)
+        return StepOutcome(
+            now,
+            total,
+            k,
+            step_ends,
+            sampled,
+            k,
+            finished,
+            preempted,
+            admitted,
+            scheduled,
+            report,
+            False,
+            bugs,
+        )
+
+    def _fast_forward_len(
+        self, now: float, first: float, n_decode: int, kv_read: int, until: float
+    ) -> tuple[int, np.ndarray]:
+        """How many identical decode steps to run: bounded by the first finish, the KV blocks
+        that would be needed, and start times strictly before ``until``."""
+        run = self._running
+        k_max = min(r.max_tokens - r.num_output_tokens for r in run)
+        if k_max <= 1:
+            return 1, np.array([now + first])
+        bs = self.block_size
+        comp = np.fromiter((r.num_computed_tokens for r in run), dtype=np.int64, count=len(run))
+        # Step 1's blocks (for comp + 1 tokens) are already allocated; ``free`` is what is left.
+        free = self.total_blocks - self.used_blocks
+
+        def extra_blocks(k: int) -> int:
+            # blocks needed for steps 2..k beyond what step 1 holds
+            return int((((comp + k) + bs - 1) // bs - (comp + 1 + bs - 1) // bs).sum())
+
+        if extra_blocks(k_max) > free:
+            lo, hi = 1, k_max  # extra_blocks(lo) == 0 <= free, extra_blocks(hi) > free
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if extra_blocks(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k_max = lo
+        if k_max <= 1:
+            return 1, np.array([now + first])
+        i = np.arange(k_max)
+        durs = self.cost_model.step_times(
+            np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode
+        )
+        ends = now + np.cumsum(durs)
+        # step j (0-based) starts at ends[j-1]; it may run only if that start < until.
+        k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
+        k = max(1, min(k, k_max))
+        return k, ends[:k]
+
+
+__all__ = [
+    "EngineConfig",
+    "EngineCore",
+    "EngineRequest",
+    "RejectedRequest",
+    "StepOutcome",
+]

@@ -1,0 +1,352 @@
+"""Step-time cost models: a step's duration from its composition.
+
+A step is described by ``prefill_tokens`` (prompt or recompute tokens processed), ``decode_seqs``
+(requests decoding one token) and ``kv_tokens`` (KV tokens read by attention: for every scheduled
+request, its context before the step plus the tokens it adds). Every model exposes a scalar
+:meth:`step_time` and a vectorised :meth:`step_times` (used when the simulator fast-forwards a run
+of identical decode steps in closed form).
+
+Kinds:
+
+- ``affine``: ``t = max(floor, base + per_token*(P + D) + per_decode*D) + per_kv*K``. The
+  ``max`` is the weight-read floor of small batches (anchors-engines.md §5.2: "a piecewise
+  ``max(a, a' + b·N_tokens)`` fits better than a single affine function"). WAIT's Eq. (1)
+  ``d0 + d1·(Σ prompt + Σ KV of decodes)`` is the special case ``base=d0, per_kv=d1``
+  (seed-wait.md §1.3).
+- ``staircase``: ``t = c + a*ceil((P + D)/b0)`` (seed-stability.md §1.3, v3 form).
+- ``piecewise``: ``t = c + a*max(0, (P + D) - b0)`` (seed-stability.md §1.3, v2 form, inferred).
+
+Presets (:data:`PRESETS`) carry their source. Users pass a YAML/JSON file with ``kind`` and the
+coefficients, or override a preset inline: ``a100-llama2-7b:per_kv_s=0``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class CostModelError(ValueError):
+    """An unknown preset, a malformed coefficients file or a bad override."""
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Duration of one engine step in seconds."""
+
+    name: str
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float: ...
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class _Base:
+    name: str = "custom"
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind  # type: ignore[attr-defined]
+        return d
+
+    def _check(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float | int) and not isinstance(v, bool) and v < 0:
+                raise CostModelError(f"cost model {self.name!r}: {f.name}={v} must be >= 0")
+
+
+@dataclass(frozen=True)
+class AffineCostModel(_Base):
+    """``t = max(floor_s, base_s + per_token_s*(P+D) + per_decode_s*D) + per_kv_s*K``."""
+
+    kind = "affine"
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+    per_decode_s: float = 0.0
+    per_kv_s: float = 0.0
+    floor_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        lin = (
+            self.base_s
+            + self.per_token_s * (prefill_tokens + decode_seqs)
+            + self.per_decode_s * decode_seqs
+        )
+        return max(self.floor_s, lin) + self.per_kv_s * kv_tokens
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        p = np.asarray(prefill_tokens, dtype=float)
+        d = np.asarray(decode_seqs, dtype=float)
+        lin = self.base_s + self.per_token_s * (p + d) + self.per_decode_s * d
+        return np.maximum(self.floor_s, lin) + self.per_kv_s * np.asarray(kv_tokens, dtype=float)
+
+
+@dataclass(frozen=True)
+class StaircaseCostModel(_Base):
+    """``t = c_s + a_s*ceil((P+D)/b0)`` (seed-stability.md §1.3 / Appendix A.1, v3)."""
+
+    kind = "staircase"
+    c_s: float = 0.01128
+    a_s: float = 0.03547
+    b0: int = 128
+
+    def __post_init__(self) -> None:
+        self._check()
+        if self.b0 < 1:
+            raise CostModelError("staircase b0 must be >= 1")
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        return self.c_s + self.a_s * math.ceil((prefill_tokens + decode_seqs) / self.b0)
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        beta = np.asarray(prefill_tokens) + np.asarray(decode_seqs)
+        return self.c_s + self.a_s * np.ceil(beta / self.b0)
+
+
+@dataclass(frozen=True)
+class PiecewiseCostModel(_Base):
+    """``t = c_s + a_s*max(0, (P+D) - b0)`` (seed-stability.md §1.3, v2 reconstructed form)."""
+
+    kind = "piecewise"
+    c_s: float = 0.04675
+    a_s: float = 0.03547 / 128
+    b0: int = 128
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        return self.c_s + self.a_s * max(0, prefill_tokens + decode_seqs - self.b0)
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        beta = np.asarray(prefill_tokens) + np.asarray(decode_seqs)
+        return self.c_s + self.a_s * np.maximum(0, beta - self.b0)
+
+
+KINDS: dict[str, type[_Base]] = {
+    "affine": AffineCostModel,
+    "linear": AffineCostModel,
+    "staircase": StaircaseCostModel,
+    "piecewise": PiecewiseCostModel,
+}
+
+_VIDUR = (
+    "anchors-engines.md §5.2: Vidur mlp.csv (TP=1) token-linear fit on N in [512, 4096], flat "
+    "floor at N<=64, KV read from a 70%-of-peak HBM roofline (inferred)"
+)
+
+PRESETS: dict[str, _Base] = {
+    # Llama-2-7B / A100: 2.20 ms + 64.2 us/token, floor ~9.1-9.7 ms, 512 KiB/token KV -> 0.37 us.
+    "a100-llama2-7b": AffineCostModel(
+        name="a100-llama2-7b",
+        source=_VIDUR,
+        base_s=2.20e-3,
+        per_token_s=64.2e-6,
+        floor_s=9.4e-3,
+        per_kv_s=0.37e-6,
+    ),
+    # Llama-2-7B / H100: 2.89 ms + 20.2 us/token, floor ~5.5-5.9 ms, KV 0.22 us/token.
+    "h100-llama2-7b": AffineCostModel(
+        name="h100-llama2-7b",
+        source=_VIDUR,
+        base_s=2.89e-3,
+        per_token_s=20.2e-6,
+        floor_s=5.7e-3,
+        per_kv_s=0.22e-6,
+    ),
+    # Llama-3-8B / A100 (GQA-8): 6.42 ms + 66.8 us/token, floor ~9.7-11.2 ms, KV 0.09 us/token.
+    "a100-llama3-8b": AffineCostModel(
+        name="a100-llama3-8b",
+        source=_VIDUR,
+        base_s=6.42e-3,
+        per_token_s=66.8e-6,
+        floor_s=10.4e-3,
+        per_kv_s=0.09e-6,
+    ),
+    # Mistral-7B / RTX 6000 Ada: least squares over the SLAI repo's plot1_results.csv mean batch
+    # times for chunks 256..1024 (R^2 = 0.992): 15.17 ms + 57.4 us/token; floor = the 64-token
+    # chunk's 22.72 ms; KV read 128 KiB/token at 70% of 960 GB/s (inferred).
+    "rtx6000ada-mistral-7b": AffineCostModel(
+        name="rtx6000ada-mistral-7b",
+        source="seed-rad-slai.md §1.3 (SLAI repo scripts/plot1_results.csv), own least squares",
+        base_s=15.17e-3,
+        per_token_s=57.4e-6,
+        floor_s=22.72e-3,
+        per_kv_s=0.195e-6,
+    ),
+    # WAIT Eq. (1): tau = d0 + d1 * (prefill tokens + KV of decodes). The papers give no numbers;
+    # d1 = 0.0115 ms/token is the authors' later Vidur/A100 fit (seed-wait.md App. B); d0 = 10 ms,
+    # the A100 weight-read floor (anchors-engines.md §5.2), since their 276 ms is doubtful.
+    "linear": AffineCostModel(
+        name="linear",
+        source="seed-wait.md §1.3 Eq. (1); d1 from App. B, d0 = A100 floor (anchors §5.2)",
+        base_s=10e-3,
+        per_kv_s=0.0115e-3,
+    ),
+    # v3 staircase: CodeLlama-34B, 1x A100 80GB, TP=1: c=11.28 ms, a=35.47 ms, b0=128, R^2>0.97.
+    "staircase": StaircaseCostModel(
+        name="staircase",
+        source="seed-stability.md §1.3 / Appendix A.1 (v3, CodeLlama-34B on A100)",
+    ),
+    # v2 max-form; constants chosen to agree with the staircase at multiples of b0 (inferred).
+    "piecewise": PiecewiseCostModel(
+        name="piecewise",
+        source="seed-stability.md §1.3 (v2 form c + a*max(0, beta-b0); constants inferred)",
+    ),
+}
+
+
+def presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def _coerce(model_cls: type[_Base], key: str, value: Any) -> Any:
+    names = {f.name: f for f in fields(model_cls)}
+    if key not in names or key in ("name", "source"):
+        allowed = [n for n in names if n not in ("name", "source")]
+        raise CostModelError(f"unknown coefficient {key!r} for {model_cls.kind}: {allowed}")
+    try:
+        return int(value) if key == "b0" else float(value)
+    except (TypeError, ValueError):
+        raise CostModelError(f"coefficient {key}={value!r} is not a number") from None
+
+
+def from_dict(d: dict[str, Any], name: str = "custom") -> _Base:
+    """Build a model from ``{"kind": ..., coefficient: value, ...}`` (a parsed YAML/JSON file)."""
+    if not isinstance(d, dict):
+        raise CostModelError("cost model file must hold a mapping with 'kind' and coefficients")
+    d = dict(d)
+    kind = str(d.pop("kind", "affine"))
+    if kind not in KINDS:
+        raise CostModelError(f"unknown cost model kind {kind!r}; choose from {sorted(KINDS)}")
+    cls = KINDS[kind]
+    kw: dict[str, Any] = {"name": str(d.pop("name", name)), "source": str(d.pop("source", ""))}
+    for k, v in d.items():
+        kw[k] = _coerce(cls, k, v)
+    return cls(**kw)
+
+
+def get_cost_model(name_or_path: str | dict[str, Any] | CostModel) -> CostModel:
+    """A preset name (optionally with ``:key=value,...`` overrides), a YAML/JSON file, or a dict."""
+    if isinstance(name_or_path, dict):
+        return from_dict(name_or_path)  # type: ignore[return-value]
+    if not isinstance(name_or_path, str):
+        return name_or_path
+    spec = name_or_path.strip()
+    path = Path(spec)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
+        if not path.is_file():
+            raise CostModelError(f"cost model file {spec!r} not found")
+        text = path.read_text()
+        try:
+            if path.suffix.lower() == ".json":
+                data = json.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except Exception as e:  # noqa: BLE001 - any parse error becomes one line
+            raise CostModelError(f"cannot parse cost model file {spec!r}: {e}") from None
+        return from_dict(data, name=path.stem)  # type: ignore[return-value]
+    base, _, overrides = spec.partition(":")
+    if base not in PRESETS:
+        raise CostModelError(
+            f"unknown cost model {base!r}; choose a preset ({', '.join(presets())}) or a "
+            ".yaml/.json file"
+        )
+    model = PRESETS[base]
+    if overrides:
+        kw: dict[str, Any] = {}
+        for part in overrides.split(","):
+            k, sep, v = part.partition("=")
+            if not sep:
+                raise CostModelError(f"override {part!r} is not key=value")
+            kw[k.strip()] = _coerce(type(model), k.strip(), v.strip())
+        model = replace(model, name=spec, **kw)
+    return model  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted affine model and how well it fits (R², residual RMS, rows used)."""
+
+    model: AffineCostModel
+    r2: float
+    rmse_s: float
+    n: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def fit_cost_model(samples: Any, *, name: str = "fitted", with_floor: bool = False) -> FitResult:
+    """Least-squares affine fit ``t = base + per_token*(P+D) + per_decode*D + per_kv*K`` from
+    measured engine steps (SAMPLES rows with ``source == "engine"``).
+
+    Uses non-negative least squares so coefficients stay physical. ``K`` is ``kv_used_tokens``
+    (the KV resident at the step, a proxy for KV read when decodes dominate). Rows covering
+    several fast-forwarded steps are averaged per step. ``with_floor`` sets ``floor_s`` to the
+    5th percentile of the shortest steps' durations (the weight-read floor).
+    """
+    import pandas as pd
+    from scipy.optimize import nnls
+
+    df = pd.DataFrame(samples)
+    if "source" in df.columns:
+        df = df[df["source"] == "engine"]
+    need = ["step_duration_s", "prefill_tokens", "decode_tokens"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise CostModelError(f"samples lack column(s) {missing} needed to fit a cost model")
+    df = df.dropna(subset=need)
+    steps = (
+        df["num_steps"].fillna(1).clip(lower=1).to_numpy(float)
+        if "num_steps" in df
+        else np.ones(len(df))
+    )
+    if len(df) < 4:
+        raise CostModelError(f"need at least 4 measured steps to fit, got {len(df)}")
+    t = df["step_duration_s"].to_numpy(float) / steps
+    p = df["prefill_tokens"].to_numpy(float) / steps
+    d = df["decode_tokens"].to_numpy(float) / steps
+    kv = (
+        df["kv_used_tokens"].fillna(0).to_numpy(float)
+        if "kv_used_tokens" in df
+        else np.zeros(len(df))
+    )
+    X = np.column_stack([np.ones_like(t), p + d, d, kv])
+    coef, _ = nnls(X, t)
+    pred = X @ coef
+    ss_res = float(((t - pred) ** 2).sum())
+    ss_tot = float(((t - t.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    floor = float(np.percentile(t, 5)) if with_floor else 0.0
+    model = AffineCostModel(
+        name=name,
+        source=f"fit_cost_model over {len(t)} measured steps",
+        base_s=float(coef[0]),
+        per_token_s=float(coef[1]),
+        per_decode_s=float(coef[2]),
+        per_kv_s=float(coef[3]),
+        floor_s=floor,
+    )
+    return FitResult(model=model, r2=r2, rmse_s=math.sqrt(ss_res / len(t)), n=len(t))

@@ -1,0 +1,79 @@
+"""Helpers shared by the baseline policies (one place, not copy-pasted per policy).
+
+All helpers only read the :class:`~harness.policies.base.View`; they never touch a host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from harness.policies.base import RequestView, View, blocks_for
+
+
+def split_running(
+    running: Sequence[RequestView],
+) -> tuple[list[RequestView], list[RequestView]]:
+    """``(decoding, prefilling)`` in running order. Decoding = has output and its KV covers all
+    but the last token (base.is_decoding); everything else still has prompt/recompute work."""
+    dec: list[RequestView] = []
+    pre: list[RequestView] = []
+    for r in running:
+        if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1:
+            dec.append(r)
+        else:
+            pre.append(r)
+    return dec, pre
+
+
+def ordered_waiting(view: View, order: str) -> Iterable[RequestView]:
+    """Waiting requests in admission order: ``fcfs`` keeps the host's queue order (preempted at
+    the front, then arrivals); ``spf`` sorts by remaining prefill (shortest first, FCFS ties)."""
+    if order == "fcfs":
+        return view.waiting
+    if order == "spf":
+        return sorted(view.waiting, key=lambda r: r.num_tokens - r.num_computed_tokens)
+    raise ValueError(f"unknown admission order {order!r} (fcfs, spf)")
+
+
+def admit_list(
+    view: View,
+    budget_left: int,
+    seats: int,
+    *,
+    order: str = "fcfs",
+    whole: bool = False,
+    free_blocks: int | None = None,
+) -> list[tuple[str, int]]:
+    """Waiting requests to admit, head first, while budget, seats and KV allow.
+
+    ``whole``: prompts are not chunked; admission stops at the first prompt that does not fit
+    the budget left (vLLM ``break`` when chunked prefill is disabled, anchors-engines.md §1.4),
+    except that a prompt larger than the whole budget may start alone, chunked by the host,
+    so it can never deadlock (seed-stability.md §7 REC 6). Otherwise the last admission takes a
+    chunk of what is left. Stops at the first request whose first chunk does not fit the free
+    KV blocks (head-of-line, like the host).
+    """
+    out: list[tuple[str, int]] = []
+    bs = view.kv.block_size
+    free = view.kv.free_blocks if free_blocks is None else free_blocks
+    for r in ordered_waiting(view, order):
+        if budget_left <= 0 or seats <= 0:
+            break
+        rem = r.num_tokens - r.num_computed_tokens
+        oversize_alone = rem > view.token_budget and budget_left == view.token_budget
+        if whole and rem > budget_left and not oversize_alone:
+            break
+        n = min(rem, budget_left)
+        need = blocks_for(n, bs)
+        if need > free:
+            break
+        out.append((r.request_id, n))
+        free -= need
+        budget_left -= n
+        seats -= 1
+    return out
+
+
+def decode_blocks_needed(decoding: Sequence[RequestView], block_size: int) -> int:
+    """New KV blocks a decode step of these requests allocates (those at a block boundary)."""
+    return sum(1 for r in decoding if r.num_computed_tokens % block_size == 0)
