@@ -54,7 +54,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness import clock
-from harness.engine.server_faults import FaultLog, FaultPlan, choose_fault, parse_faults
+from harness.engine.server_faults import (
+    FaultLog,
+    FaultPlan,
+    FaultSpec,
+    choose_fault,
+    parse_faults,
+)
 from harness.engine.server_metrics import ServerMetrics
 from harness.engine.server_protocol import (
     DONE,
@@ -388,6 +394,7 @@ HOST_KEY = web.AppKey("host", EngineHost)
 CFG_KEY = web.AppKey("cfg", ServerConfig)
 FAULTS_KEY = web.AppKey("faults", FaultLog)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+SPEC_KEY = web.AppKey("fault_spec", FaultSpec)
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -433,7 +440,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     try:
         req = parse_request(await _read_json(request), chat=chat)
         rid = host.unique_id(request.headers.get("x-request-id"))
-        plan = choose_fault(app["fault_spec"], rid, req.max_tokens)
+        plan = choose_fault(app[SPEC_KEY], rid, req.max_tokens)
         if plan is not None and plan.kind == "error":
             _log_fault(app, rid, plan)
             return _json_error("injected fault: internal server error", status=500)
@@ -648,7 +655,7 @@ def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
     app[CFG_KEY] = cfg
     app[METRICS_KEY] = metrics
     app[FAULTS_KEY] = FaultLog(cfg.fault_log)
-    app["fault_spec"] = parse_faults(cfg.faults)
+    app[SPEC_KEY] = parse_faults(cfg.faults)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
