@@ -215,7 +215,11 @@ def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.Da
         counts = np.where(no_rows & (nc > 0), nc, counts).astype(np.int64)
     success = flag & np.isfinite(first)
 
+    # vLLM's start_time is the send time; producers that have no separate send step
+    # (simulations) may leave it null: fall back to the release, then the target time.
     send = _col(requests, "send_s")
+    for alt in ("arrival_s", "target_s"):
+        send = np.where(np.isfinite(send), send, _col(requests, alt))
     ttft = np.where(success, first - send, np.nan)
     e2el = np.where(success, last - send, np.nan)
 
@@ -275,13 +279,19 @@ def good_mask(rm: pd.DataFrame, goodput: Mapping[str, float] | None) -> np.ndarr
     return good
 
 
+def _first_start(cv: ChunkView, rm: pd.DataFrame) -> float:
+    """Bucket origin: the earliest successful start (vLLM ``min_start_time``)."""
+    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
+    start = start[np.isfinite(start)]
+    return float(start.min()) if start.size else float(cv.t.min())
+
+
 def max_output_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
     """vLLM: max over 1-s buckets (from the earliest successful start) of chunk arrivals.
     It counts chunks, not tokens (§6.2)."""
     if cv.t.size == 0:
         return 0.0
-    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
-    t0 = float(np.nanmin(start)) if start.size else float(cv.t.min())
+    t0 = _first_start(cv, rm)
     b = np.floor(cv.t - t0).astype(np.int64)
     b = b[b >= 0]
     return float(np.bincount(b).max()) if b.size else 0.0
@@ -291,8 +301,7 @@ def peak_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
     """Our extra: the same 1-s buckets, counting tokens (chunks can carry several)."""
     if cv.t.size == 0:
         return 0.0
-    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
-    t0 = float(np.nanmin(start)) if start.size else float(cv.t.min())
+    t0 = _first_start(cv, rm)
     b = np.floor(cv.t - t0).astype(np.int64)
     ok = b >= 0
     return float(np.bincount(b[ok], weights=cv.tokens[ok]).max()) if ok.any() else 0.0

@@ -68,7 +68,10 @@ def test_single_token_answer_has_no_tpot_but_counts_zero_for_goodput(make_run):
     # r0: one chunk with one token: ttft = e2el = 0.3, tpot excluded (output_tokens = 1)
     # r1: ttft 0.1, then 0.9 s for 1 more token: tpot = 0.9
     run_dir = make_run(
-        [{"req": 0, "send_s": 0.0, "output_tokens": 1}, {"req": 1, "send_s": 0.0, "output_tokens": 2}],
+        [
+            {"req": 0, "send_s": 0.0, "output_tokens": 1},
+            {"req": 1, "send_s": 0.0, "output_tokens": 2},
+        ],
         {0: [(0.3, 1)], 1: [(0.1, 1), (1.0, 1)]},
     )
     run = read_run(run_dir)
@@ -121,7 +124,10 @@ def test_no_requests_at_all(make_run):
 
 def test_max_concurrency_departures_first_on_ties(make_run):
     # [0, 1) and [1, 2) touch at 1.0: departure first -> peak 1; [0.5, 1.5) overlaps both -> 2
-    reqs = [{"req": 0, "send_s": 0.0, "output_tokens": 1}, {"req": 1, "send_s": 1.0, "output_tokens": 1}]
+    reqs = [
+        {"req": 0, "send_s": 0.0, "output_tokens": 1},
+        {"req": 1, "send_s": 1.0, "output_tokens": 1},
+    ]
     chunks = {0: [(1.0, 1)], 1: [(2.0, 1)]}
     s = compute_summary(read_run(make_run(reqs, chunks)), stability=False)
     assert s["max_concurrent_requests"] == 1
