@@ -171,3 +171,8 @@ def fill_prompts(
         else:
             out.append(synthesize_prompt(int(n), seed, i))
     return out
+
+
+def synthetic_prompt(n: int, seed: int | None = 0, index: int = 0) -> str:
+    """Alias used by the load generator: :func:`synthesize_prompt` (``n`` words)."""
+    return synthesize_prompt(n, seed, index)

@@ -359,4 +359,8 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
     src_meta = {"source": str(path), "format": "project", "rows": int(len(out))}
     if meta:
         src_meta["frozen_meta"] = meta
+        # A frozen fallback trace stays marked as such wherever it is replayed.
+        for key in ("fallback", "profile", "profile_origin", "reason"):
+            if key in meta:
+                src_meta[key] = meta[key]
     return SourceData(df=out, meta=src_meta, tiers=tiers)
