@@ -1,7 +1,241 @@
-"""`harness replay`: placeholder until its issue lands; register(app) adds nothing yet."""
+"""`harness replay`: replay a trace open-loop against an engine and write a run directory.
+
+Parses flags, builds a :class:`~harness.loadgen.replay.ReplayConfig`, calls ``run_replay``,
+prints the per-tier summary table and the run directory. Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from harness.cli.errors import HarnessError, fail
+
+
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError (or any error) as one readable line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()) if x != "__root__")
+            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+            return f"--{loc.replace('_', '-')}: {msg}" if loc else msg
+        except (IndexError, TypeError, KeyError):
+            pass
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _kv_options(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            fail(f"--source-option {item!r}: expected key=value")
+        try:
+            out[key] = json.loads(val)
+        except ValueError:
+            out[key] = val
+    return out
+
+
+def replay(
+    trace: Annotated[
+        str,
+        typer.Option(
+            "--trace",
+            help="Trace name (lmsys, sharegpt, synthetic, "
+            "azure-conv...) or file (parquet/jsonl/csv).",
+        ),
+    ],
+    rate: Annotated[
+        float | None, typer.Option(help="Offered rate, req/s (not with --arrival trace).")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Base URL of an OpenAI-compatible server; default: the built-in engine in-process."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: first of /v1/models).")
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="Dialect: vllm, sglang, openai, builtin "
+            "(default: builtin without --target, else "
+            "vllm)."
+        ),
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    arrival: Annotated[
+        str, typer.Option(help="poisson, gamma, constant, or trace (the trace's own timestamps).")
+    ] = "poisson",
+    burstiness: Annotated[
+        float, typer.Option(help="Gamma shape (vLLM --burstiness); 1 = Poisson.")
+    ] = 1.0,
+    time_scale: Annotated[float, typer.Option(help="Multiplies trace timestamps.")] = 1.0,
+    num_requests: Annotated[int | None, typer.Option(help="Send at most N requests.")] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Send no request after S seconds; in-flight ones get --drain-timeout."),
+    ] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="Cap on requests in flight.")] = None,
+    tiers: Annotated[
+        str | None,
+        typer.Option(
+            help="Tier spec, e.g. paid:0.05:ttft=2s:tbt=100ms,free:0.95:ttft=10s:tbt=500ms."
+        ),
+    ] = None,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Goodput SLOs in ms: ttft:MS tpot:MS e2el:MS (repeat, or quote several)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed (arrivals, sampling, tiers).")] = 0,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (default reports/replay-...).")
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Built-in only: scheduling policy.")] = None,
+    cost_model: Annotated[str | None, typer.Option(help="Built-in only: cost model.")] = None,
+    kv_tokens: Annotated[
+        int | None, typer.Option(help="Built-in only: KV capacity, tokens.")
+    ] = None,
+    speed: Annotated[float | None, typer.Option(help="Built-in only: speed-up factor.")] = None,
+    faults: Annotated[str | None, typer.Option(help="Built-in only: fault spec.")] = None,
+    timeout: Annotated[float, typer.Option(help="Longest silence within one response, s.")] = 600.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="With --duration: time in-flight requests get, s.")
+    ] = 30.0,
+    ready_timeout: Annotated[
+        float, typer.Option(help="How long the target may take to answer, s.")
+    ] = 5.0,
+    priority: Annotated[
+        bool,
+        typer.Option(
+            "--priority/--no-priority", help="Send the tier as the body 'priority' field."
+        ),
+    ] = True,
+    extra_body: Annotated[
+        str | None, typer.Option(help="JSON object merged into every request body.")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="HARNESS_API_KEY", help="Bearer token.")
+    ] = None,
+    sample_interval: Annotated[
+        float, typer.Option(help="Engine /metrics + GPU sampling period, s (0 = off).")
+    ] = 0.25,
+    gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Sample GPU memory via NVML.")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Live progress bar.")
+    ] = True,
+    source_option: Annotated[
+        list[str] | None, typer.Option(help="key=value passed to the trace source (repeat).")
+    ] = None,
+) -> None:
+    """Replay a trace open-loop (absolute schedule) and record every streamed chunk."""
+    from pydantic import ValidationError
+
+    from harness.loadgen.replay import ReplayConfig, default_run_dir, run_replay
+    from harness.results.metrics import parse_goodput
+
+    try:
+        gp = parse_goodput(" ".join(goodput)) if goodput else None
+    except ValueError as exc:
+        fail(f"--goodput: {exc}")
+    body: dict[str, Any] | None = None
+    if extra_body is not None:
+        try:
+            body = json.loads(extra_body)
+        except ValueError as exc:
+            fail(f"--extra-body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            fail("--extra-body must be a JSON object")
+    try:
+        cfg = ReplayConfig(
+            trace=trace,
+            rate=rate,
+            target=target,
+            model=model,
+            engine=engine,
+            endpoint=endpoint,
+            arrival=arrival,
+            burstiness=burstiness,
+            time_scale=time_scale,
+            num_requests=num_requests,
+            duration_s=duration,
+            max_concurrency=max_concurrency,
+            tiers=tiers,
+            goodput=gp,
+            seed=seed,
+            out=out,
+            policy=policy,
+            cost_model=cost_model,
+            kv_tokens=kv_tokens,
+            speed=speed,
+            faults=faults,
+            timeout_s=timeout,
+            drain_timeout_s=drain_timeout,
+            ready_timeout_s=ready_timeout,
+            send_priority=priority,
+            extra_body=body,
+            api_key=api_key,
+            sample_interval_s=sample_interval if sample_interval > 0 else None,
+            gpu=gpu,
+            progress=progress,
+            trace_options=_kv_options(source_option),
+        )
+    except ValidationError as exc:
+        fail(_one_line(exc))
+    if cfg.out is None:
+        cfg = cfg.model_copy(update={"out": default_run_dir(cfg, trace)})
+    run_dir = cfg.out
+    assert run_dir is not None
+    interrupted = False
+    try:
+        run_replay(cfg)
+    except HarnessError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        interrupted = True
+    _print_result(run_dir, cfg.goodput, interrupted)
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _print_result(run_dir: Path, goodput: dict[str, float] | None, interrupted: bool) -> None:
+    from rich.console import Console
+
+    from harness.results import schema
+
+    console = Console()
+    if not (run_dir / schema.RUN_JSON).is_file():
+        if interrupted:
+            fail("interrupted before the run started", code=130)
+        return
+    summary = None
+    try:
+        from harness.results.console import print_summary
+        from harness.results.summary import write_summary
+
+        sp = run_dir / schema.SUMMARY_JSON
+        if sp.is_file() and not interrupted:
+            summary = json.loads(sp.read_text(encoding="utf-8"))
+        else:
+            summary = write_summary(run_dir, goodput=goodput)
+        print_summary(summary, console=console)
+    except ImportError:
+        pass
+    if interrupted:
+        console.print(f"[bold yellow]interrupted:[/] partial run in {run_dir}")
+    else:
+        console.print(f"run directory: {run_dir}")
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("replay")(replay)

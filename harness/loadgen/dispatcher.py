@@ -86,15 +86,6 @@ _PROMPT_MAX = 32768
 _PROMPT_BASE = "hi" + " hi" * (_PROMPT_MAX - 1)
 
 
-def _prompt_for(n: int) -> str:
-    try:  # engineer W's synthesiser, when the workload package provides one
-        from harness.workload.prompts import synthetic_prompt as w_prompt  # type: ignore
-
-        return w_prompt(n)
-    except ImportError:
-        return synthetic_prompt(n)
-
-
 class Dispatcher:
     """Runs one schedule against one target. Create, then ``await run(t0)`` once."""
 
@@ -115,7 +106,7 @@ class Dispatcher:
         flush_interval_s: float = 1.0,
         headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
-        prompt_fn: Callable[[int], str] | None = None,
+        prompt_fn: Callable[[int, int], str] | None = None,
         on_progress: Callable[[DispatchStats], None] | None = None,
         progress_interval_s: float = 0.25,
         freeze_gc: bool = True,
@@ -134,7 +125,7 @@ class Dispatcher:
         self.flush_interval_s = flush_interval_s
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.extra_body = extra_body
-        self.prompt_fn = prompt_fn or _prompt_for
+        self.prompt_fn = prompt_fn or (lambda n, req: synthetic_prompt(n))
         self.on_progress = on_progress
         self.progress_interval_s = progress_interval_s
         self.freeze_gc = freeze_gc
@@ -165,7 +156,9 @@ class Dispatcher:
             st.max_lag_s = lag
         st.in_flight += 1
         try:
-            prompt = job.prompt if job.prompt is not None else self.prompt_fn(job.prompt_len)
+            prompt = job.prompt
+            if prompt is None:
+                prompt = self.prompt_fn(job.prompt_len, job.req)
             body = self.dialect.body(
                 self.endpoint,
                 self.model,

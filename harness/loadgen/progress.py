@@ -32,8 +32,12 @@ class LiveProgress:
         )
         self._task = self._progress.add_task("replay", total=total, counts="")
         self._window: deque[tuple[float, int]] = deque(maxlen=16)
+        self._started = False
 
     def update(self, s: DispatchStats) -> None:
+        if not self._started:  # start with the dispatch, not during the readiness check
+            self._started = True
+            self._progress.start()
         t = clock.now()
         self._window.append((t, s.tokens))
         t_old, tok_old = self._window[0]
@@ -50,7 +54,6 @@ class LiveProgress:
         )
 
     def __enter__(self) -> LiveProgress:
-        self._progress.start()
         return self
 
     def __exit__(
@@ -59,4 +62,5 @@ class LiveProgress:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._progress.stop()
+        if self._started:
+            self._progress.stop()

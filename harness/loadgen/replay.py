@@ -31,7 +31,12 @@ from harness import clock
 from harness.cli.errors import HarnessError
 from harness.loadgen.client import make_session
 from harness.loadgen.dialects import Endpoint, get_dialect
-from harness.loadgen.dispatcher import Dispatcher, DispatchStats, jobs_from_frame
+from harness.loadgen.dispatcher import (
+    Dispatcher,
+    DispatchStats,
+    jobs_from_frame,
+    synthetic_prompt,
+)
 from harness.workload.tiers import Tier, TierSpecError, parse_tiers
 from harness.workload.trace import Trace, TraceError
 
@@ -253,10 +258,18 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _meta(cfg: ReplayConfig, trace: Trace, base_url: str, model: str) -> dict[str, Any]:
+def _meta(
+    cfg: ReplayConfig, trace: Trace, base_url: str, model: str, n_jobs: int
+) -> dict[str, Any]:
+    """run.json content. ``duration_s`` (top level) is written at the end as the measured
+    dispatch-start → last-request-done time (vLLM's ``duration``, what the summary divides by);
+    the configured bound is ``duration_limit_s``, kept out of ``config`` so the summary cannot
+    mistake it for the measured one."""
+    conf = cfg.model_dump(mode="json")
+    conf["duration_limit_s"] = conf.pop("duration_s")
     return {
         "kind": "replay",
-        "config": cfg.model_dump(mode="json"),
+        "config": conf,
         "target": base_url,
         "engine": cfg.dialect_name,
         "endpoint": cfg.endpoint.value,
@@ -274,7 +287,8 @@ def _meta(cfg: ReplayConfig, trace: Trace, base_url: str, model: str) -> dict[st
         "burstiness": cfg.burstiness,
         "time_scale": cfg.time_scale,
         "max_concurrency": cfg.max_concurrency,
-        "duration_s": cfg.duration_s,
+        "num_requests": n_jobs,
+        "duration_limit_s": cfg.duration_s,
         "goodput": cfg.goodput,
         "versions": _versions(),
         "host": platform.node(),
@@ -316,7 +330,7 @@ async def run_replay_async(
     async with _target(cfg) as (base_url, engine_info):
         model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
         run_dir = cfg.out or default_run_dir(cfg, trace.content_hash())
-        meta = _meta(cfg, trace, base_url, model)
+        meta = _meta(cfg, trace, base_url, model, len(jobs))
         meta["engine_info"] = engine_info
         try:
             writer = RunWriter(run_dir, meta)
@@ -341,6 +355,7 @@ async def run_replay_async(
                     drain_timeout_s=cfg.drain_timeout_s,
                     headers=headers,
                     extra_body=cfg.extra_body,
+                    prompt_fn=prompt_synthesiser(cfg.seed),
                     on_progress=progress_cb,
                 )
                 sampler = _make_sampler(cfg, base_url, disp)
@@ -356,11 +371,21 @@ async def run_replay_async(
                     if sampler is not None:
                         extra["sampler"] = sampler.meta()
                     if not math.isnan(disp.stats.end_s):
-                        extra["duration_s_measured"] = disp.stats.end_s
+                        extra["duration_s"] = disp.stats.end_s
                     await disp.flush(in_thread=False)
                     writer.update_meta(**extra)
     _summarise(run_dir, cfg.goodput)
     return Path(run_dir)
+
+
+def prompt_synthesiser(seed: int) -> Callable[[int, int], str]:
+    """Prompt text for rows without one: engineer W's ``synthesize_prompt`` (n words, one
+    token each for the built-in engine; deterministic per seed and row), else " hi" * n."""
+    try:
+        from harness.workload.prompts import synthesize_prompt
+    except ImportError:
+        return lambda n, req: synthetic_prompt(n)
+    return lambda n, req: synthesize_prompt(n, seed, req)
 
 
 def _make_sampler(cfg: ReplayConfig, base_url: str, disp: Dispatcher) -> Any:
