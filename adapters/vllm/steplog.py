@@ -1,0 +1,60 @@
+"""Per-step JSONL log of a vLLM engine's batches (env ``HARNESS_STEP_LOG``), for cost-model fits.
+
+One line per executed step, keys::
+
+    t_s            step start, host clock (s since the scheduler's origin)
+    duration_s     schedule() entry to update_from_output() entry (scheduling + forward + sample)
+    prefill_tokens tokens of requests that were not plain decodes
+    decode_tokens  tokens of plain decodes (1 each)
+    num_prefill_seqs, num_decode_seqs
+    kv_tokens      sum over scheduled requests of their context length after the step
+                   (the attention read volume a cost model may charge for)
+    batch_tokens   prefill_tokens + decode_tokens
+    kv_used_blocks, num_running, num_waiting, preempted, admitted, finished (counts)
+
+Written line-buffered so a killed server leaves every finished step on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+
+class StepLog:
+    """Append-only JSONL sink; ``None`` path means disabled (every call is a no-op)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self._fh: IO[str] | None = None
+        if path:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = p.open("a", buffering=1)
+
+    @property
+    def enabled(self) -> bool:
+        return self._fh is not None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_step_log(path: str | Path) -> list[dict[str, Any]]:
+    """Read a step log back (blank or truncated trailing lines are skipped)."""
+    rows: list[dict[str, Any]] = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
