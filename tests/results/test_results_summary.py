@@ -1,0 +1,160 @@
+"""summary.json: per-tier SLO blocks (hand-computed), write_summary, console tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from harness.results import schema
+from harness.results.console import print_summary
+from harness.results.rundir import read_run
+from harness.results.summary import compute_summary, write_summary
+
+TIERS = [
+    {"name": "paid", "share": 0.5, "ttft_slo_s": 0.2, "tbt_slo_s": 0.05, "priority": 0},
+    {"name": "free", "share": 0.5, "ttft_slo_s": 1.0, "tbt_slo_s": 0.2, "priority": 1},
+]
+
+
+@pytest.fixture
+def tier_run(make_run):
+    # paid r0: ttft 0.10, gaps 0.04 0.04           -> attains
+    # paid r1: ttft 0.30 (> 0.2), gap 0.02          -> misses TTFT
+    # paid r2: ttft 0.05, gaps 0.01 0.14: own p99 = 0.01 + 0.99*0.13 = 0.1387 > 0.05 -> misses TBT
+    # free r3: ttft 0.50, gap 0.10                  -> attains
+    # free r4: failed                               -> never attains
+    reqs = [
+        {"req": 0, "tier": "paid", "send_s": 0.0, "output_tokens": 3},
+        {"req": 1, "tier": "paid", "send_s": 0.0, "output_tokens": 2},
+        {"req": 2, "tier": "paid", "send_s": 1.0, "output_tokens": 3},
+        {"req": 3, "tier": "free", "send_s": 0.0, "output_tokens": 2},
+        {"req": 4, "tier": "free", "send_s": 0.0, "success": False, "error_kind": "timeout"},
+    ]
+    chunks = {
+        0: [(0.10, 1), (0.14, 1), (0.18, 1)],
+        1: [(0.30, 1), (0.32, 1)],
+        2: [(1.05, 1), (1.06, 1), (1.20, 1)],
+        3: [(0.50, 1), (0.60, 1)],
+    }
+    return make_run(reqs, chunks, meta={"tiers": TIERS, "duration_s": 2.0})
+
+
+def test_per_tier_blocks(tier_run):
+    s = compute_summary(read_run(tier_run), stability=False)
+    paid, free = s["tiers"]["paid"], s["tiers"]["free"]
+    assert list(s["tiers"]) == ["paid", "free"]
+    assert paid["num_requests"] == 3 and paid["completed"] == 3 and paid["failed"] == 0
+    assert paid["ttft_slo_ms"] == 200.0 and paid["tbt_slo_ms"] == 50.0
+    assert paid["slo_attainment"] == pytest.approx(1 / 3)
+    assert paid["ttft_slo_attainment"] == pytest.approx(2 / 3)
+    assert paid["tbt_slo_attainment"] == pytest.approx(2 / 3)
+    assert paid["goodput"] == pytest.approx(1 / 2.0)  # 1 attaining request / global duration
+    assert paid["request_throughput"] == pytest.approx(3 / 2.0)
+    # pooled p99 TTFT over [50, 100, 300] ms: h = 1.98 -> 100 + 0.98*200 = 296 > 200
+    assert paid["p99_ttft_ms"] == pytest.approx(296.0)
+    assert paid["ttft_slo_met"] is False
+    # pooled ITL [10, 20, 40, 40, 140] ms: h = 3.96 -> 40 + 0.96*100 = 136 > 50
+    assert paid["p99_itl_ms"] == pytest.approx(136.0)
+    assert paid["p99_itl_slo_met"] is False
+    assert free["num_requests"] == 2 and free["completed"] == 1 and free["failed"] == 1
+    assert free["slo_attainment"] == pytest.approx(0.5)
+    assert free["goodput"] == pytest.approx(0.5)
+    assert free["request_throughput"] == pytest.approx(0.5)  # same global denominator
+    assert free["p99_ttft_ms"] == pytest.approx(500.0) and free["ttft_slo_met"] is True
+    assert free["p99_itl_ms"] == pytest.approx(100.0) and free["p99_itl_slo_met"] is True
+    assert s["slo_attainment"] == pytest.approx(2 / 5)
+    assert s["completed"] == 4 and s["failed"] == 1
+
+
+def test_tier_goodput_uses_cli_slos(tier_run):
+    s = compute_summary(read_run(tier_run), {"ttft": 150}, stability=False)
+    assert s["request_goodput"] == pytest.approx(2 / 2.0)  # r0 (100 ms), r2 (50 ms)
+    assert s["tiers"]["paid"]["request_goodput"] == pytest.approx(2 / 2.0)
+    assert s["tiers"]["free"]["request_goodput"] == 0.0
+
+
+def test_goodput_from_run_json(make_run):
+    rd = make_run(
+        [{"req": 0, "send_s": 0.0, "output_tokens": 1}],
+        {0: [(0.1, 1)]},
+        meta={"goodput": {"ttft": 50.0}, "duration_s": 1.0},
+    )
+    s = compute_summary(read_run(rd), stability=False)
+    assert s["goodput_slos_ms"] == {"ttft": 50.0} and s["request_goodput"] == 0.0
+    with pytest.raises(ValueError, match="unknown goodput"):
+        compute_summary(read_run(rd), {"itl": 5}, stability=False)
+
+
+def test_tiers_from_spec_unknown_and_empty(make_run):
+    rd = make_run(
+        [
+            {"req": 0, "tier": "free", "send_s": 0.0, "output_tokens": 1},
+            {"req": 1, "tier": "gold", "send_s": 0.0, "output_tokens": 1},
+        ],
+        {0: [(0.1, 1)], 1: [(0.2, 1)]},
+        meta={"tiers": "paid:0.05:ttft=2s:tbt=100ms,free:0.95:ttft=10s:tbt=500ms"},
+    )
+    s = compute_summary(read_run(rd), stability=False)
+    assert list(s["tiers"]) == ["paid", "free", "gold"]
+    paid = s["tiers"]["paid"]  # in the spec but no requests
+    assert paid["num_requests"] == 0 and paid["completed"] == 0
+    assert paid["slo_attainment"] is None and paid["ttft_slo_met"] is None
+    assert paid["p99_ttft_ms"] == 0.0
+    gold = s["tiers"]["gold"]  # in the data but not in run.json: no SLOs
+    assert gold["ttft_slo_ms"] is None and gold["slo_attainment"] is None
+    assert gold["completed"] == 1
+    assert s["tiers"]["free"]["slo_attainment"] == 1.0
+    assert s["slo_attainment"] == 1.0  # only requests of tiers with SLOs count
+
+
+def test_config_echo(make_run):
+    meta = {
+        "engine": "vllm",
+        "endpoint": "completions",
+        "model": "m1",
+        "rate": 4.0,
+        "burstiness": 1.0,
+        "max_concurrency": None,
+        "num_requests": 10,
+        "policy": "slai",
+        "run_id": "abc",
+    }
+    s = compute_summary(read_run(make_run([], meta=meta)), stability=False)
+    assert s["backend"] == "vllm" and s["endpoint_type"] == "completions"
+    assert s["model_id"] == "m1" and s["tokenizer_id"] == "m1"
+    assert s["request_rate"] == 4.0 and s["burstiness"] == 1.0
+    assert s["num_prompts"] == 10 and s["policy"] == "slai" and s["run_id"] == "abc"
+    assert s["date"] and s["status"] == "complete"
+
+
+def test_write_summary_and_read_back(tier_run):
+    s = write_summary(tier_run, {"ttft": 150})
+    text = (tier_run / schema.SUMMARY_JSON).read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    on_disk = json.loads(text)
+    assert on_disk == s
+    assert read_run(tier_run).summary == s
+    assert "stability" in s  # engineer G's verdict (or None when absent)
+
+
+def test_console_tables(tier_run, make_run):
+    s = compute_summary(read_run(tier_run), stability=False)
+    con = Console(record=True, width=120)
+    print_summary(s, con)
+    out = con.export_text()
+    assert "requests ok / failed" in out and "4 / 1" in out
+    assert "paid" in out and "free" in out and "200ms/50ms" in out and "33.3%" in out
+    assert "timeout=1" in out
+    assert "warning" not in out
+    bad = dict(s, schedule_kept=False, valid=False, invalid_reasons=["send lag p99 50 ms"])
+    bad["status"] = "partial"
+    con = Console(record=True, width=120)
+    print_summary(bad, con)
+    out = con.export_text()
+    assert "invalid run: send lag p99 50 ms" in out and "partial run" in out
+    # an empty run prints without crashing
+    con = Console(record=True, width=120)
+    print_summary(compute_summary(read_run(make_run([])), stability=False), con)
+    assert "0 / 0" in con.export_text()
