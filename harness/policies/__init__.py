@@ -3,6 +3,7 @@
 from harness.policies import (  # noqa: F401
     fastertransformer,
     mcsf,
+    mcsf_baselines,
     nested_wait,
     orca,
     rad,

@@ -1,1 +1,205 @@
-"""Placeholder: filled in by its issue (see harness/policies/__init__.py)."""
+"""MC-SF: memory-constrained shortest-first admission (seed-mcsf.md §2.3, Algorithm 2).
+
+Every running request runs every step (no pausing). Waiting requests are considered in
+ascending predicted output length; each is admitted only if the *future* KV peak of all
+running requests plus the admitted set stays within ``M`` at every future completion time
+(Eq. 1, checked at the completion points, §2.1); the first one that fails stops admission.
+Time is counted in steps, so the check is exact whatever each step's duration is, as long as
+predictions are exact.
+
+A request with ``o_cur`` tokens generated and ``num_tokens = s + o_cur`` holds
+``num_tokens + τ`` tokens of KV during the step ``τ`` steps from now, until its last step
+``τ_end = ô - o_cur - 1`` (Convention B, engine-exact: peak ``s + ô - 1``); Convention A
+(the paper's Eq. 1) keeps it one step longer (peak ``s + ô``, conservative).
+
+Decisions on the spec's ambiguities (seed-mcsf.md §7):
+
+* A1 ``kv_convention`` = ``"B"`` (default, engine-exact) or ``"A"`` (paper Eq. 1).
+* A2 check points: 0 and every completion ``τ_end`` of running ∪ admitted ∪ candidate.
+* A3 order ``(ô, arrival, prompt_len, id)``. A4 ``on_fail`` = ``"break"`` (faithful) or
+  ``"skip"``. A5 per-request ``s_i``. A6 a request that can never fit is left waiting
+  (the host rejects those at ``add_request``).
+* Blocks: with ``block_aware`` the load is ``Σ ceil(tokens/block)·block`` like the host.
+* Predictions (§2.4): ``length_source="predicted"`` reads ``predicted_output_len`` (falls
+  back to ``max_tokens``), ``"oracle"`` reads ``max_tokens``. ``noise_sigma`` multiplies
+  the estimate by a per-request log-normal factor (seeded), ``margin`` adds ``δ`` tokens
+  (the upper bound ``ô + δ``: the paper's ``ô - δ`` would under-reserve).
+* Under-estimates (REC a): once a request reaches its estimate without finishing, its
+  estimate becomes ``generated + overrun_extra``. Overflow (REC b) is left to the host,
+  which preempts from the end of the run order = the most recently started request.
+* Compute caps: MC-SF has none; admission also stops at the step's token budget and
+  ``max_num_seqs`` so the plan is never clipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+
+from harness.policies.base import (
+    BasePolicy,
+    Plan,
+    RequestView,
+    StepReport,
+    View,
+    is_decoding,
+    prefill_remaining,
+    remaining_tokens,
+)
+from harness.policies.registry import register
+
+
+def _unit_hash(seed: int, request_id: str) -> float:
+    h = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
+    return (int.from_bytes(h, "big") + 0.5) / 2.0**64
+
+
+def future_peak_ok(base: np.ndarray, end: np.ndarray, capacity: int, block_size: int = 1) -> bool:
+    """Eq. (1): is ``Σ_j [end_j >= T]·round_up(base_j + T) <= capacity`` at every check point?
+
+    ``base_j`` is request j's KV tokens in the current step, ``end_j`` its last step offset.
+    Load only rises between completions, so checking ``T ∈ {0} ∪ {end_j}`` suffices (§2.1).
+    """
+    if base.size == 0:
+        return True
+    points = np.unique(np.concatenate(([0], end[end >= 0])))
+    tokens = base[None, :] + points[:, None]
+    if block_size > 1:
+        tokens = -(-tokens // block_size) * block_size
+    load = np.where(end[None, :] >= points[:, None], tokens, 0).sum(axis=1)
+    return bool((load <= capacity).all())
+
+
+@register("mcsf")
+class MCSFPolicy(BasePolicy):
+    """Memory-constrained shortest-first (seed-mcsf.md §2.3)."""
+
+    def __init__(
+        self,
+        *,
+        kv_convention: str = "B",
+        on_fail: str = "break",
+        length_source: str = "predicted",
+        noise_sigma: float = 0.0,
+        margin: int = 0,
+        overrun_extra: int = 16,
+        seed: int = 0,
+        block_aware: bool = True,
+        memory_tokens: int | None = None,
+    ) -> None:
+        if kv_convention not in ("A", "B"):
+            raise ValueError("mcsf: kv_convention must be 'A' or 'B'")
+        if on_fail not in ("break", "skip"):
+            raise ValueError("mcsf: on_fail must be 'break' or 'skip'")
+        if length_source not in ("predicted", "oracle"):
+            raise ValueError("mcsf: length_source must be 'predicted' or 'oracle'")
+        self.kv_convention = kv_convention
+        self.on_fail = on_fail
+        self.length_source = length_source
+        self.noise_sigma = float(noise_sigma)
+        self.margin = int(margin)
+        self.overrun_extra = max(1, int(overrun_extra))
+        self.seed = seed
+        self.block_aware = block_aware
+        self.memory_tokens = memory_tokens
+        self._est: dict[str, int] = {}
+        self._started: dict[str, int] = {}
+        self._seq = 0
+
+    # -- estimates ---------------------------------------------------------------------
+    def estimate(self, r: RequestView) -> int:
+        """Planned total output length ``ô`` (never below what it has generated + 1)."""
+        est = self._est.get(r.request_id)
+        if est is None:
+            if self.length_source == "oracle" or r.predicted_output_len is None:
+                raw = float(r.max_tokens)
+            else:
+                raw = float(r.predicted_output_len)
+            if self.noise_sigma > 0:
+                u = _unit_hash(self.seed, r.request_id)
+                z = math.sqrt(2.0) * _erfinv(2.0 * u - 1.0)
+                raw *= math.exp(self.noise_sigma * z)
+            est = max(1, int(round(raw)) + self.margin)
+            self._est[r.request_id] = est
+        if r.num_output_tokens >= est:  # under-estimate discovered (REC a)
+            est = r.num_output_tokens + self.overrun_extra
+            self._est[r.request_id] = est
+        return est
+
+    def _last_step(self, r: RequestView) -> int:
+        extra = 1 if self.kv_convention == "A" else 0
+        return max(0, self.estimate(r) - r.num_output_tokens - 1 + extra)
+
+    # -- planning ------------------------------------------------------------------------
+    def schedule(self, view: View) -> Plan:
+        running = sorted(
+            view.running, key=lambda r: (self._started.get(r.request_id, -1), r.arrival_s)
+        )
+        run = [
+            (r.request_id, 1 if is_decoding(r) else max(1, prefill_remaining(r))) for r in running
+        ]
+        tokens_used = sum(n for _, n in run)
+        capacity = self.memory_tokens if self.memory_tokens is not None else view.kv.capacity_tokens
+        bs = view.kv.block_size if self.block_aware else 1
+        base = [r.num_tokens for r in running]
+        end = [self._last_step(r) for r in running]
+        cands = sorted(
+            view.waiting,
+            key=lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens, r.request_id),
+        )
+        admit: list[tuple[str, int]] = []
+        seqs = len(running)
+        for r in cands:
+            need = remaining_tokens(r)
+            if seqs >= view.max_num_seqs or tokens_used + need > view.token_budget:
+                break  # compute caps: wait for the next step, keep the order
+            ok = future_peak_ok(
+                np.array(base + [r.num_tokens], dtype=np.int64),
+                np.array(end + [self._last_step(r)], dtype=np.int64),
+                capacity,
+                bs,
+            )
+            if ok:
+                admit.append((r.request_id, need))
+                base.append(r.num_tokens)
+                end.append(self._last_step(r))
+                tokens_used += need
+                seqs += 1
+            elif self.on_fail == "break":
+                break
+        steady = (
+            not view.waiting
+            and bool(running)
+            and all(is_decoding(r) for r in running)
+            and len(running) <= view.token_budget
+        )
+        return Plan(run=run, admit=admit, steady=steady)
+
+    def on_step(self, report: StepReport) -> None:
+        for rid in report.admitted:
+            self._seq += 1
+            self._started[rid] = self._seq
+        for rid in report.preempted:
+            self._started.pop(rid, None)
+        for rid in report.finished:
+            self._started.pop(rid, None)
+            self._est.pop(rid, None)
+
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+def _erfinv(y: float) -> float:
+    """Inverse error function (scipy-free, Newton-refined) for the seeded noise factor."""
+    y = min(max(y, -0.999999), 0.999999)
+    a = 0.147
+    ln = math.log(1.0 - y * y)
+    t = 2.0 / (math.pi * a) + ln / 2.0
+    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / a) - t), y)
+    for _ in range(2):
+        err = math.erf(x) - y
+        x -= err / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
+    return x

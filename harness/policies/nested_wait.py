@@ -1,1 +1,132 @@
-"""Placeholder: filled in by its issue (see harness/policies/__init__.py)."""
+"""Nested WAIT: threshold batching when output lengths are unknown (seed-wait.md §4).
+
+Every prompt enters segment 1; a prompt that has generated ``l'_i`` tokens without finishing
+moves on to segment ``i+1`` (binomial thinning, §4.2), so the scheduler only ever observes
+"finished or not" and never reads an output length. Segment ``i`` has threshold ``n_i``: it
+runs only when at least ``n_i`` prompts wait at its first stage, and then runs at most
+``n_i`` prompts per stage. Segments run as a prefix ``1..i*`` (§4.3 prefix rule); later
+segments are paused with their KV kept. Thresholds and the safety-buffer memory of Eq. (14)
+come from :func:`harness.policies.thresholds.nested_thresholds`.
+
+Decisions on the spec's ambiguities (seed-wait.md §9):
+
+* #2/#8 stages: vLLM semantics (the prefill emits token 1); stage ``k`` = output tokens so
+  far; segment ``i`` holds stages ``l'_{i-1} .. l'_i - 1`` with cumulative boundaries
+  ``edges = (l'_1, ..., l'_m)`` and ``l'_0 = 0``; stage 0 (waiting for prefill) is in
+  segment 1. A prompt longer than ``l'_m`` stays in the last segment.
+* #11 mixed prompt lengths: one instance, thresholds on counts; the host's real per-token KV
+  accounting is the memory check (option b).
+* #12 memory: run order is "latest stage first, partial prefills last", so a KV shortage
+  evicts the most recently admitted prompt (LIFO, §1.4); evictions are the host's metric.
+* #14 FIFO by arrival inside every queue. #17 end of run: as in WAIT, a flush after
+  ``flush_after_s`` seconds without progress relaxes all thresholds to ``min(n_i, available)``.
+* The policy never reads ``predicted_output_len`` or ``max_tokens`` (non-predictive, §1.2).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+from harness.policies.base import (
+    BasePolicy,
+    Plan,
+    RequestView,
+    View,
+    is_decoding,
+    prefill_remaining,
+    remaining_tokens,
+)
+from harness.policies.registry import register
+from harness.policies.wait import _age_key, idle_since, int_thresholds
+
+
+@register("nested-wait")
+class NestedWaitPolicy(BasePolicy):
+    """Nested WAIT (seed-wait.md §4.3, Algorithm 2).
+
+    ``edges``: ascending cumulative segment boundaries ``l'_1 < ... < l'_m`` in output tokens.
+    ``thresholds``: ``n_i`` per segment (usually descending, ``n_{i+1}/n_i >= p_i``, Eq. 12).
+    """
+
+    def __init__(
+        self,
+        edges: Sequence[int] = (50, 100, 150, 200, 250, 300, 350, 400, 450, 500),
+        thresholds: Sequence[float] = (66, 43, 32, 24, 17, 11, 7, 4, 2, 1),
+        *,
+        flush_after_s: float | None = 1.0,
+    ) -> None:
+        if len(edges) != len(thresholds) or not edges:
+            raise ValueError("nested-wait: edges and thresholds need the same non-zero length")
+        if list(edges) != sorted(edges) or len(set(edges)) != len(edges) or edges[0] < 1:
+            raise ValueError("nested-wait: edges must be strictly ascending and >= 1")
+        self.edges = [int(x) for x in edges]
+        self.thresholds = int_thresholds(thresholds)
+        self.flush_after_s = flush_after_s
+        self.flushes = 0
+
+    def segment_of(self, num_output_tokens: int) -> int:
+        """Segment index (0-based) of a prompt at stage ``k`` = output tokens so far (§4.2)."""
+        return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
+
+    def first_stage(self, i: int) -> int:
+        """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
+        return 0 if i == 0 else self.edges[i - 1]
+
+    def schedule(self, view: View) -> Plan:
+        plan = self._plan(view, flush=False)
+        if plan.run or plan.admit or not self._stuck(view):
+            return plan
+        self.flushes += 1
+        return self._plan(view, flush=True)
+
+    def _stuck(self, view: View) -> bool:
+        if self.flush_after_s is None:
+            return False
+        reqs = list(view.waiting) + list(view.running)
+        return bool(reqs) and min(idle_since(r) for r in reqs) <= view.now - self.flush_after_s
+
+    def _plan(self, view: View, *, flush: bool) -> Plan:
+        m = len(self.edges)
+        n = self.thresholds
+        waiting = sorted(view.waiting, key=_age_key)
+        partial = [r for r in view.running if prefill_remaining(r) > 0]
+        stages: dict[int, list[RequestView]] = {}
+        for r in sorted((r for r in view.running if is_decoding(r)), key=_age_key):
+            stages.setdefault(r.num_output_tokens, []).append(r)
+
+        def at_first_stage(i: int) -> int:
+            return len(waiting) if i == 0 else len(stages.get(self.first_stage(i), ()))
+
+        # Prefix rule: the largest i* such that every segment 1..i* meets its threshold.
+        active = 0
+        for i in range(m):
+            if at_first_stage(i) >= n[i] or (flush and self._segment_has_work(i, waiting, stages)):
+                active = i + 1
+            elif not flush:
+                break
+        run: list[tuple[str, int]] = []
+        for k in sorted(stages, reverse=True):
+            i = self.segment_of(k)
+            if i < active:
+                run.extend((r.request_id, 1) for r in stages[k][: n[i]])
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
+        admit: list[tuple[str, int]] = []
+        if active >= 1:
+            admit = [(r.request_id, remaining_tokens(r)) for r in waiting[: n[0]]]
+        return Plan(run=run, admit=admit)
+
+    def _segment_has_work(
+        self, i: int, waiting: list[RequestView], stages: dict[int, list[RequestView]]
+    ) -> bool:
+        if i == 0 and waiting:
+            return True
+        return any(self.segment_of(k) == i for k in stages)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "edges": self.edges,
+            "thresholds": self.thresholds,
+            "flush_after_s": self.flush_after_s,
+        }

@@ -1,1 +1,185 @@
-"""Placeholder: filled in by its issue (see harness/policies/__init__.py)."""
+"""WAIT: fluid-guided threshold batching with known output lengths (seed-wait.md §3).
+
+Requests are grouped into *types* by their (known or predicted) output length. Type ``j``
+takes part in a batch, at every one of its stages, only when at least ``n_j`` of its prompts
+are waiting for prefill (§3.3 "type-level gating"); each stage then runs at most ``n_j``
+prompts (oldest first), so cohorts of exactly ``n_j`` advance in lockstep and resident
+memory stays at most ``M^π = Σ_j n_j Σ_k (l_j + k)`` (§3.4). Thresholds come from
+:mod:`harness.policies.thresholds` (fluid rule of §3.2, or the paper's practical ``B ρ_j /
+(l'_j+1)`` rule).
+
+Decisions on the spec's ambiguities (seed-wait.md §9):
+
+* #2 stages: vLLM semantics, the prefill emits output token 1, so stage ``k`` = output
+  tokens generated so far; a type-``j`` request runs stages ``0 .. l'_j - 1``.
+* #4 eviction: the host's recompute preemption; the victim re-enters its type's stage-0
+  queue keeping its arrival time (FIFO by arrival, #14).
+* #6 integer thresholds: ``n_j = max(1, round(x))`` at construction (option a).
+* #12 memory: no memory test in the policy; run order is "latest stage first, partial
+  prefills last", so when KV runs out the host evicts the most recently admitted (LIFO, §1.4).
+* #17 end of run: the policy cannot see the end of a trace, so when the strict rule gives an
+  empty batch and some request has waited ``flush_after_s`` seconds, every type runs with
+  ``min(n_j, available)`` (the spec's flush; never drops requests). ``None`` = paper-pure
+  (may idle forever at the end of a finite trace).
+* ``gating``: ``"type"`` is the paper's Algorithm 1; ``"admission"`` is the authors' Vidur
+  code (Appendix A): all decodes run every step and only stage-0 admission is gated, with a
+  per-type in-flight cap ``L_j = n_j (l'_j + 1)``.
+* Output length: ``predicted_output_len`` when the host gives one, else ``max_tokens``
+  (ignore-EOS traces make that the true length).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+from harness.policies.base import (
+    BasePolicy,
+    Plan,
+    RequestView,
+    View,
+    is_decoding,
+    prefill_remaining,
+    remaining_tokens,
+)
+from harness.policies.registry import register
+
+
+def known_output_len(r: RequestView) -> int:
+    """The output length a known-length policy plans with (predicted, else max_tokens)."""
+    return int(r.predicted_output_len) if r.predicted_output_len is not None else int(r.max_tokens)
+
+
+def _age_key(r: RequestView) -> tuple[float, str]:
+    return (r.arrival_s, r.request_id)
+
+
+def idle_since(r: RequestView) -> float:
+    """When the request last made progress (last token, else arrival)."""
+    return r.last_token_s if r.last_token_s is not None else r.arrival_s
+
+
+def int_thresholds(values: Sequence[float]) -> list[int]:
+    """Round fractional thresholds the way the authors' code does: ``max(1, round(x))``."""
+    return [max(1, int(round(float(v)))) for v in values]
+
+
+@register("wait")
+class WaitPolicy(BasePolicy):
+    """WAIT (seed-wait.md §3.3, Algorithm 1) with per-type per-stage thresholds ``n_j``.
+
+    ``output_lens``: ascending type output lengths ``l'_j`` (a request of length ``o`` is the
+    first type with ``l'_j >= o``, the longest type if none). ``thresholds``: ``n_j`` per type.
+    """
+
+    def __init__(
+        self,
+        output_lens: Sequence[int] = (128, 256, 512, 1024, 2048),
+        thresholds: Sequence[float] = (8, 4, 2, 1, 1),
+        *,
+        gating: str = "type",
+        flush_after_s: float | None = 1.0,
+    ) -> None:
+        if len(output_lens) != len(thresholds) or not output_lens:
+            raise ValueError("wait: output_lens and thresholds need the same non-zero length")
+        if list(output_lens) != sorted(output_lens) or len(set(output_lens)) != len(output_lens):
+            raise ValueError("wait: output_lens must be strictly ascending")
+        if gating not in ("type", "admission"):
+            raise ValueError("wait: gating must be 'type' or 'admission'")
+        self.output_lens = [int(x) for x in output_lens]
+        self.thresholds = int_thresholds(thresholds)
+        self.gating = gating
+        self.flush_after_s = flush_after_s
+        self.flushes = 0  # steps that ran under the end-of-run flush rule
+
+    def type_of(self, r: RequestView) -> int:
+        """Index of the request's type: first ``l'_j >= o`` (§3.2; #7 binning)."""
+        j = bisect.bisect_left(self.output_lens, known_output_len(r))
+        return min(j, len(self.output_lens) - 1)
+
+    # -- planning ---------------------------------------------------------------------
+    def schedule(self, view: View) -> Plan:
+        plan = self._plan(view, flush=False)
+        if plan.run or plan.admit or not self._stuck(view):
+            return plan
+        self.flushes += 1
+        return self._plan(view, flush=True)
+
+    def _stuck(self, view: View) -> bool:
+        if self.flush_after_s is None:
+            return False
+        reqs = list(view.waiting) + list(view.running)
+        return bool(reqs) and min(idle_since(r) for r in reqs) <= view.now - self.flush_after_s
+
+    def _plan(self, view: View, *, flush: bool) -> Plan:
+        m = len(self.output_lens)
+        waiting: list[list[RequestView]] = [[] for _ in range(m)]
+        for r in sorted(view.waiting, key=_age_key):
+            waiting[self.type_of(r)].append(r)
+        partial = [r for r in view.running if prefill_remaining(r) > 0]
+        decoding = [r for r in view.running if is_decoding(r)]
+        if self.gating == "admission":
+            return self._plan_admission(view, waiting, partial, decoding, flush)
+        n = self.thresholds
+        eligible = [len(waiting[j]) >= n[j] or (flush and waiting[j]) for j in range(m)]
+        if flush:  # end-of-run flush: every type with anything to do runs (#17)
+            for r in decoding:
+                eligible[self.type_of(r)] = True
+        # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3).
+        stages: dict[tuple[int, int], list[RequestView]] = {}
+        for r in sorted(decoding, key=_age_key):
+            j = self.type_of(r)
+            if eligible[j]:
+                stages.setdefault((j, r.num_output_tokens), []).append(r)
+        run: list[tuple[str, int]] = []
+        for (j, _k), rs in sorted(stages.items(), key=lambda kv: -kv[0][1]):
+            run.extend((r.request_id, 1) for r in rs[: n[j]])
+        # Partial prefills are committed work; listed last so they are the LIFO victims.
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
+        admits: list[RequestView] = []
+        for j in range(m):
+            if eligible[j]:
+                admits.extend(waiting[j][: n[j]])
+        admits.sort(key=_age_key)
+        return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits])
+
+    def _plan_admission(
+        self,
+        view: View,
+        waiting: list[list[RequestView]],
+        partial: list[RequestView],
+        decoding: list[RequestView],
+        flush: bool,
+    ) -> Plan:
+        """The authors' Vidur variant (seed-wait.md Appendix A): gate admission only."""
+        m = len(self.output_lens)
+        occupied = [0] * m
+        for r in list(partial) + list(decoding):
+            occupied[self.type_of(r)] += 1
+        quota = []
+        for j in range(m):
+            limit = self.thresholds[j] * (self.output_lens[j] + 1)
+            quota.append(max(0, min(self.thresholds[j], limit - occupied[j])))
+        trigger = flush or any(q > 0 and len(waiting[j]) >= q for j, q in enumerate(quota))
+        run = [(r.request_id, 1) for r in sorted(decoding, key=_age_key)]
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
+        admits: list[RequestView] = []
+        if trigger:
+            for j in range(m):
+                admits.extend(waiting[j][: quota[j]])
+        admits.sort(key=_age_key)
+        steady = not view.waiting and not partial and bool(decoding)
+        return Plan(
+            run=run,
+            admit=[(r.request_id, remaining_tokens(r)) for r in admits],
+            steady=steady and len(decoding) <= view.token_budget,
+        )
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "output_lens": self.output_lens,
+            "thresholds": self.thresholds,
+            "gating": self.gating,
+            "flush_after_s": self.flush_after_s,
+        }

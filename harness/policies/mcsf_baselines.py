@@ -1,0 +1,142 @@
+"""The MC-SF paper's baselines: α-protection greedy and α-protection β-clearing (seed-mcsf.md §3).
+
+Both keep every running request running and admit waiting requests FCFS while the current
+KV use plus the new prompt stays below ``(1 - α)·M``; there is no look-ahead, so decodes can
+grow past ``M``. Before a step whose KV would exceed ``M`` (the overflow event), α-greedy
+clears *all* running requests and β-clearing clears each one independently with probability
+``β``; cleared requests lose their progress (recompute) and keep their arrival time, so
+α-greedy re-selects the same FCFS set: the paper's infinite loop (§3.1, Fig. 7).
+
+Decisions (seed-mcsf.md §7 A7): the overflow is detected before the step, so the host never
+holds more than ``M``; the step that clears still runs what is left (an empty step for
+α-greedy) and admits nothing; cleared requests rejoin the queue at their arrival position
+from the next step, so a failed iteration costs one step plus the recomputation. One
+independent β pass per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from harness.policies.base import (
+    BasePolicy,
+    Plan,
+    RequestView,
+    StepReport,
+    View,
+    is_decoding,
+    prefill_remaining,
+    remaining_tokens,
+)
+from harness.policies.registry import register
+
+
+class _AlphaProtection(BasePolicy):
+    """Shared FCFS admission under ``(1 - α)·M`` and pre-step overflow clearing."""
+
+    def __init__(
+        self,
+        alpha: float = 0.25,
+        beta: float = 1.0,
+        seed: int = 0,
+        memory_tokens: int | None = None,
+    ) -> None:
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError("alpha must be in [0, 1)")
+        if not 0.0 < beta <= 1.0:
+            raise ValueError("beta must be in (0, 1]")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.seed = seed
+        self.memory_tokens = memory_tokens
+        self.clearings = 0  # overflow events
+        self.cleared = 0  # requests sent back
+        self._rng = np.random.default_rng(seed)
+        self._started: dict[str, int] = {}
+        self._seq = 0
+
+    def _clear(self, running: list[RequestView]) -> list[RequestView]:
+        raise NotImplementedError
+
+    def schedule(self, view: View) -> Plan:
+        bs = view.kv.block_size
+        capacity = self.memory_tokens if self.memory_tokens is not None else view.kv.capacity_tokens
+        running = sorted(
+            view.running, key=lambda r: (self._started.get(r.request_id, -1), r.arrival_s)
+        )
+
+        def held(r: RequestView) -> int:
+            return -(-r.num_computed_tokens // bs) * bs
+
+        def after_step(r: RequestView) -> int:
+            step = 1 if is_decoding(r) else max(1, prefill_remaining(r))
+            return -(-(r.num_computed_tokens + step) // bs) * bs
+
+        preempt: list[str] = []
+        if sum(after_step(r) for r in running) > capacity:  # overflow event
+            cleared = {r.request_id for r in self._clear(running)}
+            self.clearings += 1
+            self.cleared += len(cleared)
+            preempt = [r.request_id for r in running if r.request_id in cleared]
+            running = [r for r in running if r.request_id not in cleared]
+        run = [
+            (r.request_id, 1 if is_decoding(r) else max(1, prefill_remaining(r))) for r in running
+        ]
+        used = sum(held(r) for r in running)
+        tokens = sum(n for _, n in run)
+        seqs = len(running)
+        admit: list[tuple[str, int]] = []
+        if preempt:  # the failed iteration: no admissions until the cleared ones are queued
+            return Plan(run=run, admit=admit, preempt=preempt)
+        # Cleared requests rejoin the queue at their arrival position from the next step on.
+        for r in sorted(view.waiting, key=lambda r: (r.arrival_s, r.request_id)):
+            need = remaining_tokens(r)
+            if used + need > (1.0 - self.alpha) * capacity:
+                break
+            if seqs >= view.max_num_seqs or tokens + need > view.token_budget:
+                break
+            admit.append((r.request_id, need))
+            used += -(-need // bs) * bs
+            tokens += need
+            seqs += 1
+        return Plan(run=run, admit=admit, preempt=preempt)
+
+    def on_step(self, report: StepReport) -> None:
+        for rid in report.admitted:
+            self._seq += 1
+            self._started[rid] = self._seq
+        for rid in report.preempted + report.finished:
+            self._started.pop(rid, None)
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "beta": self.beta, "seed": self.seed}
+
+
+@register("mcsf-alpha")
+class AlphaProtectionGreedy(_AlphaProtection):
+    """α-protection greedy (§3.1): on overflow, clear every running request."""
+
+    def __init__(self, alpha: float = 0.25, memory_tokens: int | None = None) -> None:
+        super().__init__(alpha=alpha, beta=1.0, seed=0, memory_tokens=memory_tokens)
+
+    def _clear(self, running: list[RequestView]) -> list[RequestView]:
+        return list(running)
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha}
+
+
+@register("mcsf-alpha-beta")
+class AlphaProtectionBetaClearing(_AlphaProtection):
+    """α-protection β-clearing (§3.2): on overflow, clear each running request w.p. ``β``."""
+
+    def __init__(
+        self, alpha: float = 0.2, beta: float = 0.2, seed: int = 0, memory_tokens: int | None = None
+    ) -> None:
+        super().__init__(alpha=alpha, beta=beta, seed=seed, memory_tokens=memory_tokens)
+
+    def _clear(self, running: list[RequestView]) -> list[RequestView]:
+        mask = self._rng.random(len(running)) < self.beta
+        return [r for r, m in zip(running, mask, strict=True) if m]
