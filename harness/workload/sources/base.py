@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,32 +62,3 @@ def take_options(options: dict[str, Any], allowed: dict[str, Any], source: str) 
     out = dict(allowed)
     out.update(options)
     return out
-
-
-def check_lengths(
-    df: pd.DataFrame,
-    path: Path | str,
-    row_offset: int = 0,
-    fields: tuple[str, str] = ("prompt_len", "output_len"),
-    names: tuple[str, str] | None = None,
-) -> pd.DataFrame:
-    """Coerce the length columns to int >= 1; the error names file, row and field.
-
-    ``row_offset``: added to the 0-based frame index to give the row number users see
-    (e.g. 2 for a CSV: 1-based plus the header line). ``names``: field names as the file
-    spells them.
-    """
-    import numpy as np
-
-    names = names or fields
-    for col, shown in zip(fields, names, strict=True):
-        vals = pd.to_numeric(df[col], errors="coerce")
-        bad = vals.isna() | (vals < 1) | (vals != np.floor(vals))
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise TraceError(
-                f"{path}: row {i + row_offset}: field {shown!r}={df[col].iloc[i]!r} "
-                "is not an integer >= 1"
-            )
-        df[col] = vals.astype("int64")
-    return df

@@ -26,6 +26,11 @@ PARQUET_META_KEY = b"harness.trace"
 FORMATS = ("project", "csv", "burstgpt", "mooncake", "azure")
 
 
+def _show(value: Any) -> str:
+    """A cell as the user wrote it (numpy scalars shown as plain numbers)."""
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
 def detect_format(path: Path) -> str:
     """Guess the format from the suffix and, for CSV/JSONL, the header / first record."""
     suffix = path.suffix.lower()
@@ -88,7 +93,7 @@ def _drop_zero(
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
             raise TraceError(
-                f"{path}: line {int(line_of[i])}: field {shown!r}={df[col].iloc[i]!r} "
+                f"{path}: line {int(line_of[i])}: field {shown!r}={_show(df[col].iloc[i])} "
                 "is not a non-negative integer"
             )
         df[col] = vals.astype("int64")
@@ -140,7 +145,7 @@ def _timestamps(
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise TraceError(
-            f"{path}: line {int(line_of[i])}: field {col!r}={df[col].iloc[i]!r} "
+            f"{path}: line {int(line_of[i])}: field {col!r}={_show(df[col].iloc[i])} "
             "is not a non-negative number"
         )
     return ts.to_numpy(dtype=float) * unit
@@ -183,7 +188,7 @@ def load_azure(path: Path, options: dict[str, Any]) -> SourceData:
     if ts.isna().any():
         i = int(np.flatnonzero(ts.isna().to_numpy())[0])
         raise TraceError(
-            f"{path}: line {int(line_of[i])}: field 'TIMESTAMP'={df['TIMESTAMP'].iloc[i]!r} "
+            f"{path}: line {int(line_of[i])}: field 'TIMESTAMP'={_show(df['TIMESTAMP'].iloc[i])} "
             "is not a date-time"
         )
     secs = (ts - ts.min()).dt.total_seconds().to_numpy(dtype=float)
@@ -343,7 +348,7 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
             raise TraceError(
-                f"{path}: {where} {int(line_of[i])}: field {col!r}={df[col].iloc[i]!r} "
+                f"{path}: {where} {int(line_of[i])}: field {col!r}={_show(df[col].iloc[i])} "
                 "is not an integer >= 1"
             )
         df[col] = vals.astype("int64")
