@@ -174,8 +174,8 @@ def load_trace(cfg: ReplayConfig) -> Trace:
             **cfg.trace_options,
         )
     except (TraceError, TierSpecError, FileNotFoundError, KeyError, ValueError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        raise HarnessError(f"trace {cfg.trace!r}: {msg}") from None
+        msg = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+        raise HarnessError(msg if cfg.trace in msg else f"trace {cfg.trace!r}: {msg}") from None
 
 
 # -- target -----------------------------------------------------------------------------------
