@@ -48,12 +48,15 @@ def latency_stats(values_s: np.ndarray, metric: str) -> dict[str, float]:
     v = np.asarray(values_s, dtype=np.float64)
     if v.size == 0:
         v = np.zeros(1)
+    # np.median(v) == np.percentile(v, 50) (both average the middle pair); one partition
+    # serves all quantiles, which matters for 30M pooled ITL samples.
+    pcts = np.percentile(v, (50, *PERCENTILES))
     out = {
         f"mean_{metric}_ms": float(np.mean(v) * 1000.0),
-        f"median_{metric}_ms": float(np.median(v) * 1000.0),
+        f"median_{metric}_ms": float(pcts[0] * 1000.0),
         f"std_{metric}_ms": float(np.std(v) * 1000.0),
     }
-    pcts = np.percentile(v, PERCENTILES)
+    pcts = pcts[1:]
     for p, q in zip(PERCENTILES, pcts, strict=True):
         out[percentile_key(p, metric)] = float(q * 1000.0)
     return out
@@ -100,6 +103,13 @@ class ChunkView:
     grp: np.ndarray  # int64 request position
     start: np.ndarray
     end: np.ndarray
+
+    def single_token(self) -> bool:
+        """True when every chunk carries exactly one token (then token-level extras equal
+        their chunk-level counterparts and need no extra pass)."""
+        if not hasattr(self, "_single"):
+            self._single = bool(self.tokens.size == 0 or (self.tokens == 1).all())
+        return self._single
 
     @property
     def first_in_group(self) -> np.ndarray:
@@ -301,6 +311,8 @@ def peak_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
     """Our extra: the same 1-s buckets, counting tokens (chunks can carry several)."""
     if cv.t.size == 0:
         return 0.0
+    if cv.single_token():
+        return max_output_tokens_per_s(cv, rm)
     t0 = _first_start(cv, rm)
     b = np.floor(cv.t - t0).astype(np.int64)
     ok = b >= 0
@@ -321,22 +333,27 @@ def max_concurrent_requests(rm: pd.DataFrame) -> int:
     return int(np.cumsum(delta[order]).max())
 
 
-def tbt_token_stats(cv: ChunkView) -> dict[str, float]:
+def tbt_token_stats(cv: ChunkView, itl: np.ndarray | None = None) -> dict[str, float]:
     """Token-normalised TBT (§6.4, SGLang's native method): each gap between token-bearing
     chunks is spread evenly over the tokens that chunk carries. Keys
-    ``tbt_token_{mean,p50,p90,p99,max}_ms``; 0 when empty."""
+    ``tbt_token_{mean,p50,p90,p99,max}_ms``; 0 when empty. ``itl``: the view's ITL samples
+    when the caller has them (reused when every chunk carries one token)."""
     keys = ("mean", "p50", "p90", "p99", "max")
-    tok = cv.tokens
-    m = tok > 0
-    t, g, k = cv.t[m], cv.grp[m], tok[m]
-    if t.size < 2:
+    if cv.single_token():
+        per = cv.itl()[0] if itl is None else itl
+    else:
+        tok = cv.tokens
+        m = tok > 0
+        t, g, k = cv.t[m], cv.grp[m], tok[m]
+        if t.size < 2:
+            return {f"tbt_token_{x}_ms": 0.0 for x in keys}
+        same = g[1:] == g[:-1]
+        gaps = np.diff(t)[same]
+        n = k[1:][same]
+        per = np.repeat(gaps / n, n)
+    if per.size == 0:
         return {f"tbt_token_{x}_ms": 0.0 for x in keys}
-    same = g[1:] == g[:-1]
-    gaps = np.diff(t)[same]
-    n = k[1:][same]
-    if gaps.size == 0:
-        return {f"tbt_token_{x}_ms": 0.0 for x in keys}
-    per = np.repeat(gaps / n, n) * 1000.0
+    per = per * 1000.0
     p50, p90, p99 = np.percentile(per, [50, 90, 99])
     return {
         "tbt_token_mean_ms": float(per.mean()),

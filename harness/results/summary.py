@@ -147,8 +147,10 @@ def _block(
     sub_rm = rm[mask] if not mask.all() else rm
     out["max_output_tokens_per_s"] = M.max_output_tokens_per_s(sub, sub_rm)
     out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
-    out["peak_output_tokens_per_s"] = M.peak_tokens_per_s(sub, sub_rm)
-    out.update(M.tbt_token_stats(sub))
+    out["peak_output_tokens_per_s"] = (
+        out["max_output_tokens_per_s"] if sub.single_token() else M.peak_tokens_per_s(sub, sub_rm)
+    )
+    out.update(M.tbt_token_stats(sub, values["itl"]))
     return out
 
 
