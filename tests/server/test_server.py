@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import aiohttp
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_testlib import TEST_POLICY
@@ -180,25 +181,40 @@ async def test_two_servers_in_one_process_have_separate_registries(session):
 
 
 async def test_token_times_follow_the_cost_model_schedule(session):
-    """One request alone: step k ends at sum of modeled step durations / speed."""
+    """One request alone: token k is due when step k ends, i.e. at the sum of the modeled
+    step durations / speed; the stream carries each token's due time (debug_timing)."""
     cm = get_cost_model("a100-llama2-7b")
     speed = 2.0
     async with embedded(policy=TEST_POLICY, speed=speed) as url:
         t_send = clock.now()
         async with session.post(
             url + "/v1/completions",
-            json={"prompt": "w " * 100, "max_tokens": 20, "stream": True},
+            json={
+                "prompt": "w " * 100,
+                "max_tokens": 20,
+                "stream": True,
+                "harness": {"debug_timing": True},
+            },
         ) as r:
             events = await _sse(r)
         async with session.get(url + "/harness/stats") as r:
             stats = await r.json()
-    times = [t for t, p in events if p != "[DONE]" and json.loads(p)["choices"]]
+    chunks = [(t, json.loads(p)) for t, p in events if p != "[DONE]"]
+    chunks = [(t, c) for t, c in chunks if c["choices"]]
+    recv = np.array([t for t, _ in chunks])
+    due = np.array([c["harness_t_sched"] for _, c in chunks])
     # Modeled: one 100-token prefill step, then 19 decode steps with growing KV reads.
-    durs = [cm.step_time(100, 0, 100)] + [cm.step_time(0, 1, 100 + k) for k in range(1, 20)]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    for got, want in zip(gaps, durs[1:], strict=True):
-        assert got == pytest.approx(want / speed, abs=3e-3)
-    assert times[0] - t_send == pytest.approx(durs[0] / speed, abs=5e-3)
+    durs = np.array(
+        [cm.step_time(100, 0, 100)] + [cm.step_time(0, 1, 100 + k) for k in range(1, 20)]
+    )
+    # The schedule itself is exact: absolute, back to back, never drifting.
+    np.testing.assert_allclose(np.diff(due), durs[1:] / speed, rtol=0, atol=1e-9)
+    assert due[0] - t_send == pytest.approx(durs[0] / speed, abs=2e-3)  # + arrival latency
+    # Its wall-clock realisation: bounded lateness. Loose bounds, since single steps are late
+    # whenever the OS deschedules us (2 shared cores); bench_server.py measures it properly.
+    late = recv - due
+    assert (late > 0).all()
+    assert np.median(late) < 5e-3
     assert stats["emit_lateness"]["count"] == 20 and stats["resyncs"] == 0
 
 
