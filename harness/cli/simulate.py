@@ -1,7 +1,160 @@
-"""`harness simulate`: placeholder until its issue lands; register(app) adds nothing yet."""
+"""`harness simulate`: run a trace through the engine core in virtual time, one run dir per policy.
+
+Parses flags, builds a :class:`~harness.engine.simulate.SimulateConfig`, calls
+``run_simulation``, prints each run's per-tier summary and directory. Bad input (unknown
+policy or preset, negative rate, malformed trace or tiers): one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from harness.cli.errors import HarnessError, fail
+
+_FLAGS = {"policies": "policy", "arrival_window_s": "duration", "stop_at_s": "stop-at"}
+
+
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError (or any error) as one readable line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()) if x != "__root__")
+            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+            flag = _FLAGS.get(loc, loc.replace("_", "-"))
+            return f"--{flag}: {msg}" if loc else msg
+        except (IndexError, TypeError, KeyError):
+            pass
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _params(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``--param sarathi.order=spf`` -> {"sarathi": {"order": "spf"}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        pol, dot, name = key.partition(".")
+        if not sep or not dot or not pol or not name:
+            fail(f"--param {item!r}: expected POLICY.NAME=VALUE (e.g. sarathi.order=spf)")
+        try:
+            v: Any = json.loads(val)
+        except ValueError:
+            v = val
+        out.setdefault(pol, {})[name] = v
+    return out
+
+
+def simulate(
+    trace: Annotated[
+        str,
+        typer.Option(help="Trace name (lmsys, sharegpt, synthetic, azure-conv) or file."),
+    ],
+    rate: Annotated[
+        float | None, typer.Option(help="Arrival rate, req/s (default: trace timestamps).")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="Comma-separated policies, e.g. vllm,sarathi (see `policies`).")
+    ] = "vllm",
+    cost_model: Annotated[
+        str,
+        typer.Option(help="Preset (a100-llama2-7b, h100-llama2-7b, ...), preset:k=v, or file."),
+    ] = "a100-llama2-7b",
+    kv_tokens: Annotated[
+        int | None, typer.Option(help="KV capacity in tokens (default: from the preset).")
+    ] = None,
+    num_blocks: Annotated[int | None, typer.Option(help="KV capacity in blocks.")] = None,
+    block_size: Annotated[int, typer.Option(help="KV block size, tokens.")] = 16,
+    token_budget: Annotated[int, typer.Option(help="Max tokens per step.")] = 2048,
+    max_num_seqs: Annotated[int, typer.Option(help="Max requests holding KV.")] = 256,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to draw.")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Keep arrivals within this many seconds.")
+    ] = None,
+    stop_at: Annotated[
+        float | None, typer.Option(help="Stop the virtual clock here; in-flight = cancelled.")
+    ] = None,
+    arrival: Annotated[str, typer.Option(help="poisson, gamma, constant or trace.")] = "poisson",
+    burstiness: Annotated[float, typer.Option(help="Gamma shape; 1 = Poisson.")] = 1.0,
+    tiers: Annotated[
+        str | None, typer.Option(help="Tier spec, e.g. paid:0.05:tbt=100ms,free:0.95:tbt=500ms.")
+    ] = None,
+    known_output_lengths: Annotated[
+        bool, typer.Option(help="Policies see each request's max_tokens as its known length.")
+    ] = False,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Policy parameter POLICY.NAME=VALUE (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
+    out: Annotated[Path, typer.Option(help="Parent folder of the run directories.")] = Path(
+        "reports"
+    ),
+    label: Annotated[str | None, typer.Option(help="Run name prefix.")] = None,
+) -> None:
+    """Simulate policies on a trace in virtual time; writes one run directory per policy."""
+    from pydantic import ValidationError
+
+    from harness.engine.costmodel import CostModelError
+    from harness.engine.simulate import SimulateConfig, SimulationStalled, run_simulation
+    from harness.workload.tiers import TierSpecError
+    from harness.workload.trace import TraceError
+
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if not policies:
+        fail("--policy: give at least one policy name")
+    try:
+        cfg = SimulateConfig(
+            trace=trace,
+            rate=rate,
+            arrival=arrival,
+            burstiness=burstiness,
+            num_requests=num_requests,
+            arrival_window_s=duration,
+            tiers=tiers,
+            seed=seed,
+            policies=policies,
+            policy_params=_params(param),
+            cost_model=cost_model,
+            block_size=block_size,
+            kv_tokens=kv_tokens,
+            num_blocks=num_blocks,
+            token_budget=token_budget,
+            max_num_seqs=max_num_seqs,
+            known_output_lengths=known_output_lengths,
+            stop_at_s=stop_at,
+            out_dir=out,
+            label=label,
+        )
+    except (ValidationError, ValueError) as e:
+        fail(_one_line(e))
+    try:
+        from harness.results.console import print_summary
+        from harness.results.rundir import read_run
+
+        dirs = run_simulation(cfg)
+    except (
+        TraceError,
+        TierSpecError,
+        CostModelError,
+        SimulationStalled,
+        HarnessError,
+        FileNotFoundError,
+        ValueError,
+        TypeError,
+    ) as e:
+        fail(_one_line(e))
+    for d in dirs:
+        run = read_run(d, chunks=False, samples=False)
+        typer.echo(f"\n== {run.meta.get('policy')} ==")
+        if run.summary is not None:
+            print_summary(run.summary)
+        typer.echo(str(d))
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("simulate")(simulate)

@@ -350,3 +350,20 @@ def fit_cost_model(samples: Any, *, name: str = "fitted", with_floor: bool = Fal
         floor_s=floor,
     )
     return FitResult(model=model, r2=r2, rmse_s=math.sqrt(ss_res / len(t)), n=len(t))
+
+
+# Default KV sizing per preset (used when no --kv-tokens/--num-blocks is given): GPU memory,
+# weights (fp16 params x 2 B) and KV bytes/token (anchors-engines.md §5.2: Llama-2-7B MHA
+# 512 KiB/token; Llama-3-8B / Mistral-7B GQA-8 128 KiB/token; seed-rad-slai.md §1.5). The
+# paper-model presets (linear, staircase, piecewise) are memory-free (seed-stability.md §7
+# REC 11), so they have no entry.
+HARDWARE: dict[str, dict[str, float]] = {
+    "a100-llama2-7b": {"gpu_mem_gib": 80, "model_weights_gib": 12.55, "kv_bytes_per_token": 524288},
+    "h100-llama2-7b": {"gpu_mem_gib": 80, "model_weights_gib": 12.55, "kv_bytes_per_token": 524288},
+    "a100-llama3-8b": {"gpu_mem_gib": 80, "model_weights_gib": 14.96, "kv_bytes_per_token": 131072},
+    "rtx6000ada-mistral-7b": {
+        "gpu_mem_gib": 48,
+        "model_weights_gib": 13.49,
+        "kv_bytes_per_token": 131072,
+    },
+}

@@ -1,0 +1,543 @@
+"""Discrete-event simulation in virtual time: a Trace through the engine core and a policy.
+
+Event order is total and explicit: events are keyed ``(time, priority, seq)`` with
+``ARRIVAL (0) < STEP_START (1)`` and ``seq`` = the trace row (style-examples take-away 5). So an
+arrival at exactly the end of a step is visible to the step that starts then, and simultaneous
+arrivals join ``waiting`` in trace order. With one engine there is at most one pending step, so
+the loop keeps the next arrival and the next step start instead of a heap; the order is the
+same.
+
+Speed: a ``steady`` plan lets the core fast-forward a run of identical decode steps in closed
+form up to the next arrival/finish/KV boundary (base.py Plan.steady); per-token times are
+written in bulk (numpy) and one telemetry row covers a whole fast-forwarded run.
+
+Output: one run directory per policy in exactly the replay format (harness.results.schema):
+request rows with ``send_s`` = arrival, chunk rows with one token each at its step end, and
+engine telemetry per step into samples (``source="engine"``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.engine.config import EngineConfig
+from harness.engine.core import EngineCore
+from harness.engine.costmodel import HARDWARE, CostModel, get_cost_model
+from harness.policies.base import Policy
+from harness.policies.registry import make_policy, policy_class
+from harness.results import schema
+from harness.workload.trace import Trace
+
+ARRIVAL = 0
+STEP_START = 1
+UNBOUNDED_KV_TOKENS = 1 << 26  # "memory-free" model (seed-stability.md §7 REC 11)
+
+
+class SimulationStalled(RuntimeError):
+    """The policy scheduled nothing while work waits and no arrival can change that."""
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated run produced (in memory unless a chunk sink was given)."""
+
+    policy: str
+    first_s: np.ndarray  # per trace row, NaN if no token
+    last_s: np.ndarray
+    out_tokens: np.ndarray  # tokens produced (== chunks)
+    status: np.ndarray  # 0 pending/cancelled, 1 finished, 2 rejected
+    errors: dict[int, str]
+    preemptions: np.ndarray
+    samples: dict[str, list[Any]]
+    chunk_req: np.ndarray | None
+    chunk_t: np.ndarray | None
+    end_s: float
+    num_steps: int
+    num_calls: int
+    wall_s: float
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+class _Chunks:
+    """Token-time accumulator: per step one time + the sampled rows, numpy at flush."""
+
+    def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
+        self.sink = sink
+        self.every = every
+        self.idx: list[int] = []
+        self.step_t: list[float] = []
+        self.step_n: list[int] = []
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pending = 0
+
+    def add_step(self, t: float, rows: list[int]) -> None:
+        self.idx.extend(rows)
+        self.step_t.append(t)
+        self.step_n.append(len(rows))
+        self.pending += len(rows)
+        if self.pending >= self.every:
+            self.flush()
+
+    def add_run(self, ends: np.ndarray, rows: list[int]) -> None:
+        self._seal()
+        r = np.asarray(rows, dtype=np.int64)
+        k = len(ends)
+        self._emit(np.tile(r, k), np.repeat(ends, len(r)))
+        self.pending += k * len(r)
+        if self.pending >= self.every:
+            self.flush()
+
+    def _seal(self) -> None:
+        if self.idx:
+            req = np.asarray(self.idx, dtype=np.int64)
+            t = np.repeat(np.asarray(self.step_t), np.asarray(self.step_n))
+            self._emit(req, t)
+        self.idx, self.step_t, self.step_n = [], [], []
+
+    def _emit(self, req: np.ndarray, t: np.ndarray) -> None:
+        if self.sink is not None:
+            self.sink(req, t)
+        else:
+            self.parts.append((req, t))
+
+    def flush(self) -> None:
+        self._seal()
+        self.pending = 0
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        self.flush()
+        if not self.parts:
+            return np.empty(0, np.int64), np.empty(0)
+        req = np.concatenate([p[0] for p in self.parts])
+        t = np.concatenate([p[1] for p in self.parts])
+        return req, t
+
+
+SAMPLE_COLS = (
+    "t_s",
+    "num_steps",
+    "step_duration_s",
+    "prefill_tokens",
+    "decode_tokens",
+    "kv_used_tokens",
+    "kv_usage",
+    "num_waiting",
+    "num_running",
+    "preemptions_total",
+)
+
+
+def simulate(
+    trace: Trace,
+    policy: Policy,
+    cost_model: CostModel,
+    config: EngineConfig,
+    *,
+    stop_at_s: float | None = None,
+    chunk_sink: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    chunk_flush_rows: int = 2_000_000,
+    fast_forward: bool = True,
+    max_stall_calls: int = 1000,
+) -> SimResult:
+    """Run ``trace`` through one engine core in virtual time and return the raw results.
+
+    ``stop_at_s``: stop at this virtual time (requests still in flight become cancelled); the
+    default runs until every request finished or was rejected. ``chunk_sink(req, t)`` receives
+    token-time arrays in time order as they are produced (else they are kept in memory).
+    """
+    wall0 = time.perf_counter()
+    df = trace.df
+    n = len(df)
+    arr = df["arrival_s"].to_numpy(dtype=float)
+    plen = df["prompt_len"].to_numpy(dtype=np.int64).tolist()
+    olen = df["output_len"].to_numpy(dtype=np.int64).tolist()
+    rids = df["request_id"].tolist()
+    tiers = df["tier"].tolist()
+    tier_info = {t.name: t for t in trace.tiers}
+    arr_l = arr.tolist()
+
+    core = EngineCore(policy, cost_model, config)
+    first_s = np.full(n, np.nan)
+    last_s = np.full(n, np.nan)
+    out_tokens = np.zeros(n, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
+    preempts = np.zeros(n, dtype=np.int64)
+    errors: dict[int, str] = {}
+    chunks = _Chunks(chunk_sink, chunk_flush_rows)
+    samples: dict[str, list[Any]] = {c: [] for c in SAMPLE_COLS}
+    s_t = samples["t_s"]
+    s_k = samples["num_steps"]
+    s_d = samples["step_duration_s"]
+    s_p = samples["prefill_tokens"]
+    s_dec = samples["decode_tokens"]
+    s_kv = samples["kv_used_tokens"]
+    s_use = samples["kv_usage"]
+    s_w = samples["num_waiting"]
+    s_r = samples["num_running"]
+    s_pre = samples["preemptions_total"]
+    bs = config.block_size
+    total_blocks = core.total_blocks
+
+    stop = math.inf if stop_at_s is None else float(stop_at_s)
+    i = 0
+    t = 0.0
+    calls = 0
+    stall = 0
+    while True:
+        # (time, ARRIVAL, seq) events at or before the next step start go first.
+        while i < n and arr_l[i] <= t:
+            tr = tier_info.get(tiers[i])
+            ok = core.add_request(
+                rids[i],
+                plen[i],
+                olen[i],
+                arrival_s=arr_l[i],
+                tier=tiers[i],
+                priority=tr.priority if tr else 0,
+                ttft_slo_s=tr.ttft_slo_s if tr else None,
+                tbt_slo_s=tr.tbt_slo_s if tr else None,
+                index=i,
+            )
+            if not ok:
+                status[i] = 2
+                errors[i] = core.rejections.pop(rids[i])
+            i += 1
+        if not core.has_work():
+            if i >= n:
+                break
+            t = arr_l[i]
+            if t >= stop:
+                break
+            continue
+        if t >= stop:
+            break
+        nxt = arr_l[i] if i < n else math.inf
+        out = core.step(t, fast_forward_until=min(nxt, stop) if fast_forward else None)
+        calls += 1
+        if out.idle:
+            stall += 1
+            if i < n:
+                t = max(t, nxt)
+                continue
+            if stall >= max_stall_calls or not out.preempted:
+                raise SimulationStalled(
+                    f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
+                    f"{core.num_waiting} waiting and {core.num_running} running requests and no "
+                    "arrival left"
+                )
+            continue
+        stall = 0
+        end = out.end_s
+        if out.num_steps == 1:
+            chunks.add_step(end, [r.index for r in out.sampled])
+        else:
+            chunks.add_run(out.step_ends, [r.index for r in out.sampled])
+        for r in out.finished:
+            j = r.index
+            first_s[j] = r.first_token_s
+            last_s[j] = r.last_token_s
+            out_tokens[j] = r.num_output_tokens
+            status[j] = 1
+            preempts[j] = r.num_preemptions
+        rep = out.report
+        s_t.append(end)
+        s_k.append(out.num_steps)
+        s_d.append(out.duration_s)
+        s_p.append(rep.prefill_tokens)
+        s_dec.append(rep.decode_tokens)
+        used = core.used_blocks
+        s_kv.append(used * bs)
+        s_use.append(used / total_blocks)
+        s_w.append(core.num_waiting)
+        s_r.append(len(core._running))
+        s_pre.append(core.preemptions_total)
+        t = end
+
+    # Requests still in flight (stop_at_s): keep what they produced, mark them cancelled.
+    for r in list(core._running) + core.waiting:
+        j = r.index
+        first_s[j] = np.nan if r.first_token_s is None else r.first_token_s
+        last_s[j] = np.nan if r.last_token_s is None else r.last_token_s
+        out_tokens[j] = r.num_output_tokens
+        preempts[j] = r.num_preemptions
+    chunk_req, chunk_t = (None, None) if chunk_sink is not None else chunks.arrays()
+    if chunk_sink is not None:
+        chunks.flush()
+    return SimResult(
+        policy=getattr(policy, "name", type(policy).__name__),
+        first_s=first_s,
+        last_s=last_s,
+        out_tokens=out_tokens,
+        status=status,
+        errors=errors,
+        preemptions=preempts,
+        samples=samples,
+        chunk_req=chunk_req,
+        chunk_t=chunk_t,
+        end_s=t,
+        num_steps=core.num_steps_total,
+        num_calls=calls,
+        wall_s=time.perf_counter() - wall0,
+        counters={
+            "preemptions_total": core.preemptions_total,
+            "num_rejected": core.num_rejected,
+            "num_finished": core.num_finished,
+            "unfinished": int(n - core.num_finished - core.num_rejected),
+        },
+    )
+
+
+def requests_table(trace: Trace, res: SimResult) -> pa.Table:
+    """REQUESTS rows of a simulated run (send = arrival; no HTTP, so no http_status)."""
+    df = trace.df
+    n = len(df)
+    arr = df["arrival_s"].to_numpy(dtype=float)
+    success = res.status == 1
+    kind = np.full(n, None, dtype=object)
+    msg = np.full(n, None, dtype=object)
+    kind[res.status == 2] = schema.ERROR_REJECTED
+    kind[res.status == 0] = schema.ERROR_CANCELLED
+    msg[res.status == 0] = "still in flight when the simulation stopped"
+    for j, m in res.errors.items():
+        msg[j] = m
+    return pa.table(
+        {
+            "req": np.arange(n, dtype=np.int64),
+            "request_id": df["request_id"].astype(str).to_numpy(),
+            "tier": df["tier"].astype(str).to_numpy(),
+            "prompt_len": df["prompt_len"].to_numpy(np.int64),
+            "output_len": df["output_len"].to_numpy(np.int64),
+            "prompt_tokens": df["prompt_len"].to_numpy(np.int64),
+            "output_tokens": res.out_tokens,
+            "target_s": arr,
+            "arrival_s": arr,
+            "send_s": arr,
+            "first_chunk_s": res.first_s,
+            "last_chunk_s": res.last_s,
+            "num_chunks": res.out_tokens,
+            "success": success,
+            "error_kind": pa.array(kind, type=pa.string()),
+            "error": pa.array(msg, type=pa.string()),
+            "http_status": pa.nulls(n, type=pa.int64()),
+        },
+        schema=schema.REQUESTS,
+    )
+
+
+def samples_table(res: SimResult) -> pa.Table:
+    s = res.samples
+    m = len(s["t_s"])
+    cols: dict[str, Any] = {k: np.asarray(v) for k, v in s.items()}
+    cols["source"] = pa.array(["engine"] * m, type=pa.string())
+    for f in schema.SAMPLES:
+        if f.name not in cols:
+            cols[f.name] = pa.nulls(m, type=f.type)
+    return pa.table({f.name: cols[f.name] for f in schema.SAMPLES}, schema=schema.SAMPLES)
+
+
+def chunks_table(req: np.ndarray, t: np.ndarray) -> pa.Table:
+    return pa.table(
+        {
+            "req": pa.array(req, type=pa.int64()),
+            "t_s": pa.array(t, type=pa.float64()),
+            "tokens": pa.array(np.ones(len(req), dtype=np.int32), type=pa.int32()),
+        },
+        schema=schema.CHUNKS,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+class SimulateConfig(BaseModel):
+    """Everything ``harness simulate`` needs; validated before anything runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trace: str = Field(description="trace source name (lmsys, sharegpt, ...) or file path")
+    rate: float | None = Field(None, description="arrival rate, req/s (None: trace timestamps)")
+    arrival: str = Field("poisson", description="arrival process")
+    burstiness: float = Field(1.0, gt=0, description="gamma shape (1 = Poisson)")
+    num_requests: int | None = Field(None, ge=1, description="requests to draw")
+    arrival_window_s: float | None = Field(None, gt=0, description="keep arrivals in (0, d]")
+    tiers: str | None = Field(None, description="tier spec (default: SLAI paper's)")
+    seed: int = Field(0, description="seed of every random stream")
+    policies: list[str] = Field(["vllm"], min_length=1, description="policy names")
+    policy_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-policy constructor keywords"
+    )
+    cost_model: str = Field("a100-llama2-7b", description="preset, preset:k=v,.. or file")
+    block_size: int = Field(16, ge=1, description="KV block size, tokens")
+    kv_tokens: int | None = Field(None, ge=1, description="KV capacity, tokens")
+    num_blocks: int | None = Field(None, ge=1, description="KV capacity, blocks")
+    gpu_mem_gib: float | None = Field(None, gt=0, description="GPU memory, GiB")
+    kv_bytes_per_token: int | None = Field(None, ge=1, description="model KV bytes per token")
+    model_weights_gib: float | None = Field(None, ge=0, description="model weights, GiB")
+    token_budget: int = Field(2048, ge=1, description="max tokens per step")
+    max_num_seqs: int = Field(256, ge=1, description="max requests holding KV")
+    known_output_lengths: bool = Field(False, description="policies see max_tokens as oracle")
+    stop_at_s: float | None = Field(None, gt=0, description="stop the clock here (virtual s)")
+    out_dir: Path = Field(Path("reports"), description="parent folder of the run dirs")
+    label: str | None = Field(None, description="run name prefix")
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError(f"rate must be > 0 req/s, got {v}")
+        return v
+
+    @field_validator("policies")
+    @classmethod
+    def _policies(cls, v: list[str]) -> list[str]:
+        for name in v:
+            policy_class(name)  # raises UnknownPolicyError (a ValueError) with the list
+        if len(set(v)) != len(v):
+            raise ValueError("a policy is listed twice")
+        return v
+
+    @field_validator("cost_model")
+    @classmethod
+    def _cost(cls, v: str) -> str:
+        get_cost_model(v)
+        return v
+
+    @model_validator(mode="after")
+    def _engine(self) -> SimulateConfig:
+        self.engine_config()
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        """KV from the flags, else from the preset's hardware, else unbounded (memory-free)."""
+        kw: dict[str, Any] = {
+            "block_size": self.block_size,
+            "token_budget": self.token_budget,
+            "max_num_seqs": self.max_num_seqs,
+            "known_output_lengths": self.known_output_lengths,
+        }
+        if self.num_blocks is not None:
+            kw["num_blocks"] = self.num_blocks
+        elif self.kv_tokens is not None:
+            kw["kv_tokens"] = self.kv_tokens
+        else:
+            hw = dict(HARDWARE.get(self.cost_model.partition(":")[0], {}))
+            for k in ("gpu_mem_gib", "kv_bytes_per_token", "model_weights_gib"):
+                if getattr(self, k) is not None:
+                    hw[k] = getattr(self, k)
+            if hw.get("gpu_mem_gib") and hw.get("kv_bytes_per_token"):
+                kw.update(hw)
+            else:
+                kw["kv_tokens"] = UNBOUNDED_KV_TOKENS
+        return EngineConfig(**kw)
+
+
+def load_trace(cfg: SimulateConfig) -> Trace:
+    from harness.workload import build_trace
+
+    return build_trace(
+        cfg.trace,
+        num_requests=cfg.num_requests,
+        rate=cfg.rate,
+        arrival=cfg.arrival,
+        burstiness=cfg.burstiness,
+        duration_s=cfg.arrival_window_s,
+        tiers=cfg.tiers,
+        seed=cfg.seed,
+    )
+
+
+def _run_dir(cfg: SimulateConfig, policy: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = f"{cfg.label or 'sim'}-{stamp}-{policy}"
+    d = cfg.out_dir / base
+    k = 1
+    while d.exists():
+        d = cfg.out_dir / f"{base}-{k}"
+        k += 1
+    return d
+
+
+def write_run(
+    run_dir: Path,
+    trace: Trace,
+    policy: Policy,
+    cost_model: CostModel,
+    config: EngineConfig,
+    meta: dict[str, Any],
+    *,
+    stop_at_s: float | None = None,
+) -> tuple[Path, SimResult]:
+    """Simulate one policy and write its run directory (requests, chunks, samples, run.json)."""
+    from harness.results.rundir import RunWriter
+
+    params = policy.params() if hasattr(policy, "params") else {}
+    full = {
+        "kind": "simulate",
+        "backend": "simulator",
+        "policy": getattr(policy, "name", type(policy).__name__),
+        "policy_params": params,
+        "cost_model": cost_model.to_dict(),
+        "engine": config.describe(),
+        "tiers": [t.to_dict() for t in trace.tiers],
+        "trace_meta": dict(trace.meta),
+        "trace_hash": trace.content_hash(),
+        "num_requests": len(trace),
+        "t0_unix": time.time(),
+        **meta,
+    }
+    with RunWriter(run_dir, full) as w:
+        res = simulate(
+            trace,
+            policy,
+            cost_model,
+            config,
+            stop_at_s=stop_at_s,
+            chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
+        )
+        w.add_requests_table(requests_table(trace, res))
+        w.add_samples_table(samples_table(res))
+        w.update_meta(
+            duration_s=res.end_s,
+            sim={
+                "wall_s": res.wall_s,
+                "num_steps": res.num_steps,
+                "policy_calls": res.num_calls,
+                "end_s": res.end_s,
+                **res.counters,
+            },
+        )
+    return run_dir, res
+
+
+def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path]:
+    """Simulate every policy of ``cfg`` on one trace; one run dir each, with summary.json."""
+    from harness.results.summary import write_summary
+
+    trace = trace if trace is not None else load_trace(cfg)
+    cost = get_cost_model(cfg.cost_model)
+    econf = cfg.engine_config()
+    out: list[Path] = []
+    for name in cfg.policies:
+        policy = make_policy(name, **cfg.policy_params.get(name, {}))
+        meta = {
+            "seed": cfg.seed,
+            "rate": cfg.rate,
+            "burstiness": cfg.burstiness,
+            "trace_source": cfg.trace,
+            "config": cfg.model_dump(mode="json", exclude={"arrival_window_s"}),
+            "arrival_window_s": cfg.arrival_window_s,
+            "label": f"{cfg.label or 'sim'}-{name}",
+        }
+        run_dir, _ = write_run(
+            _run_dir(cfg, name), trace, policy, cost, econf, meta, stop_at_s=cfg.stop_at_s
+        )
+        write_summary(run_dir)
+        out.append(run_dir)
+    return out
