@@ -162,6 +162,9 @@ def write_synthetic_run(
             t = np.minimum(
                 chunk_first[reqs] + k * tokens_per_chunk * decode_s_per_token, chunk_last[reqs]
             )
+            # jitter every chunk but the first and last, inside its own slot (order kept)
+            inner = (k > 0) & (k < counts.repeat(counts) - 1)
+            t[inner] -= rng.uniform(0, 0.4 * decode_s_per_token, int(inner.sum()))
             toks = np.minimum(tokens_per_chunk, output[reqs] - k * tokens_per_chunk)
             w.add_chunks_table(
                 pa.table(

@@ -1,0 +1,204 @@
+"""What the report needs from one run directory, computed once: summary, stability, per-request
+metrics (the vLLM formulas of :mod:`harness.results.metrics`), ITL samples and time series.
+
+Why a separate module: figures and tables only format; every number comes from the same
+functions that write summary.json, so the HTML never disagrees with the JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.results import metrics as M
+from harness.results.rundir import Run, read_run
+from harness.results.stability import BacklogSeries, analyze_stability, backlog_series
+
+
+@dataclass
+class RunView:
+    """One run, ready to plot. ``rm``: one row per request (metrics.request_metrics)."""
+
+    dir: Path
+    label: str
+    meta: dict[str, Any]
+    summary: dict[str, Any]
+    stability: dict[str, Any]
+    requests: pd.DataFrame
+    samples: pd.DataFrame
+    rm: pd.DataFrame
+    itl_s: np.ndarray  # all ITL samples (vLLM: one per chunk after the first)
+    itl_tier: np.ndarray  # tier name of each ITL sample
+    chunk_t: np.ndarray  # chunk times of successful requests
+    chunk_tokens: np.ndarray
+    backlog: BacklogSeries
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notices: list[tuple[str, str]] = field(default_factory=list)  # (level, text)
+
+    @property
+    def trace_hash(self) -> str | None:
+        return trace_hash(self.meta)
+
+    @property
+    def tier_names(self) -> list[str]:
+        seen = list(self.tiers)
+        for t in pd.unique(self.rm["tier"].astype(object)):
+            if t is not None and str(t) not in seen:
+                seen.append(str(t))
+        return seen
+
+
+def lookup(meta: Mapping[str, Any], key: str) -> Any:
+    """A run.json key at the top level or one level down (``config``, ``trace`` ...)."""
+    if key in meta:
+        return meta[key]
+    for v in meta.values():
+        if isinstance(v, Mapping) and key in v:
+            return v[key]
+    return None
+
+
+def trace_hash(meta: Mapping[str, Any]) -> str | None:
+    """The frozen trace's content hash (run.json ``trace.content_hash``, or nested in
+    ``trace.meta``); runs with equal hashes replayed the same requests."""
+    tr = meta.get("trace")
+    if isinstance(tr, Mapping):
+        h = tr.get("content_hash") or (tr.get("meta") or {}).get("content_hash")
+        if h:
+            return str(h)
+    h = meta.get("trace_hash") or meta.get("content_hash")
+    return str(h) if h else None
+
+
+def tiers_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = lookup(meta, "tiers")
+    if not raw:
+        return {}
+    if isinstance(raw, str):
+        from harness.workload.tiers import parse_tiers
+
+        try:
+            return {t.name: t.to_dict() for t in parse_tiers(raw)}
+        except ValueError:
+            return {}
+    if isinstance(raw, Mapping):
+        return {str(k): dict(v, name=str(k)) for k, v in raw.items() if isinstance(v, Mapping)}
+    return {str(d["name"]): dict(d) for d in raw if isinstance(d, Mapping) and "name" in d}
+
+
+def run_label(meta: Mapping[str, Any], run_dir: Path) -> str:
+    """``label`` if set, else ``policy @ rate``, else the folder name."""
+    if meta.get("label"):
+        return str(meta["label"])
+    policy = lookup(meta, "policy")
+    rate = meta.get("rate", meta.get("request_rate"))
+    if policy and isinstance(rate, int | float):
+        return f"{policy} @ {rate:g} req/s"
+    if policy:
+        return f"{policy} ({run_dir.name})"
+    return run_dir.name
+
+
+def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Things a reader must not miss: fallbacks, partial runs, invalid schedules, no GPU."""
+    out: list[tuple[str, str]] = []
+    status = meta.get("status")
+    if status in ("partial", "running"):
+        why = meta.get("stopped_by")
+        out.append(("warn", f"run is {status}" + (f" (stopped by {why})" if why else "")))
+    tr = meta.get("trace")
+    tmeta = tr.get("meta", {}) if isinstance(tr, Mapping) else {}
+    if isinstance(tmeta, Mapping):
+        if tmeta.get("fallback"):
+            reason = tmeta.get("reason") or "real dataset not available"
+            out.append(("warn", f"trace used a fallback length profile: {reason}"))
+        for n in tmeta.get("notes") or []:
+            out.append(("info", f"trace: {n}"))
+    for reason in summary.get("invalid_reasons") or []:
+        out.append(("warn", f"invalid run: {reason}"))
+    smp = meta.get("sampler")
+    if isinstance(smp, Mapping):
+        gpu = smp.get("gpu") or {}
+        if isinstance(gpu, Mapping) and gpu.get("status") == "unavailable":
+            out.append(("info", f"GPU metrics unavailable: {gpu.get('reason', '')}"))
+        if smp.get("scrape_errors"):
+            out.append(
+                (
+                    "warn",
+                    f"/metrics scrape errors: {smp['scrape_errors']} "
+                    f"(last: {smp.get('last_error')})",
+                )
+            )
+    for n in meta.get("notes") or []:
+        out.append(("info", str(n)))
+    return out
+
+
+def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
+    """Read a run directory and derive everything the report plots."""
+    run: Run = read_run(run_dir)
+    summary = run.summary
+    if summary is None:
+        from harness.results.summary import compute_summary
+
+        summary = compute_summary(run)
+    stab = summary.get("stability")
+    if not isinstance(stab, Mapping) or stab.get("verdict") in (None, "error"):
+        stab = analyze_stability(run)
+    rm, cv = M.request_metrics(run.requests, run.chunks)
+    itl, grp = cv.itl()
+    tier_arr = rm["tier"].to_numpy(dtype=object)
+    itl_tier = tier_arr[grp] if itl.size else np.zeros(0, dtype=object)
+    bs = backlog_series(run.requests)
+    tiers = tiers_from_meta(run.meta)
+    return RunView(
+        dir=Path(run_dir),
+        label=label or run_label(run.meta, Path(run_dir)),
+        meta=run.meta,
+        summary=dict(summary),
+        stability=dict(stab),
+        requests=run.requests,
+        samples=run.samples,
+        rm=rm,
+        itl_s=itl,
+        itl_tier=itl_tier,
+        chunk_t=cv.t,
+        chunk_tokens=cv.tokens,
+        backlog=bs,
+        tiers=tiers,
+        notices=_notices(run.meta, summary),
+    )
+
+
+def fmt_value(v: Any) -> str:
+    """Compact, human text for a table cell (numbers rounded, None as '–')."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "–"
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 0.01:
+            return f"{v:.3f}"
+        return f"{v:.3g}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={fmt_value(x)}" for k, x in v.items())
+    return str(v)
