@@ -10,15 +10,17 @@ Two modes (``build_trace(..., prompts=...)``):
   it locally). Counted without special tokens: a server that adds a BOS token reports
   ``N + 1`` prompt tokens.
 
-Prompts are deterministic: request ``i`` uses the stream ``[seed, 4, i]`` (independent of
-every other request, so the loader can synthesise one at send time with
-:func:`synthesize_prompt`). Mooncake rows with ``hash_ids`` share prefixes: block ``h`` is
-always the same words (stream ``[seed, 5, h]``), so requests with a common hash prefix have a
-common text prefix, like the original trace's KV-cache reuse.
+Prompts are deterministic: request ``i`` is a slice of a fixed random word text (the
+stream ``[seed, 4]``) at an offset hashed from ``(seed, i)``, independent of every other
+request, so the load generator can synthesise one at send time with
+:func:`synthesize_prompt`. Mooncake rows with ``hash_ids`` share prefixes: block ``h`` is
+always the same words (offset hashed from ``(seed, h)``), so requests with a common hash
+prefix have a common text prefix, like the original trace's KV-cache reuse.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,16 +45,56 @@ story night
 WORDS: tuple[str, ...] = tuple(_WORDS_TEXT.split())
 
 
-def _words(n: int, rng: np.random.Generator) -> list[str]:
-    return [WORDS[i] for i in rng.integers(0, len(WORDS), size=n)]
+TAPE_WORDS = 1 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def _tape(seed: int | None) -> tuple[str, np.ndarray]:
+    """A fixed text of ``TAPE_WORDS`` random words for ``seed`` (stream ``[seed, 4]``) and the
+    character offset of each word; prompts are slices of it, so building one is a C-level
+    string slice instead of a per-request RNG (100k prompts in well under a second)."""
+    rng = np.random.default_rng(None if seed is None else [seed, 4])
+    idx = rng.integers(0, len(WORDS), size=TAPE_WORDS)
+    lens = np.array([len(w) + 1 for w in WORDS])[idx]
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    return " ".join(WORDS[i] for i in idx) + " ", starts
+
+
+def _mix(*keys: int) -> int:
+    """splitmix64 over the keys: a cheap deterministic per-request offset."""
+    x = 0x9E3779B97F4A7C15
+    for k in keys:
+        x = (x ^ (k & 0xFFFFFFFFFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
+        x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    return x
+
+
+def _slice(n: int, seed: int | None, key: tuple[int, ...]) -> str:
+    """``n`` words starting at a key-determined offset of the seed's tape (wrapping)."""
+    text, starts = _tape(seed)
+    if seed is None:
+        off = int(np.random.default_rng().integers(0, TAPE_WORDS))
+    else:
+        off = _mix(seed, *key) % TAPE_WORDS
+    parts: list[str] = []
+    while n > 0:
+        take = min(n, TAPE_WORDS - off)
+        parts.append(text[starts[off] : starts[off + take] - 1])
+        n -= take
+        off = 0
+    return " ".join(parts)
 
 
 def synthesize_prompt(n: int, seed: int | None, index: int) -> str:
-    """``n`` whitespace-separated words for request ``index`` (built-in engine: ``n`` tokens)."""
+    """``n`` whitespace-separated words for request ``index`` (built-in engine: ``n`` tokens).
+
+    Deterministic in ``(seed, index)``, independent of every other request."""
     if n < 1:
         raise TraceError(f"prompt length must be >= 1, got {n}")
-    rng = np.random.default_rng(None if seed is None else [seed, 4, index])
-    return " ".join(_words(n, rng))
+    return _slice(n, seed, (4, index))
 
 
 def prefix_prompt(
@@ -60,14 +102,15 @@ def prefix_prompt(
 ) -> str:
     """``n`` words whose ``block_tokens``-word blocks are fixed per hash id (shared prefixes)."""
     out: list[str] = []
+    have = 0
     for h in hash_ids:
-        if len(out) >= n:
+        if have >= n:
             break
-        rng = np.random.default_rng(None if seed is None else [seed, 5, int(h)])
-        out.extend(_words(min(block_tokens, n - len(out)), rng))
-    if len(out) < n:
-        rng = np.random.default_rng(None if seed is None else [seed, 4, index])
-        out.extend(_words(n - len(out), rng))
+        k = min(block_tokens, n - have)
+        out.append(_slice(k, seed, (5, int(h))))
+        have += k
+    if have < n:
+        out.append(_slice(n - have, seed, (4, index)))
     return " ".join(out)
 
 
@@ -137,8 +180,8 @@ def exact_prompt(n: int, tok: TokenCounter, seed: int | None, index: int) -> str
     with more words, re-encoding to check; decode/encode round trips are not always stable,
     so a few rounds are allowed before giving up with a clear error.
     """
-    rng = np.random.default_rng(None if seed is None else [seed, 4, index])
-    text = " ".join(_words(n, rng))
+    text = _slice(n, seed, (4, index))
+    extra = 0
     for _ in range(12):
         ids = tok.encode(text)
         if len(ids) == n:
@@ -146,7 +189,8 @@ def exact_prompt(n: int, tok: TokenCounter, seed: int | None, index: int) -> str
         if len(ids) > n:
             text = tok.decode(ids[:n])
         else:
-            text = text + " " + " ".join(_words(n - len(ids), rng))
+            extra += 1
+            text = text + " " + _slice(n - len(ids), seed, (6, index, extra))
     raise TraceError(f"could not build a prompt of exactly {n} tokens for {tok.name!r}")
 
 

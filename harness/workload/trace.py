@@ -56,7 +56,9 @@ class Trace:
             bad = vals.isna() | (vals < 1) | (vals != np.floor(vals))
             if bad.any():
                 row = int(np.flatnonzero(bad.to_numpy())[0])
-                raise TraceError(f"row {row}: {col}={df[col].iloc[row]!r} is not an integer >= 1")
+                bad_val = df[col].iloc[row]
+                bad_val = bad_val.item() if hasattr(bad_val, "item") else bad_val
+                raise TraceError(f"row {row}: {col}={bad_val!r} is not an integer >= 1")
             df[col] = vals.astype(np.int64)
         arr = pd.to_numeric(df["arrival_s"], errors="coerce")
         if arr.isna().any() or (arr < 0).any():
