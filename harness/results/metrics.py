@@ -364,7 +364,12 @@ def tbt_token_stats(cv: ChunkView, itl: np.ndarray | None = None) -> dict[str, f
     }
 
 
-def itl_p99_within(cv: ChunkView, n: int, slo_s: np.ndarray) -> np.ndarray:
+def itl_p99_within(
+    cv: ChunkView,
+    n: int,
+    slo_s: np.ndarray,
+    itl: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """Per request: is the request's own p99 ITL (``np.percentile`` linear) <= its TBT SLO?
 
     Exact without sorting: with n gaps ascending and h = 0.99·(n−1), the p99 interpolates
@@ -372,10 +377,10 @@ def itl_p99_within(cv: ChunkView, n: int, slo_s: np.ndarray) -> np.ndarray:
     the top c, so the answer is decided by c alone except when floor(h) = n−c−1: then the p99
     is ``lo + frac·(hi − lo)`` with lo the largest gap within the SLO and hi the smallest
     above it. Requests with no ITL sample (one chunk) pass. ``slo_s`` is per request (NaN:
-    no SLO → True).
+    no SLO → True). ``itl``: ``cv.itl()`` when the caller already has it.
     """
     ok = np.ones(n, dtype=bool)
-    itl, grp = cv.itl()
+    itl, grp = cv.itl() if itl is None else itl
     if itl.size == 0:
         return ok
     s = slo_s[grp]

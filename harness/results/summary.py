@@ -150,7 +150,18 @@ def _block(
     out["peak_output_tokens_per_s"] = (
         out["max_output_tokens_per_s"] if sub.single_token() else M.peak_tokens_per_s(sub, sub_rm)
     )
-    out.update(M.tbt_token_stats(sub, values["itl"]))
+    if sub.single_token():
+        # one token per chunk: the token-normalised TBT samples ARE the ITL samples
+        itl_v = values["itl"]
+        out.update(
+            tbt_token_mean_ms=out["mean_itl_ms"],
+            tbt_token_p50_ms=out["p50_itl_ms"],
+            tbt_token_p90_ms=out["p90_itl_ms"],
+            tbt_token_p99_ms=out["p99_itl_ms"],
+            tbt_token_max_ms=float(itl_v.max() * 1000.0) if itl_v.size else 0.0,
+        )
+    else:
+        out.update(M.tbt_token_stats(sub, values["itl"]))
     return out
 
 
@@ -247,7 +258,7 @@ def compute_summary(
     ttft_ok = ~np.isfinite(ttft_slo) | (
         np.nan_to_num(rm["ttft_s"].to_numpy(), nan=np.inf) <= ttft_slo
     )
-    tbt_ok = M.itl_p99_within(cv, n, tbt_slo)
+    tbt_ok = M.itl_p99_within(cv, n, tbt_slo, itl=(itl, itl_grp))
     attained = succ & ttft_ok & tbt_ok
     has_slo = np.isfinite(ttft_slo) | np.isfinite(tbt_slo)
     out["slo_attainment"] = float(attained[has_slo].mean()) if has_slo.any() else None

@@ -77,6 +77,11 @@ def test_single_token_answer_has_no_tpot_but_counts_zero_for_goodput(make_run):
     run = read_run(run_dir)
     s = compute_summary(run, {"tpot": 100}, stability=False)
     assert s["mean_tpot_ms"] == pytest.approx(900.0)  # r0 is left out of TPOT stats
+    # one token per chunk: token-normalised TBT = ITL = the single 900 ms gap
+    assert s["tbt_token_mean_ms"] == pytest.approx(900.0)
+    assert s["tbt_token_max_ms"] == pytest.approx(900.0)
+    # chunks at 0.1, 0.3 (bucket 0) and 1.0 (bucket 1) from the first start 0.0
+    assert s["peak_output_tokens_per_s"] == s["max_output_tokens_per_s"] == 2.0
     # goodput: r0 tpot counts as 0 (good), r1 tpot 900 > 100 (bad) -> 1 good / duration 1.0
     assert s["duration"] == pytest.approx(1.0)
     assert s["request_goodput"] == pytest.approx(1.0)
