@@ -18,8 +18,8 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   accounting is the memory check (option b).
 * #12 memory: run order is "latest stage first, partial prefills last", so a KV shortage
   evicts the most recently admitted prompt (LIFO, §1.4); evictions are the host's metric.
-* #14 FIFO by arrival inside every queue. #17 end of run: as in WAIT, a flush after
-  ``flush_after_s`` seconds without progress relaxes all thresholds to ``min(n_i, available)``.
+* #14 FIFO by arrival inside every queue. #17 end of run: as in WAIT, once nothing has
+  arrived for ``flush_after_s`` seconds all thresholds relax to ``min(n_i, available)``.
 * The policy never reads ``predicted_output_len`` or ``max_tokens`` (non-predictive, §1.2).
 """
 
@@ -39,7 +39,7 @@ from harness.policies.base import (
     remaining_tokens,
 )
 from harness.policies.registry import register
-from harness.policies.wait import _age_key, idle_since, int_thresholds
+from harness.policies.wait import _age_key, int_thresholds, stuck
 
 
 @register("nested-wait")
@@ -65,6 +65,7 @@ class NestedWaitPolicy(BasePolicy):
         self.thresholds = int_thresholds(thresholds)
         self.flush_after_s = flush_after_s
         self.flushes = 0
+        self._last_arrival = float("-inf")
 
     def segment_of(self, num_output_tokens: int) -> int:
         """Segment index (0-based) of a prompt at stage ``k`` = output tokens so far (§4.2)."""
@@ -75,17 +76,16 @@ class NestedWaitPolicy(BasePolicy):
         return 0 if i == 0 else self.edges[i - 1]
 
     def schedule(self, view: View) -> Plan:
-        plan = self._plan(view, flush=False)
-        if plan.run or plan.admit or not self._stuck(view):
-            return plan
+        if not self._stuck(view):
+            return self._plan(view, flush=False)
         self.flushes += 1
         return self._plan(view, flush=True)
 
     def _stuck(self, view: View) -> bool:
-        if self.flush_after_s is None:
-            return False
-        reqs = list(view.waiting) + list(view.running)
-        return bool(reqs) and min(idle_since(r) for r in reqs) <= view.now - self.flush_after_s
+        return stuck(view, self.flush_after_s, self._last_arrival)
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        self._last_arrival = max(self._last_arrival, request.arrival_s)
 
     def _plan(self, view: View, *, flush: bool) -> Plan:
         m = len(self.edges)

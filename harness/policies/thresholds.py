@@ -8,7 +8,8 @@ So users need not hand-tune them:
   ``ΔT(n) <= n_j/λ_j`` (rule ``"fluid"``: ``n_j = ceil(c·λ_j)`` with ``c = (1+slack)·ΔT*``,
   the inferred recipe of §3.2), the paper's practical ``B·ρ_j/(l'_j+1)`` (rule ``"paper"``)
   or the authors' code ``B·λ_j/Σλ_k(l'_k+1)`` (rule ``"code"``, Appendix A; ambiguity #7).
-* :func:`nested_thresholds`: per-segment ``n_i = c·Λ_i·(1+ε)^{i-1}`` satisfying Eq. (12),
+* :func:`nested_thresholds`: per-segment ``n_i`` from ``c·Λ_1`` with ratios inside
+  ``(p_i, 1)``, satisfying Eq. (12),
   the exact full-batch memory ``M^π`` (#9), the ``θ_j`` roots of Eq. (20) and the safety
   buffer memory of Eq. (14) with ``ln((m-1)S/δ)`` (#10).
 * :func:`thresholds_from_trace`: the policy parameters for a trace and a cost model.
@@ -162,10 +163,17 @@ def theta_root(n_prev: float, n_cur: float, p: float) -> float:
         hi *= 2.0
         if hi > 1e6:
             return float("nan")
-    from scipy.optimize import brentq
-
-    # g < 0 just right of 0 (g'(0) = -D < 0), convex, so the positive root is unique.
-    return float(brentq(g, max(lo, 1e-9), hi))
+    # g < 0 just right of 0 (g'(0) = -D < 0) and convex, so the positive root is unique:
+    # plain bisection on [lo, hi] (no scipy import on this path).
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if g(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    return 0.5 * (lo + hi)
 
 
 def nested_thresholds(
@@ -185,8 +193,9 @@ def nested_thresholds(
     """Per-segment thresholds for Nested WAIT (seed-wait.md §4.4-§4.5).
 
     ``edges``: cumulative output lengths ``l'_1 < ... < l'_m``; ``rates``: ``λ_j`` of the
-    prompts whose output is in ``(l'_{j-1}, l'_j]``. ``eps`` > 0 makes ``n_{i+1}/n_i =
-    p_i (1+ε)`` strictly above the boundary of Eq. (12) (the papers used ε = 0).
+    prompts whose output is in ``(l'_{j-1}, l'_j]``. ``eps`` in (0, 1) sets ``n_{i+1}/n_i =
+    p_i + ε(1 - p_i)``, strictly inside Lemma 8's window ``(p_i, 1)``; ``eps = 0`` is the
+    papers' boundary choice ``n_i ∝ Λ_i`` (no finite θ, so Eq. 14 is infinite).
     """
     m = len(edges)
     if m != len(rates) or m == 0:
@@ -195,22 +204,26 @@ def nested_thresholds(
     notes: list[str] = []
     types = [FluidType(prompt_len, float(e), float(r)) for e, r in zip(edges, rates, strict=True)]
     eq = equilibrium(types, d0, d1)
-    growth = [(1.0 + eps) ** i for i in range(m)]
+    # n_{i+1} = n_i·(p_i + ε(1 - p_i)): a share ε of the way from Eq. (12)'s lower bound p_i
+    # to Lemma 8's upper bound 1, so n_{i-1}p < n_i < n_{i-1} holds (inferred recipe).
+    growth = [1.0]
+    for i in range(1, m):
+        p = tails[i] / tails[i - 1]
+        growth.append(growth[-1] * (p + eps * (1.0 - p)))
+    shape = [tails[0] * g for g in growth]  # n_i / c
     if eq.stable:
         c = (1.0 + slack) * eq.step_s
         for _ in range(200):
-            n = [max(1, int(round(c * lam * g))) for lam, g in zip(tails, growth, strict=True)]
+            n = [max(1, int(round(c * s))) for s in shape]
             dt = d0 + d1 * nested_memory(prompt_len, edges, n)
             if dt <= n[0] / tails[0]:
                 break
             c *= 1.05
     else:
         b = batch_limit or 256
-        notes.append(
-            f"fluid-unstable load d1·A = {eq.load:.2f} >= 1: n_i ∝ Λ_i scaled to a batch of {b}"
-        )
-        scale = b / sum(lam * g for lam, g in zip(tails, growth, strict=True))
-        n = [max(1, int(round(scale * lam * g))) for lam, g in zip(tails, growth, strict=True)]
+        notes.append(f"fluid-unstable load d1·A = {eq.load:.2f} >= 1: n scaled to a batch of {b}")
+        scale = b / sum(shape)
+        n = [max(1, int(round(scale * s))) for s in shape]
     mem = nested_memory(prompt_len, edges, n)
     dt = d0 + d1 * mem
     thetas: list[float] = []

@@ -17,10 +17,10 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
 * #6 integer thresholds: ``n_j = max(1, round(x))`` at construction (option a).
 * #12 memory: no memory test in the policy; run order is "latest stage first, partial
   prefills last", so when KV runs out the host evicts the most recently admitted (LIFO, §1.4).
-* #17 end of run: the policy cannot see the end of a trace, so when the strict rule gives an
-  empty batch and some request has waited ``flush_after_s`` seconds, every type runs with
-  ``min(n_j, available)`` (the spec's flush; never drops requests). ``None`` = paper-pure
-  (may idle forever at the end of a finite trace).
+* #17 end of run: the policy cannot see the end of a trace, so once nothing has arrived for
+  ``flush_after_s`` seconds every type runs with ``min(n_j, available)`` (the spec's flush
+  after the last arrival; requests are never dropped). ``None`` = paper-pure (may idle
+  forever at the end of a finite trace).
 * ``gating``: ``"type"`` is the paper's Algorithm 1; ``"admission"`` is the authors' Vidur
   code (Appendix A): all decodes run every step and only stage-0 admission is gated, with a
   per-type in-flight cap ``L_j = n_j (l'_j + 1)``.
@@ -60,6 +60,21 @@ def idle_since(r: RequestView) -> float:
     return r.last_token_s if r.last_token_s is not None else r.arrival_s
 
 
+def stuck(view: View, flush_after_s: float | None, last_arrival: float) -> bool:
+    """End-of-run flush test (seed-wait.md §9 #17): nothing has arrived for ``flush_after_s``.
+
+    ``last_arrival`` comes from ``on_arrival``; hosts that skip that hook are covered by the
+    newest arrival among the requests in the view.
+    """
+    if flush_after_s is None:
+        return False
+    reqs = list(view.waiting) + list(view.running)
+    if not reqs:
+        return False
+    newest = max(last_arrival, max(r.arrival_s for r in reqs))
+    return view.now - newest >= flush_after_s
+
+
 def int_thresholds(values: Sequence[float]) -> list[int]:
     """Round fractional thresholds the way the authors' code does: ``max(1, round(x))``."""
     return [max(1, int(round(float(v)))) for v in values]
@@ -91,7 +106,8 @@ class WaitPolicy(BasePolicy):
         self.thresholds = int_thresholds(thresholds)
         self.gating = gating
         self.flush_after_s = flush_after_s
-        self.flushes = 0  # steps that ran under the end-of-run flush rule
+        self.flushes = 0
+        self._last_arrival = float("-inf")  # steps that ran under the end-of-run flush rule
 
     def type_of(self, r: RequestView) -> int:
         """Index of the request's type: first ``l'_j >= o`` (§3.2; #7 binning)."""
@@ -100,17 +116,16 @@ class WaitPolicy(BasePolicy):
 
     # -- planning ---------------------------------------------------------------------
     def schedule(self, view: View) -> Plan:
-        plan = self._plan(view, flush=False)
-        if plan.run or plan.admit or not self._stuck(view):
-            return plan
+        if not self._stuck(view):
+            return self._plan(view, flush=False)
         self.flushes += 1
         return self._plan(view, flush=True)
 
     def _stuck(self, view: View) -> bool:
-        if self.flush_after_s is None:
-            return False
-        reqs = list(view.waiting) + list(view.running)
-        return bool(reqs) and min(idle_since(r) for r in reqs) <= view.now - self.flush_after_s
+        return stuck(view, self.flush_after_s, self._last_arrival)
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        self._last_arrival = max(self._last_arrival, request.arrival_s)
 
     def _plan(self, view: View, *, flush: bool) -> Plan:
         m = len(self.output_lens)
