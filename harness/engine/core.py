@@ -363,17 +363,25 @@ class EngineCore:
             self._preempt(r)
             preempted.append(rid)
 
-        # Rule 2: run items in order; KV shortage preempts from the end of the run order.
+        # Rule 2: run items in order; KV shortage preempts from the end of the run order (the
+        # last-listed request still holding KV, possibly already scheduled, possibly the
+        # requester itself), like vLLM's ``self.running.pop()`` (anchors-engines.md §1.4).
         sched: dict[str, tuple[EngineRequest, int]] = {}
-        order: list[EngineRequest] = []
-        preempted_in_run = False
-        free = self.total_blocks - self.used_blocks
+        items: list[tuple[EngineRequest, int]] = []
+        seen: set[str] = set()
         for rid, n in plan.run:
             r = reqs.get(rid)
-            if r is None or r.status != RUNNING or rid in sched:
+            if r is None or r.status != RUNNING or rid in seen:
                 bugs.append(f"run {rid!r}: not a running request (or listed twice)")
                 continue
-            order.append(r)
+            seen.add(rid)
+            items.append((r, n))
+        order = [r for r, _ in items]
+        preempted_in_run = False
+        free = self.total_blocks - self.used_blocks
+        for r, n in items:
+            if r.status != RUNNING:  # preempted earlier in this step as a victim
+                continue
             c = r.num_computed_tokens
             rem = r.num_prompt_tokens + r.num_output_tokens - c
             if n > rem:
@@ -399,11 +407,10 @@ class EngineCore:
                         break
                 if r.status != RUNNING:
                     continue
-                need = _blocks(c + n, bs) - r.num_blocks
             r.num_blocks += need
             self.used_blocks += need
             free -= need
-            sched[rid] = (r, n)
+            sched[r.request_id] = (r, n)
             budget -= n
 
         # Rule 3: admissions in order, only if step 2 preempted nothing; head-of-line blocking.

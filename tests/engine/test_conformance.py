@@ -1,0 +1,12 @@
+"""The host conformance suite run against the engine core (other hosts reuse SCENARIOS)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.engine.conformance import SCENARIOS, core_factory
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_engine_core_conforms(scenario) -> None:
+    scenario(core_factory)
