@@ -25,13 +25,17 @@ Rules (each cites its source; "REC" = the spec's recommendation, "ours" = our ch
   last-quarter mean backlog is not above the previous quarter's by more than 2 standard
   deviations of ``B`` **and** the window spans ≥ 10 mean sojourn times; else
   ``inconclusive``. Always ``inconclusive`` inside the critical band |1 − ρ̂| < ``delta`` when
-  a capacity is known, and with fewer than 30 arrivals after the cut.
+  an exact capacity is given (``capacity_rps``), and with fewer than 30 arrivals after the
+  cut. The cost-model fluid rate is only a necessary condition (above it no policy is
+  stable), so it is reported (``rho``, ``fluid_slope_rps``) but never vetoes a verdict.
 - Little's law (anchors §5.3): ``little_law_ratio`` = mean B / (λ̂ · mean sojourn) over the
   window (sojourns of requests still in the system are censored at the end of observation);
   ≈ 1 in steady state. ``little_law_ratio_server`` uses the engine's running + waiting
   gauges (samples) for L, an independent measurement.
 - Fluid comparison (seed-stability §4.3): with a known capacity μ (req/s), ρ̂ = λ̂/μ and the
   fluid slope is max(0, λ̂ − μ); a work-conserving scheduler above capacity should match it.
+  μ is ``capacity_rps`` if given, else WAIT's fluid critical rate for the run's length mix
+  (seed-wait.md §2.2) from ``cost_model`` or, for simulated runs, run.json ``cost_model``.
 """
 
 from __future__ import annotations
@@ -175,28 +179,27 @@ def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None
 
 
 def _capacity_from_cost_model(cost_model: Any, requests: pd.DataFrame) -> float | None:
-    """Fluid capacity μ (req/s) for the run's mean request sizes, via ``harness.policies.fluid``
-    when it offers one (engineer P's helpers); None when unknown."""
+    """Fluid capacity μ (req/s) for the run's own length mix: WAIT's critical rate
+    (seed-wait.md §2.2, Proposition 1: ``d1·A >= 1`` is unstable for any policy), with
+    ``(d0, d1)`` fitted to the cost model (``harness.policies.fluid``). None when unknown."""
     if cost_model is None:
         return None
     try:
-        from harness.policies import fluid  # noqa: PLC0415 (optional, written in parallel)
-    except ImportError:
-        return None
-    fn = getattr(fluid, "capacity_rps", None) or getattr(fluid, "fluid_capacity_rps", None)
-    if fn is None:
-        return None
-    try:
-        mp = float(pd.to_numeric(requests["prompt_len"], errors="coerce").mean())
-        col = "output_tokens" if "output_tokens" in requests else "output_len"
-        md = float(pd.to_numeric(requests[col], errors="coerce").mean())
-        if isinstance(cost_model, str):
-            from harness.engine.costmodel import get_cost_model
+        from harness.engine.costmodel import get_cost_model
+        from harness.policies.fluid import critical_rate, fit_linear_step
 
-            cost_model = get_cost_model(cost_model)
-        mu = float(fn(cost_model, mean_prompt=mp, mean_output=md))
+        cm = get_cost_model(cost_model) if isinstance(cost_model, str | dict) else cost_model
+        p = pd.to_numeric(requests["prompt_len"], errors="coerce").to_numpy(dtype=float)
+        col = "output_len" if "output_len" in requests else "output_tokens"
+        o = pd.to_numeric(requests[col], errors="coerce").to_numpy(dtype=float)
+        ok = np.isfinite(p) & np.isfinite(o)
+        if not ok.any():
+            return None
+        mean_ctx = float(np.mean(p[ok] + o[ok] / 2))
+        _, d1 = fit_linear_step(cm, mean_context=max(mean_ctx, 1.0))
+        mu = float(critical_rate(p[ok], o[ok], d1))
         return mu if mu > 0 and math.isfinite(mu) else None
-    except Exception:
+    except Exception:  # an unknown cost model never breaks the analysis
         return None
 
 
@@ -311,7 +314,12 @@ def analyze_stability(
                 out["ttft_slope_ms_per_s"] = _f(tr.slope, 4)
                 out["ttft_slope_ci"] = [_f(tr.ci[0], 4), _f(tr.ci[1], 4)]
 
+    if cost_model is None and isinstance(getattr(run, "meta", None), dict):
+        cost_model = run.meta.get("cost_model")  # simulated runs record theirs
+        if not isinstance(cost_model, dict | str):
+            cost_model = None
     mu = capacity_rps if capacity_rps is not None else _capacity_from_cost_model(cost_model, req)
+    exact_capacity = capacity_rps is not None
     rho = None
     if mu is not None and mu > 0 and math.isfinite(lam):
         rho = lam / mu
@@ -334,7 +342,7 @@ def analyze_stability(
     jump_ok = (last_q.mean() - prev_q.mean()) <= 2.0 * max(float(bw.std()), 1.0)
     if n_arr < MIN_ARRIVALS:
         verdict, reason = VERDICT_INCONCLUSIVE, f"only {n_arr} arrivals after the warm-up cut"
-    elif rho is not None and abs(1.0 - rho) < delta:
+    elif exact_capacity and rho is not None and abs(1.0 - rho) < delta:
         verdict, reason = VERDICT_INCONCLUSIVE, f"critical band: rho={rho:.3f} within {delta}"
     elif trend.ci[0] > tol:
         verdict = VERDICT_UNSTABLE

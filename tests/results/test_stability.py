@@ -143,3 +143,28 @@ def test_empty_and_tiny_runs() -> None:
     tiny = SimpleNamespace(requests=_noisy_flat_requests(0).head(20), samples=None)
     s = analyze_stability(tiny)
     assert s["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize(("rate", "expected"), [(2.0, "stable"), (60.0, "unstable")])
+def test_engine_simulator_runs_below_and_above_capacity(
+    tmp_path: Path, rate: float, expected: str
+) -> None:
+    """Engineer E's simulator (vLLM policy, a100 preset): far below the fluid critical rate
+    (~30 req/s for the synthetic mix) the backlog is flat; at twice it the backlog grows."""
+    sim = pytest.importorskip("harness.engine.simulate")
+    cfg = sim.SimulateConfig(
+        trace="synthetic",
+        rate=rate,
+        num_requests=1200,
+        policies=["vllm"],
+        out_dir=tmp_path,
+        kv_tokens=100_000,
+    )
+    (run_dir,) = sim.run_simulation(cfg)
+    s = analyze_stability(read_run(run_dir))
+    assert s["verdict"] == expected, s["reason"]
+    assert s["fluid_capacity_rps"] and s["fluid_capacity_rps"] > 0  # from run.json cost_model
+    if expected == "unstable":
+        assert s["rho"] > 1.5 and s["backlog_slope_rps"] >= s["fluid_slope_rps"] > 0
+    else:
+        assert s["rho"] < 0.2 and s["fluid_slope_rps"] == 0.0
