@@ -1,0 +1,22 @@
+"""Benchmark the load generator against a fast local SSE server in a separate process.
+
+    python benchmarks/bench_client.py [--rates 100,400,1000,2000] [--duration 5]
+        [--output-len 100] [--no-accuracy]
+
+Same as ``harness bench-client``; the work lives in :mod:`harness.loadgen.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.loadgen.bench import main
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="100,400,1000,2000")
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--output-len", type=int, default=100)
+    ap.add_argument("--no-accuracy", action="store_true")
+    a = ap.parse_args()
+    main([float(x) for x in a.rates.split(",")], a.duration, a.output_len, not a.no_accuracy)

@@ -1,0 +1,214 @@
+"""Client benchmark: how fast the load generator itself can go (issue 2, "Must show").
+
+Starts :mod:`harness.loadgen.fastsse` in a SEPARATE process (responses of ``output_len``
+tokens written in one piece, so the server is nearly free) and drives it with the real
+dispatcher + client + RunWriter at each offered rate (Poisson arrivals, fixed seed). Reports
+per rate: achieved request rate (completed / duration, vLLM's ``request_throughput``),
+chunks recorded per second, send lag p50/p99 (release − target, and send − target), TTFT
+p99, and the CPU seconds the client process used per wall second.
+
+Timestamp accuracy: the same server with ``itl_ms > 0`` logs the clock reading after writing
+each chunk; the client's stamp for that chunk minus the server's gives the receipt delay,
+reported as p50/p99/max (target: p99 <= 1 ms at 100 req/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness import clock
+from harness.loadgen.client import make_session
+from harness.loadgen.dialects import Endpoint, get_dialect
+from harness.loadgen.dispatcher import Dispatcher, Job
+from harness.results.rundir import RunWriter, read_run
+
+DEFAULT_RATES = (100.0, 400.0, 1000.0, 2000.0)
+
+
+@contextlib.contextmanager
+def fast_server(itl_ms: float = 0.0, log: Path | None = None) -> Iterator[str]:
+    """Start fastsse in a child process; yield its base URL; stop it (SIGTERM) afterwards."""
+    cmd = [sys.executable, "-m", "harness.loadgen.fastsse", "--itl-ms", str(itl_ms)]
+    if log is not None:
+        cmd += ["--log", str(log)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"fastsse did not start: {line!r}")
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def poisson_jobs(rate: float, n: int, output_len: int, seed: int = 0) -> list[Job]:
+    rng = np.random.default_rng([seed, 1])
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    arrivals -= arrivals[0]
+    return [Job(i, f"bench-{i}", float(arrivals[i]), "hi", 32, output_len, None) for i in range(n)]
+
+
+async def _drive(
+    url: str, jobs: list[Job], run_dir: Path, max_concurrency: int | None = None
+) -> tuple[float, float]:
+    """Run one schedule; return (t0 on the clock, client CPU seconds used)."""
+    with RunWriter(run_dir, {"kind": "bench-client"}) as w:
+        async with make_session(limit=max_concurrency or 0, timeout_s=60) as session:
+            disp = Dispatcher(
+                jobs,
+                session=session,
+                base_url=url,
+                model="bench",
+                dialect=get_dialect("vllm"),
+                endpoint=Endpoint.COMPLETIONS,
+                tiers={},
+                writer=w,
+                max_concurrency=max_concurrency,
+            )
+            cpu0 = _cpu()
+            t0 = clock.now() + 0.05
+            stats = await disp.run(t0)
+            cpu = _cpu() - cpu0
+            w.update_meta(duration_s=stats.end_s)
+    return t0, cpu
+
+
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+def measure_rate(url: str, rate: float, duration_s: float, output_len: int) -> dict[str, Any]:
+    """One offered rate against a running fast server."""
+    n = max(1, int(rate * duration_s))
+    jobs = poisson_jobs(rate, n, output_len)
+    with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
+        run_dir = Path(tmp) / "run"
+        _, cpu = asyncio.run(_drive(url, jobs, run_dir))
+        run = read_run(run_dir, samples=False)
+    r = run.requests
+    ok = r[r["success"]]
+    duration = float(run.meta["duration_s"])
+    lag = (r["arrival_s"] - r["target_s"]).to_numpy() * 1000
+    send_lag = (r["send_s"] - r["target_s"]).to_numpy() * 1000
+    ttft = (ok["first_chunk_s"] - ok["send_s"]).to_numpy() * 1000
+    return {
+        "offered_rps": rate,
+        "requests": n,
+        "completed": len(ok),
+        "failed": len(r) - len(ok),
+        "duration_s": duration,
+        "achieved_rps": len(ok) / duration,
+        "chunks_per_s": len(run.chunks) / duration,
+        "tokens_recorded": int(run.chunks["tokens"].sum()),
+        "lag_p50_ms": _pct(lag, 50),
+        "lag_p99_ms": _pct(lag, 99),
+        "send_lag_p50_ms": _pct(send_lag, 50),
+        "send_lag_p99_ms": _pct(send_lag, 99),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "client_cpu_per_s": cpu / duration,
+    }
+
+
+def run_rates(
+    rates: tuple[float, ...] | list[float] = DEFAULT_RATES,
+    duration_s: float = 5.0,
+    output_len: int = 100,
+) -> list[dict[str, Any]]:
+    with fast_server() as url:
+        return [measure_rate(url, r, duration_s, output_len) for r in rates]
+
+
+def timestamp_accuracy(
+    rate: float = 100.0, duration_s: float = 5.0, output_len: int = 10, itl_ms: float = 10.0
+) -> dict[str, Any]:
+    """Client chunk stamps vs the server's write log (same monotonic clock, two processes)."""
+    with tempfile.TemporaryDirectory(prefix="bench-ts-") as tmp:
+        log = Path(tmp) / "server.jsonl"
+        run_dir = Path(tmp) / "run"
+        jobs = poisson_jobs(rate, max(1, int(rate * duration_s)), output_len)
+        with fast_server(itl_ms=itl_ms, log=log) as url:
+            t0, _ = asyncio.run(_drive(url, jobs, run_dir))
+        # The server writes its log on SIGTERM, i.e. after fast_server() has exited.
+        server: dict[tuple[int, int], float] = {}
+        for line in log.read_text().splitlines():
+            d = json.loads(line)
+            server[(int(d["rid"].split("-")[1]), int(d["k"]))] = d["t"]
+        run = read_run(run_dir, samples=False)
+    c = run.chunks.sort_values(["req", "t_s"], kind="stable")
+    k = c.groupby("req").cumcount().to_numpy()
+    reqs = c["req"].to_numpy()
+    client_abs = c["t_s"].to_numpy() + t0
+    delays = (
+        np.array([client_abs[i] - server[(int(reqs[i]), int(k[i]))] for i in range(len(c))])
+        * 1000.0
+    )
+    return {
+        "rate_rps": rate,
+        "chunks": int(delays.size),
+        "delay_p50_ms": _pct(delays, 50),
+        "delay_p99_ms": _pct(delays, 99),
+        "delay_max_ms": float(delays.max()) if delays.size else float("nan"),
+        "negative": int((delays < 0).sum()),
+    }
+
+
+def machine_load() -> str:
+    la = os.getloadavg()
+    return f"{os.cpu_count()} CPUs, load average {la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}"
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'offered':>8} {'achieved':>9} {'chunks/s':>9} {'lag p50':>8} {'lag p99':>8} "
+        f"{'send p99':>9} {'TTFT p99':>9} {'cpu/s':>6} {'failed':>6}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['offered_rps']:>8.0f} {r['achieved_rps']:>9.1f} {r['chunks_per_s']:>9.0f} "
+            f"{r['lag_p50_ms']:>8.2f} {r['lag_p99_ms']:>8.2f} {r['send_lag_p99_ms']:>9.2f} "
+            f"{r['ttft_p99_ms']:>9.1f} {r['client_cpu_per_s']:>6.2f} {r['failed']:>6d}"
+        )
+    return "\n".join(lines)
+
+
+def main(rates: list[float], duration_s: float, output_len: int, accuracy: bool) -> None:
+    print(f"machine: {machine_load()} (at start; shared machine)")
+    t = time.monotonic()
+    rows = run_rates(rates, duration_s, output_len)
+    print(f"client benchmark: {output_len}-token responses, one piece each, Poisson arrivals, "
+          f"{duration_s:g} s per rate (lag = release - target; ms)")  # fmt: skip
+    print(format_rows(rows))
+    if accuracy:
+        acc = timestamp_accuracy()
+        print(
+            f"timestamp accuracy at {acc['rate_rps']:.0f} req/s ({acc['chunks']} chunks): "
+            f"client - server write p50 {acc['delay_p50_ms']:.3f} ms, "
+            f"p99 {acc['delay_p99_ms']:.3f} ms, max {acc['delay_max_ms']:.3f} ms, "
+            f"negative {acc['negative']}"
+        )
+    print(f"machine: {machine_load()} (at end; {time.monotonic() - t:.0f} s)")
