@@ -113,6 +113,8 @@ def build_trace(
     sched = parse_rate_schedule(rate_schedule) if isinstance(rate_schedule, str) else rate_schedule
     mix = parse_tier_mix(tier_mix, tier_list) if isinstance(tier_mix, str) else tier_mix
 
+    if arrival == "trace" and (rate is not None or sched is not None):
+        raise TraceError("arrival=trace replays the trace's own timestamps; drop the rate")
     own_time = arrival == "trace" or (rate is None and sched is None and src.has_timestamps)
     if own_time:
         if not src.has_timestamps:
@@ -292,8 +294,8 @@ def _generated_arrivals(
         sched = RateSchedule.constant(rate)
         if n is not None and duration_s is None:
             return arrival_times(n, rate, process, burstiness, seed=seed, rescale=rescale)
-    if rescale and sched.kind != "pwl" or (rescale and len(sched.rates) > 1):
-        raise TraceError("rescale applies to a constant rate only")
+    if rescale and (len(sched.rates) > 1 or sched.kind != "pwl" or duration_s is not None):
+        raise TraceError("rescale applies to a constant rate with a request count only")
     if duration_s is None:
         return schedule_arrivals(sched, process, burstiness, seed=seed, n=n)
     arr = schedule_arrivals(sched, process, burstiness, seed=seed, duration_s=duration_s, limit=n)

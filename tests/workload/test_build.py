@@ -164,7 +164,7 @@ def test_rate_schedule_in_build() -> None:
         ({"num_requests": 3, "rate": 1.0, "arrival": "weibull"}, "unknown arrival"),
         ({"num_requests": 3, "rate": 1.0, "sample": "random"}, "sample must be"),
         ({"rate": 1.0}, "give num_requests or a duration"),
-        ({"num_requests": 3, "rate": 1.0, "arrival": "trace"}, "no timestamps"),
+        ({"num_requests": 3, "arrival": "trace"}, "no timestamps"),
         ({"num_requests": 3, "rate": 1.0, "input_len": 0}, "must be >= 1"),
     ],
 )
@@ -178,3 +178,19 @@ def test_profile_with_own_timing() -> None:
     assert t.meta["arrival"]["process"] == "trace"
     rate = (len(t) - 1) / t.df["arrival_s"].iloc[-1]
     assert 3.0 < rate < 8.0  # the Azure conversation trace runs at ~5.5 req/s
+
+
+def test_rescale_rules() -> None:
+    t = build_trace("synthetic", num_requests=50, rate=5.0, rescale=True)
+    assert t.df["arrival_s"].iloc[-1] == pytest.approx(10.0)
+    with pytest.raises(TraceError, match="rescale applies"):
+        build_trace("synthetic", duration_s=10.0, rate=5.0, rescale=True)
+    with pytest.raises(TraceError, match="rescale applies"):
+        build_trace("synthetic", num_requests=5, rate_schedule="0:1,5:2", rescale=True)
+
+
+def test_trace_arrival_with_rate_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "a.csv"
+    f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n")
+    with pytest.raises(TraceError, match="drop the rate"):
+        build_trace(str(f), arrival="trace", rate=2.0)

@@ -368,4 +368,10 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
         for key in ("fallback", "profile", "profile_origin", "reason"):
             if key in meta:
                 src_meta[key] = meta[key]
-    return SourceData(df=out, meta=src_meta, tiers=tiers)
+    notes = []
+    if meta.get("fallback"):
+        notes.append(
+            f"{path}: this frozen trace was built from the bundled length profile "
+            f"{meta.get('profile')!r}, not the real dataset ({meta.get('reason')})"
+        )
+    return SourceData(df=out, meta=src_meta, tiers=tiers, notes=notes)
