@@ -77,8 +77,6 @@ log = logging.getLogger("harness.serve")
 
 DEFAULT_MODEL = "harness-builtin"
 DEFAULT_COST_MODEL = "a100-llama2-7b"
-# Llama-2-7B fp16 on an A100-80GB at vLLM's 0.9 utilisation: (72 - 12.6) GiB / 512 KiB per token.
-DEFAULT_KV_TOKENS = 121_600
 
 
 class ServerConfig(BaseModel):
@@ -124,6 +122,25 @@ class ServerConfig(BaseModel):
 
 
 HIGH_WATER = 1 << 18  # bytes queued in a socket before direct writes hand over to the handler
+
+
+def engine_kwargs(cfg: ServerConfig) -> dict[str, Any]:
+    """EngineConfig keywords, with KV capacity resolved exactly as ``harness simulate`` does
+    (SimulateConfig.engine_config): ``kv_tokens`` if given, else the cost-model preset's GPU
+    memory / weights / KV bytes per token, else unbounded. Same flags, same engine."""
+    from harness.engine.costmodel import HARDWARE
+    from harness.engine.simulate import UNBOUNDED_KV_TOKENS
+
+    kw = dict(cfg.engine)
+    if cfg.kv_tokens is not None:
+        kw["kv_tokens"] = cfg.kv_tokens
+    elif not {"num_blocks", "kv_tokens", "gpu_mem_gib"} & set(kw):
+        hw = HARDWARE.get(cfg.cost_model.partition(":")[0], {})
+        if hw.get("gpu_mem_gib") and hw.get("kv_bytes_per_token"):
+            kw.update(hw)
+        else:
+            kw["kv_tokens"] = UNBOUNDED_KV_TOKENS
+    return kw
 
 
 @dataclass(slots=True)
@@ -290,12 +307,7 @@ class EngineHost:
         self.speed = cfg.speed
         policy = make_policy(cfg.policy, **cfg.policy_params)
         cost = get_cost_model(cfg.cost_model)
-        ekw = dict(cfg.engine)
-        if cfg.kv_tokens is not None:
-            ekw["kv_tokens"] = cfg.kv_tokens
-        elif not {"num_blocks", "kv_tokens", "gpu_mem_gib"} & set(ekw):
-            ekw["kv_tokens"] = DEFAULT_KV_TOKENS
-        self.engine_config = EngineConfig(**ekw)
+        self.engine_config = EngineConfig(**engine_kwargs(cfg))
         self.core = EngineCore(policy, cost, self.engine_config)
         self.tiers: dict[str, Tier] = {
             t.name: t for t in (parse_tiers(cfg.tiers) if cfg.tiers else default_tiers())
