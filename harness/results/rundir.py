@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -225,6 +226,9 @@ class RunWriter:
         self._sinks = (self._requests, self._chunks, self._samples)
         self._last_flush = clock.now()
         self.closed = False
+        # Every public method holds this lock, so a producer may flush from a worker thread
+        # (the load generator does, to keep parquet encoding off its event loop).
+        self._lock = threading.RLock()
         self._write_meta()
 
     # -- metadata -------------------------------------------------------------------------
@@ -233,13 +237,16 @@ class RunWriter:
 
     def update_meta(self, **kv: Any) -> None:
         """Merge keys into run.json and rewrite it atomically."""
-        self.meta.update(kv)
-        self._write_meta()
+        with self._lock:
+            self.meta.update(kv)
+            self._write_meta()
 
     # -- rows -----------------------------------------------------------------------------
-    def _check(self, sink: _TableSink) -> None:
+    def _ensure_open(self) -> None:
         if self.closed:
             raise RuntimeError("RunWriter is closed")
+
+    def _check(self, sink: _TableSink) -> None:
         if sink.buffered >= self.flush_rows:
             sink.flush()
         elif clock.now() - self._last_flush >= self.flush_interval_s:
@@ -247,62 +254,79 @@ class RunWriter:
 
     def add_request(self, row: dict[str, Any]) -> None:
         """One REQUESTS row (missing nullable keys = null; unknown keys raise)."""
-        self._requests.add_row(row)
-        self._check(self._requests)
+        with self._lock:
+            self._ensure_open()
+            self._requests.add_row(row)
+            self._check(self._requests)
 
     def add_requests_table(self, tbl: pa.Table) -> None:
         """Many REQUESTS rows at once (columns cast to the schema; missing = null)."""
-        self._requests.add_table(tbl)
-        self._check(self._requests)
+        with self._lock:
+            self._ensure_open()
+            self._requests.add_table(tbl)
+            self._check(self._requests)
 
     def add_chunks(self, req: int, t_s: Sequence[float], tokens: Sequence[int]) -> None:
         """All streamed chunks of one request: receipt times (run clock, s) and token counts."""
-        if len(t_s) != len(tokens):
-            raise ValueError(f"add_chunks(req={req}): {len(t_s)} times but {len(tokens)} counts")
-        s = self._chunks
-        s.col_req.extend([int(req)] * len(t_s))
-        s.col_t.extend(t_s)
-        s.col_tok.extend(tokens)
-        self._check(s)
+        with self._lock:
+            self._ensure_open()
+            if len(t_s) != len(tokens):
+                raise ValueError(
+                    f"add_chunks(req={req}): {len(t_s)} times but {len(tokens)} counts"
+                )
+            s = self._chunks
+            s.col_req.extend([int(req)] * len(t_s))
+            s.col_t.extend(t_s)
+            s.col_tok.extend(tokens)
+            self._check(s)
 
     def add_chunks_table(self, tbl: pa.Table) -> None:
         """Bulk CHUNKS rows (req, t_s, tokens); the fast path for simulations."""
-        self._chunks.add_table(tbl)
-        self._check(self._chunks)
+        with self._lock:
+            self._ensure_open()
+            self._chunks.add_table(tbl)
+            self._check(self._chunks)
 
     def add_sample(self, row: dict[str, Any]) -> None:
         """One SAMPLES row (missing keys = null)."""
-        self._samples.add_row(row)
-        self._check(self._samples)
+        with self._lock:
+            self._ensure_open()
+            self._samples.add_row(row)
+            self._check(self._samples)
 
     def add_samples_table(self, tbl: pa.Table) -> None:
-        self._samples.add_table(tbl)
-        self._check(self._samples)
+        """Many SAMPLES rows at once (missing columns = null)."""
+        with self._lock:
+            self._ensure_open()
+            self._samples.add_table(tbl)
+            self._check(self._samples)
 
     def flush(self) -> None:
         """Write every buffered row of every table as closed part files."""
-        for s in self._sinks:
-            s.flush()
-        self._last_flush = clock.now()
+        with self._lock:
+            for s in self._sinks:
+                s.flush()
+            self._last_flush = clock.now()
 
     # -- closing --------------------------------------------------------------------------
     def close(self, status: str = schema.STATUS_COMPLETE) -> None:
         """Flush, merge parts into the final files and record ``status`` in run.json."""
-        if self.closed:
-            return
-        if status not in (schema.STATUS_COMPLETE, schema.STATUS_PARTIAL):
-            raise ValueError(f"status must be complete or partial, not {status!r}")
-        self.closed = True
-        for s in self._sinks:
-            s.finalize()
-        self.meta["status"] = status
-        self.meta["closed_unix"] = time.time()
-        self.meta["rows"] = {
-            "requests": self._requests.rows_written,
-            "chunks": self._chunks.rows_written,
-            "samples": self._samples.rows_written,
-        }
-        self._write_meta()
+        with self._lock:
+            if self.closed:
+                return
+            if status not in (schema.STATUS_COMPLETE, schema.STATUS_PARTIAL):
+                raise ValueError(f"status must be complete or partial, not {status!r}")
+            self.closed = True
+            for s in self._sinks:
+                s.finalize()
+            self.meta["status"] = status
+            self.meta["closed_unix"] = time.time()
+            self.meta["rows"] = {
+                "requests": self._requests.rows_written,
+                "chunks": self._chunks.rows_written,
+                "samples": self._samples.rows_written,
+            }
+            self._write_meta()
 
     def __enter__(self) -> RunWriter:
         return self

@@ -184,3 +184,35 @@ def test_bulk_chunks_table_parts_and_merge(tmp_path):
     assert np.array_equal(tbl.column("req").to_numpy(), req)
     assert np.array_equal(tbl.column("t_s").to_numpy(), t)
     assert read_table(rd, schema.CHUNKS_FILE, columns=["req"]).column_names == ["req"]
+
+
+def test_closed_writer_rejects_rows(tmp_path):
+    w = RunWriter(tmp_path / "r", {})
+    w.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        w.add_request({"req": 0, "request_id": "a"})
+    w.close()  # idempotent
+    assert len(read_run(tmp_path / "r").requests) == 0
+
+
+def test_flush_from_another_thread_loses_nothing(tmp_path):
+    # The load generator adds rows on its event loop and flushes from a worker thread.
+    import threading
+
+    stop = threading.Event()
+    with RunWriter(tmp_path / "r", {}, flush_interval_s=1e9) as w:
+
+        def flusher() -> None:
+            while not stop.is_set():
+                w.flush()
+
+        th = threading.Thread(target=flusher)
+        th.start()
+        try:
+            for i in range(3000):
+                w.add_chunks(i, [float(i)], [1])
+        finally:
+            stop.set()
+            th.join(timeout=30)
+    chunks = read_run(tmp_path / "r").chunks
+    assert sorted(chunks["req"].tolist()) == list(range(3000))
