@@ -174,3 +174,23 @@ def test_bad_loader_options(lmsys_dir: Path) -> None:
         build_trace("lmsys", path=str(lmsys_dir), rate=1.0, filter="sglang", quiet=True)
     with pytest.raises(TraceError, match="no such dataset"):
         build_trace("lmsys", path="/nonexistent/ds", rate=1.0, quiet=True)
+
+
+def test_datasetdict_split_and_parquet(tmp_path: Path) -> None:
+    import pandas as pd
+    from datasets import Dataset, DatasetDict
+
+    dd = DatasetDict({"train": Dataset.from_dict(LMSYS_ROWS)})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    t = build_trace("lmsys", path=str(tmp_path / "dd"), rate=1.0, quiet=True)
+    assert len(t) == 4
+    with pytest.raises(TraceError, match="no split 'test'"):
+        build_trace("lmsys", path=str(tmp_path / "dd"), split="test", rate=1.0, quiet=True)
+    pq = tmp_path / "lmsys.parquet"
+    pd.DataFrame(LMSYS_ROWS).to_parquet(pq)
+    assert len(build_trace("lmsys", path=str(pq), rate=1.0, quiet=True)) == 4
+
+
+def test_max_rows_bounds_the_scan(lmsys_dir: Path) -> None:
+    t = build_trace("lmsys", path=str(lmsys_dir), rate=1.0, max_rows=2, quiet=True)
+    assert len(t) == 2 and t.meta["conversations_scanned"] == 1

@@ -200,6 +200,8 @@ def _messages(rec: dict[str, Any], where: str, idx: int) -> list[tuple[str, str]
         if key in rec:
             conv = rec[key]
             break
+    if isinstance(conv, np.ndarray):  # nested lists read back from Parquet
+        conv = conv.tolist()
     if not isinstance(conv, list):
         raise TraceError(
             f"{where}: record {idx}: no 'conversation'/'conversations' list of messages"
