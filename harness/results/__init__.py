@@ -1,19 +1,32 @@
-"""harness.results: the run directory (writer/reader), vLLM-compatible metrics, summaries."""
+"""harness.results: the run directory (writer/reader), vLLM-compatible metrics, summaries.
 
-from harness.results.console import print_summary
-from harness.results.metrics import parse_goodput, request_metrics
-from harness.results.rundir import Run, RunWriter, read_run, read_table, write_json
-from harness.results.summary import compute_summary, write_summary
+The public names load lazily, so that ``from harness.results import schema`` (the load
+generator's hot import) does not pull in pandas and rich.
+"""
 
-__all__ = [
-    "Run",
-    "RunWriter",
-    "compute_summary",
-    "parse_goodput",
-    "print_summary",
-    "read_run",
-    "read_table",
-    "request_metrics",
-    "write_json",
-    "write_summary",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Run": "rundir",
+    "RunWriter": "rundir",
+    "read_run": "rundir",
+    "read_table": "rundir",
+    "write_json": "rundir",
+    "parse_goodput": "metrics",
+    "request_metrics": "metrics",
+    "compute_summary": "summary",
+    "write_summary": "summary",
+    "print_summary": "console",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'harness.results' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"harness.results.{mod}"), name)
