@@ -1,0 +1,96 @@
+"""Cost models: presets' arithmetic, files, overrides, vectorised form, and the fitter."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.engine.costmodel import (
+    PRESETS,
+    CostModelError,
+    fit_cost_model,
+    get_cost_model,
+)
+
+
+def test_a100_llama2_preset_values() -> None:
+    m = get_cost_model("a100-llama2-7b")
+    # 2048 prefill tokens: 2.20 ms + 2048 * 64.2 us = 133.7 ms (anchors §5.2 lists 133.4 ms)
+    assert m.step_time(2048, 0, 0) == pytest.approx(2.20e-3 + 2048 * 64.2e-6)
+    # 8 decodes with 1000 KV tokens read: floor 9.4 ms + 1000 * 0.37 us
+    assert m.step_time(0, 8, 1000) == pytest.approx(9.4e-3 + 1000 * 0.37e-6)
+
+
+def test_staircase_matches_v3_worked_numbers() -> None:
+    m = get_cost_model("staircase")
+    # seed-stability.md §1.3: t(512) = 153.16 ms, t(128) = 46.75 ms
+    assert m.step_time(512, 0, 0) == pytest.approx(0.15316)
+    assert m.step_time(100, 28, 0) == pytest.approx(0.04675)
+    assert m.step_time(129, 0, 0) == pytest.approx(0.01128 + 2 * 0.03547)
+
+
+def test_linear_is_wait_eq1() -> None:
+    m = get_cost_model("linear:base_s=0.5,per_kv_s=0.01")
+    # tau = d0 + d1 * (prefill tokens + KV of decodes) with kv_tokens carrying both
+    assert m.step_time(10, 2, 40) == pytest.approx(0.5 + 0.01 * 40)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_vectorised_equals_scalar(name: str) -> None:
+    m = get_cost_model(name)
+    p = np.array([0, 10, 300, 0, 2048])
+    d = np.array([1, 5, 0, 256, 10])
+    k = np.array([100, 2000, 300, 50000, 9000])
+    vec = m.step_times(p, d, k)
+    assert vec == pytest.approx(
+        [m.step_time(int(a), int(b), int(c)) for a, b, c in zip(p, d, k, strict=True)]
+    )
+    assert m.to_dict()["kind"] in ("affine", "staircase", "piecewise")
+
+
+def test_user_files_yaml_and_json(tmp_path) -> None:
+    y = tmp_path / "mine.yaml"
+    y.write_text("kind: staircase\nc_s: 0.01\na_s: 0.02\nb0: 64\n")
+    m = get_cost_model(str(y))
+    assert m.step_time(65, 0, 0) == pytest.approx(0.01 + 2 * 0.02)
+    j = tmp_path / "mine.json"
+    j.write_text(json.dumps({"kind": "affine", "base_s": 0.001, "per_token_s": 1e-5}))
+    assert get_cost_model(str(j)).step_time(100, 0, 0) == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["nope", "a100-llama2-7b:bogus=1", "a100-llama2-7b:base_s=x", "linear:base_s=-1", "x.yaml"],
+)
+def test_bad_specs_raise_one_clear_error(spec: str) -> None:
+    with pytest.raises(CostModelError):
+        get_cost_model(spec)
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    rng = np.random.default_rng(1)
+    n = 400
+    p = rng.integers(0, 1500, n)
+    d = rng.integers(0, 200, n)
+    kv = rng.integers(0, 60000, n)
+    true = get_cost_model("a100-llama2-7b:floor_s=0,per_decode_s=1e-5")
+    t = true.step_times(p, d, kv) * (1 + rng.normal(0, 0.005, n))
+    df = pd.DataFrame(
+        {
+            "source": "engine",
+            "num_steps": 1,
+            "step_duration_s": t,
+            "prefill_tokens": p,
+            "decode_tokens": d,
+            "kv_used_tokens": kv,
+        }
+    )
+    fit = fit_cost_model(df)
+    assert fit.r2 > 0.99
+    assert fit.model.per_token_s == pytest.approx(64.2e-6, rel=0.05)
+    assert fit.model.per_kv_s == pytest.approx(0.37e-6, rel=0.1)
+    with pytest.raises(CostModelError):
+        fit_cost_model(df.head(2))

@@ -1,0 +1,149 @@
+"""The discrete-event simulator: event order, fast-forward fidelity, run-dir output, stalls."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from engine_traces import make_trace, poisson_trace
+
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import AffineCostModel, get_cost_model
+from harness.engine.simulate import (
+    SimulateConfig,
+    SimulationStalled,
+    run_simulation,
+    simulate,
+)
+from harness.policies import make_policy
+from harness.policies.base import BasePolicy, Plan
+from harness.results import schema
+from harness.results.rundir import read_run
+
+ONE_S = AffineCostModel(name="1s", base_s=1.0)
+
+
+def test_arrival_at_step_end_is_seen_by_next_step() -> None:
+    # (time, ARRIVAL < STEP_START, seq): B arrives exactly when A's first step ends.
+    tr = make_trace([0.0, 1.0, 1.0], [1, 1, 1], [3, 1, 1])
+    res = simulate(tr, make_policy("vllm"), ONE_S, EngineConfig(kv_tokens=1024))
+    assert res.first_s.tolist() == [1.0, 2.0, 2.0]
+    assert res.last_s.tolist() == [3.0, 2.0, 2.0]
+    # simultaneous arrivals keep trace order in the chunk stream
+    order = res.chunk_req[res.chunk_t == 2.0].tolist()
+    assert order == [0, 1, 2]
+
+
+def test_idle_engine_jumps_to_next_arrival() -> None:
+    tr = make_trace([0.0, 100.0], [1, 1], [1, 1])
+    res = simulate(tr, make_policy("sarathi"), ONE_S, EngineConfig(kv_tokens=1024))
+    assert res.first_s.tolist() == [1.0, 101.0]
+    assert res.num_steps == 2
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "vllm-v0", "fastertransformer"])
+def test_fast_forward_is_exact(policy: str) -> None:
+    # Tight KV forces preemptions; results must be identical with and without fast-forward.
+    tr = poisson_trace(150, 8.0, seed=3, pmax=120, omax=200)
+    cfg = EngineConfig(kv_tokens=4096, token_budget=256, max_num_seqs=32, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True)
+    b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False)
+    assert a.num_steps == b.num_steps
+    assert a.num_calls <= b.num_calls
+    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
+    assert (a.out_tokens == b.out_tokens).all()
+    assert (a.status == 1).all()
+    oa = np.lexsort((a.chunk_t, a.chunk_req))
+    ob = np.lexsort((b.chunk_t, b.chunk_req))
+    assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
+    np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], atol=1e-9)
+    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+
+
+def test_every_request_gets_exactly_output_len_tokens() -> None:
+    tr = poisson_trace(200, 20.0, seed=5)
+    res = simulate(
+        tr, make_policy("vllm"), get_cost_model("h100-llama2-7b"), EngineConfig(kv_tokens=8192)
+    )
+    assert (res.out_tokens == tr.df["output_len"].to_numpy()).all()
+    counts = np.bincount(res.chunk_req, minlength=len(tr))
+    assert (counts == res.out_tokens).all()
+    assert (res.first_s >= tr.df["arrival_s"].to_numpy()).all()
+
+
+class _Idle(BasePolicy):
+    name = "idle"
+
+    def schedule(self, view):  # noqa: D102
+        return Plan()
+
+
+def test_policy_that_never_schedules_is_reported_not_hung() -> None:
+    tr = make_trace([0.0], [4], [4])
+    with pytest.raises(SimulationStalled, match="scheduled nothing"):
+        simulate(tr, _Idle(), ONE_S, EngineConfig(kv_tokens=1024))
+
+
+def test_run_directory_matches_replay_format(tmp_path) -> None:
+    tr = make_trace([0.0, 0.5, 1.0, 1.5], [4, 500, 6, 3], [5, 2, 3, 4])
+    cfg = SimulateConfig(
+        trace="test",
+        policies=["vllm", "sarathi"],
+        cost_model="a100-llama2-7b",
+        kv_tokens=256,
+        out_dir=tmp_path,
+        seed=7,
+    )
+    dirs = run_simulation(cfg, trace=tr)
+    assert len(dirs) == 2
+    for d in dirs:
+        run = read_run(d)
+        meta = run.meta
+        assert meta["kind"] == "simulate" and meta["status"] == "complete"
+        assert meta["cost_model"]["name"] == "a100-llama2-7b"
+        assert meta["engine"]["capacity_tokens"] == 256
+        assert meta["trace_hash"] == tr.content_hash() and meta["seed"] == 7
+        req = run.requests.sort_values("req")
+        assert list(req.columns) == schema.REQUESTS.names
+        rej = req[req["request_id"] == "r1"].iloc[0]
+        assert not rej["success"] and rej["error_kind"] == schema.ERROR_REJECTED
+        assert "KV" in rej["error"]
+        ok = req[req["success"]]
+        assert len(ok) == 3
+        assert (ok["num_chunks"] == ok["output_len"]).all()
+        assert (ok["send_s"] == ok["target_s"]).all()
+        assert len(run.chunks) == int(ok["output_len"].sum())
+        assert (run.chunks["tokens"] == 1).all()
+        eng = run.samples[run.samples["source"] == "engine"]
+        assert len(eng) > 0 and eng["num_steps"].sum() == meta["sim"]["num_steps"]
+        assert (eng["kv_used_tokens"] <= 256).all()
+        summary = json.loads((d / schema.SUMMARY_JSON).read_text())
+        assert summary["completed"] == 3
+
+
+def test_stop_at_marks_in_flight_cancelled(tmp_path) -> None:
+    tr = make_trace([0.0, 0.0], [2, 2], [2, 50])
+    cfg = SimulateConfig(trace="t", cost_model="staircase", stop_at_s=1.0, out_dir=tmp_path)
+    (d,) = run_simulation(cfg, trace=tr)
+    req = read_run(d).requests.sort_values("req")
+    assert req["success"].tolist() == [True, False]
+    assert req["error_kind"].tolist()[1] == schema.ERROR_CANCELLED
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"rate": -1.0}, {"policies": ["nope"]}, {"cost_model": "nope"}, {"rate": 0.0}],
+)
+def test_bad_config_rejected(kw) -> None:
+    with pytest.raises(ValueError):
+        SimulateConfig(trace="lmsys", **kw)
+
+
+def test_kv_derived_from_preset_hardware() -> None:
+    cfg = SimulateConfig(trace="x", cost_model="a100-llama2-7b").engine_config()
+    # (80 GiB * 0.9 - 12.55 GiB) / (512 KiB * 16) blocks
+    assert cfg.total_blocks == int((80 * 0.9 - 12.55) * 1024**3 // (524288 * 16))
+    assert SimulateConfig(trace="x", cost_model="staircase").engine_config().capacity_tokens > 10**7
