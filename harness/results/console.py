@@ -64,6 +64,9 @@ def overall_table(s: Mapping[str, Any]) -> Table:
     ]
     if s.get("slo_attainment") is not None:
         rows.append(("SLO attainment (all tiers)", _pct(s.get("slo_attainment"))))
+    stab = s.get("stability")
+    if isinstance(stab, Mapping) and stab.get("verdict"):
+        rows.append(("stability", str(stab["verdict"])))
     errors = s.get("errors") or {}
     if errors:
         rows.append(("failures by kind", ", ".join(f"{k}={v}" for k, v in errors.items())))

@@ -148,6 +148,9 @@ def test_console_tables(tier_run, make_run):
     assert "paid" in out and "free" in out and "200ms/50ms" in out and "33.3%" in out
     assert "timeout=1" in out
     assert "warning" not in out
+    con = Console(record=True, width=120)
+    print_summary(dict(s, stability={"verdict": "unstable"}), con)
+    assert "unstable" in con.export_text()
     bad = dict(s, schedule_kept=False, valid=False, invalid_reasons=["send lag p99 50 ms"])
     bad["status"] = "partial"
     con = Console(record=True, width=120)
