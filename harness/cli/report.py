@@ -1,7 +1,48 @@
-"""`harness report`: placeholder until its issue lands; register(app) adds nothing yet."""
+"""`harness report RUN [RUN ...] [-o FILE]`: one self-contained HTML report.
+
+One run dir: its report (default ``RUN/report.html``). Several: a comparison with overlays,
+a side-by-side table and paired per-request differences when they share a frozen trace
+(default ``<parent of the first>/compare-report.html``). A sweep folder (``sweep.json``):
+latency and throughput vs rate with each policy's capacity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from harness.cli.errors import fail
+
+
+def report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run directories (or one sweep folder).", show_default=False),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="Output HTML file.", show_default=False)
+    ] = None,
+) -> None:
+    """Render one self-contained HTML report (opens offline) for runs, a comparison or a sweep."""
+    from harness.report import SWEEP_JSON, write_report
+
+    for d in runs:
+        if not d.is_dir():
+            fail(f"{d}: no such directory")
+        if not (d / "run.json").is_file() and not (d / SWEEP_JSON).is_file():
+            fail(f"{d}: not a run directory (no run.json) nor a sweep folder (no {SWEEP_JSON})")
+    if len(runs) > 1 and any((d / SWEEP_JSON).is_file() for d in runs):
+        fail("give one sweep folder on its own (or run directories to compare)")
+    if out is not None and out.exists() and out.is_dir():
+        fail(f"-o {out}: is a directory; give a file name such as {out / 'report.html'}")
+    try:
+        path = write_report(list(runs), out)
+    except (FileNotFoundError, ValueError, KeyError, OSError) as e:
+        fail(f"{type(e).__name__}: {e}".splitlines()[0])
+    typer.echo(str(path))
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("report")(report)

@@ -1,7 +1,161 @@
-"""`harness sweep`: placeholder until its issue lands; register(app) adds nothing yet."""
+"""`harness sweep --rates 10,20,40|A:B:STEP [--policy a,b] [--target URL | simulate flags]`.
+
+One run per (policy, rate): simulated by default (every policy replays the same trace at
+each rate), or live with ``--live`` (the built-in engine running each policy) or
+``--target URL`` (an external server; ``--policy`` then only labels the runs). Writes
+``<out>/sweep.json`` with each policy's capacity and ``<out>/report.html``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from harness.cli.errors import HarnessError, fail
+
+_FLAGS = {"policies": "policy", "arrival_window_s": "duration", "duration_s": "duration"}
+
+
+def _one_line(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()))
+            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+            flag = _FLAGS.get(loc, loc.replace("_", "-"))
+            return f"--{flag}: {msg}" if loc else msg
+        except (IndexError, TypeError, KeyError):
+            pass
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def sweep(
+    rates: Annotated[str, typer.Option(help="Rates in req/s: 10,20,40 or A:B:STEP.")],
+    trace: Annotated[
+        str, typer.Option(help="Trace name (lmsys, sharegpt, synthetic, ...) or file.")
+    ] = "synthetic",
+    policy: Annotated[str, typer.Option(help="Comma-separated policies.")] = "vllm",
+    target: Annotated[
+        str | None, typer.Option(help="Live: base URL of an OpenAI-compatible server.")
+    ] = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            help="Live against the built-in engine (wall clock) instead of the simulator."
+        ),
+    ] = False,
+    num_requests: Annotated[int | None, typer.Option(help="Requests per run.")] = 1000,
+    duration: Annotated[
+        float | None, typer.Option(help="Keep arrivals within this many seconds per run.")
+    ] = None,
+    tiers: Annotated[str | None, typer.Option(help="Tier spec (default: SLAI paper's).")] = None,
+    cost_model: Annotated[
+        str | None, typer.Option(help="Cost model preset or file (simulator / built-in).")
+    ] = None,
+    kv_tokens: Annotated[int | None, typer.Option(help="KV capacity, tokens.")] = None,
+    arrival: Annotated[str, typer.Option(help="poisson, gamma or constant.")] = "poisson",
+    burstiness: Annotated[float, typer.Option(help="Gamma shape; 1 = Poisson.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
+    min_attainment: Annotated[
+        float, typer.Option(help="Per-tier SLO attainment a rate needs to pass (0..1).")
+    ] = 0.9,
+    out: Annotated[Path, typer.Option(help="Sweep folder.")] = Path("reports/sweep"),
+    report: Annotated[bool, typer.Option(help="Write <out>/report.html.")] = True,
+) -> None:
+    """Sweep request rates per policy; report each policy's capacity (largest stable rate
+    meeting every tier's SLOs)."""
+    from pydantic import ValidationError
+
+    from harness.results.sweep import SweepConfig, parse_rates, run_sweep
+
+    try:
+        rate_list = parse_rates(rates)
+    except ValueError as e:
+        fail(str(e))
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if not policies:
+        fail("--policy: give at least one name")
+    if not 0 <= min_attainment <= 1:
+        fail(f"--min-attainment {min_attainment}: must be within 0..1")
+    mode = "live" if (live or target) else "simulate"
+    base: dict[str, Any] = {
+        "trace": trace,
+        "num_requests": num_requests,
+        "tiers": tiers,
+        "seed": seed,
+        "arrival": arrival,
+        "burstiness": burstiness,
+    }
+    if mode == "simulate":
+        base["arrival_window_s"] = duration
+        if cost_model is not None:
+            base["cost_model"] = cost_model
+        if kv_tokens is not None:
+            base["kv_tokens"] = kv_tokens
+        try:  # validate the policies and options once, before the first run
+            from harness.engine.simulate import SimulateConfig
+
+            SimulateConfig(**base, rate=rate_list[0], policies=policies, out_dir=out)
+        except (ValidationError, ValueError) as e:
+            fail(_one_line(e))
+    else:
+        base["duration_s"] = duration
+        if target is not None:
+            if cost_model is not None or kv_tokens is not None:
+                fail("--cost-model / --kv-tokens only apply to the built-in engine (drop --target)")
+            base["target"] = target
+        else:
+            base["cost_model"] = cost_model
+            base["kv_tokens"] = kv_tokens
+        try:
+            from harness.loadgen.replay import ReplayConfig
+
+            probe = {**base, "rate": rate_list[0], "out": out / "probe", "progress": False}
+            if target is None:
+                probe["policy"] = policies[0]
+            ReplayConfig(**probe)
+        except (ValidationError, ValueError) as e:
+            fail(_one_line(e))
+    try:
+        cfg = SweepConfig(
+            rates=rate_list,
+            policies=policies,
+            mode=mode,
+            base=base,
+            out_dir=out,
+            min_attainment=min_attainment,
+            report=report,
+        )
+    except (ValidationError, ValueError) as e:
+        fail(_one_line(e))
+
+    def show(p: dict[str, Any]) -> None:
+        mark = "PASS" if p["passes"] else "fail"
+        typer.echo(
+            f"{p['policy']:>12} @ {p['rate']:g} req/s: {p['verdict']:<12} "
+            f"SLOs {'met' if p['meets_slos'] else 'missed'}  [{mark}]"
+        )
+
+    try:
+        out_dir = run_sweep(cfg, on_point=show)
+    except (HarnessError, FileNotFoundError, ValueError, OSError) as e:
+        fail(_one_line(e))
+    import json
+
+    data = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8"))
+    for pol, c in data["capacity"].items():
+        cap = c["capacity_rps"]
+        typer.echo(
+            f"capacity {pol}: {'none of the swept rates' if cap is None else f'{cap:g} req/s'}"
+        )
+    typer.echo(str(out_dir / "sweep.json"))
+    if report:
+        typer.echo(str(out_dir / "report.html"))
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("sweep")(sweep)

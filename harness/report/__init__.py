@@ -302,8 +302,8 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     if len(dirs) == 1 and (dirs[0] / SWEEP_JSON).is_file():
         sweep = _load_sweep(dirs[0])
         base = dirs[0]
-        members = [base / r["run_dir"] for r in sweep["runs"]]
-        html_text = render_report(members, sweep=sweep)
+        # the sweep page plots the sweep; each run keeps its own report (harness report RUN)
+        html_text = render_report([], sweep=sweep)
         default = base / "report.html"
     else:
         for d in dirs:

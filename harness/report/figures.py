@@ -563,6 +563,7 @@ def sweep_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
     symbols = {"stable": "circle", "unstable": "x", "inconclusive": "diamond-open"}
     lat = make_subplots(rows=1, cols=2, subplot_titles=("P99 TTFT (ms)", "P99 ITL (ms)"))
     thr = go.Figure()
+    by_cap: dict[float, list[str]] = {}
     for i, pol in enumerate(policies):
         rs = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["rate"])
         x = [r["rate"] for r in rs]
@@ -599,11 +600,17 @@ def sweep_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
         if cap is not None:
             for c in (1, 2):
                 lat.add_vline(x=cap, line={"dash": "dash", "color": _color(i)}, row=1, col=c)
-            thr.add_vline(
-                x=cap,
-                line={"dash": "dash", "color": _color(i)},
-                annotation_text=esc(f"{pol} capacity {cap:g}"),
-            )
+            thr.add_vline(x=cap, line={"dash": "dash", "color": _color(i)})
+            by_cap.setdefault(cap, []).append(pol)
+    for cap, pols in by_cap.items():  # one label per capacity value (no overlapping text)
+        thr.add_annotation(
+            x=cap,
+            y=1.0,
+            yref="paper",
+            showarrow=False,
+            xanchor="left",
+            text=esc(f" capacity {', '.join(pols)}: {cap:g} req/s"),
+        )
     if rows:
         rates = sorted({r["rate"] for r in rows})
         thr.add_trace(

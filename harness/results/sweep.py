@@ -1,0 +1,241 @@
+"""Rate sweeps: one run per (policy, rate), then the capacity of each policy.
+
+Why: a single rate says little about a scheduler; the number a paper quotes is the largest
+rate it sustains while meeting its SLOs (design.md "Metrics"; seed-stability.md §4.7:
+"λ̂_max is the largest λ judged STABLE"). A sweep runs simulated (``harness.engine.simulate``:
+all policies replay the same trace at each rate, so comparisons are paired) or live
+(``harness.loadgen.replay`` against a target or the built-in engine).
+
+Capacity rule (ours, where the specs leave room): a rate *passes* when its stability
+verdict is ``stable`` and every tier with an SLO has ``slo_attainment >= min_attainment``
+(summary.json ``tiers.<name>.slo_attainment``). ``capacity_rps`` is the largest swept rate
+such that it and every lower swept rate pass (a noisy pass above a failure does not count);
+``max_passing_rate`` is the largest passing rate regardless. ``inconclusive`` fails.
+
+Output: ``<out>/sweep.json`` (this module's :func:`sweep_summary`) and the run directories
+under ``<out>/``; the report reads sweep.json to draw latency/throughput vs rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness.results import schema
+from harness.results.rundir import read_run, write_json
+
+SWEEP_JSON = "sweep.json"
+_RANGE = re.compile(r"^\s*([0-9.eE+-]+)\s*:\s*([0-9.eE+-]+)\s*:\s*([0-9.eE+-]+)\s*$")
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"10,20,40"`` or ``"A:B:STEP"`` (inclusive of B within rounding) -> sorted rates.
+
+    Raises ValueError with a one-line message on anything else (non-positive, empty, a step
+    that does not advance, more than 200 points)."""
+    text = (text or "").strip()
+    if not text:
+        raise ValueError("--rates: give e.g. 10,20,40 or 5:50:5")
+    m = _RANGE.match(text)
+    try:
+        if m:
+            a, b, step = (float(x) for x in m.groups())
+            if step <= 0 or b < a:
+                raise ValueError(f"--rates {text!r}: need A <= B and STEP > 0")
+            n = int(math.floor((b - a) / step + 1e-9)) + 1
+            rates = [round(a + k * step, 10) for k in range(n)]
+        else:
+            rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        if "--rates" in str(e):
+            raise
+        raise ValueError(f"--rates {text!r}: not numbers (use 10,20,40 or A:B:STEP)") from None
+    if not rates or any(not (r > 0 and math.isfinite(r)) for r in rates):
+        raise ValueError(f"--rates {text!r}: every rate must be a positive number of req/s")
+    if len(rates) > 200:
+        raise ValueError(f"--rates {text!r}: {len(rates)} points; at most 200")
+    return sorted(set(rates))
+
+
+class SweepConfig(BaseModel):
+    """A sweep: rates × policies, simulated or live, with the base run's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rates: list[float] = Field(min_length=1, description="offered rates, req/s")
+    policies: list[str] = Field(
+        min_length=1, description="policy names (live against an external target: labels)"
+    )
+    mode: Literal["simulate", "live"] = Field("simulate", description="simulator or replay")
+    base: dict[str, Any] = Field(
+        default_factory=dict,
+        description="SimulateConfig (simulate) or ReplayConfig (live) fields besides rate, "
+        "policy and output folder",
+    )
+    out_dir: Path = Field(Path("reports/sweep"), description="sweep folder (sweep.json, runs)")
+    min_attainment: float = Field(
+        0.9, ge=0, le=1, description="per-tier SLO attainment a rate needs to pass"
+    )
+    report: bool = Field(True, description="write <out_dir>/report.html")
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if any(not (r > 0 and math.isfinite(r)) for r in v):
+            raise ValueError("every rate must be > 0 req/s")
+        return sorted(set(v))
+
+
+def sweep_point(run_dir: Path, policy: str, rate: float, min_attainment: float) -> dict[str, Any]:
+    """One sweep row from a finished run directory (summary.json written if missing)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / schema.SUMMARY_JSON).is_file():
+        from harness.results.summary import write_summary
+
+        write_summary(run_dir)
+    summary = json.loads((run_dir / schema.SUMMARY_JSON).read_text(encoding="utf-8"))
+    stab = summary.get("stability") or {}
+    if not stab.get("verdict") or stab.get("verdict") == "error":
+        from harness.results.stability import analyze_stability
+
+        stab = analyze_stability(read_run(run_dir))
+    tiers = summary.get("tiers") or {}
+    att = {name: t.get("slo_attainment") for name, t in tiers.items()}
+    meets = all(a is None or a >= min_attainment for a in att.values())
+    return {
+        "policy": policy,
+        "rate": float(rate),
+        "run_dir": run_dir.name,
+        "verdict": stab.get("verdict", "inconclusive"),
+        "backlog_slope_rps": stab.get("backlog_slope_rps"),
+        "backlog_slope_ci": stab.get("backlog_slope_ci"),
+        "rho": stab.get("rho"),
+        "meets_slos": bool(meets),
+        "slo_attainment": att,
+        "passes": bool(meets and stab.get("verdict") == "stable"),
+        **{
+            k: summary.get(k)
+            for k in (
+                "completed",
+                "failed",
+                "duration",
+                "request_throughput",
+                "output_throughput",
+                "mean_ttft_ms",
+                "p99_ttft_ms",
+                "p99_itl_ms",
+                "p99_tpot_ms",
+                "p99_e2el_ms",
+                "send_lag_p99_ms",
+                "valid",
+            )
+        },
+    }
+
+
+def capacities(points: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per policy: ``capacity_rps`` (largest rate with every rate up to it passing),
+    ``max_passing_rate`` and the rates swept (module docstring)."""
+    out: dict[str, dict[str, Any]] = {}
+    for pol in dict.fromkeys(p["policy"] for p in points):
+        rows = sorted((p for p in points if p["policy"] == pol), key=lambda p: p["rate"])
+        cap = None
+        for r in rows:
+            if not r["passes"]:
+                break
+            cap = r["rate"]
+        passing = [r["rate"] for r in rows if r["passes"]]
+        out[pol] = {
+            "capacity_rps": cap,
+            "max_passing_rate": max(passing) if passing else None,
+            "rates": [r["rate"] for r in rows],
+            "first_failure": next(
+                (
+                    {"rate": r["rate"], "verdict": r["verdict"], "meets_slos": r["meets_slos"]}
+                    for r in rows
+                    if not r["passes"]
+                ),
+                None,
+            ),
+        }
+    return out
+
+
+def sweep_summary(cfg: SweepConfig, points: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kind": "sweep",
+        "mode": cfg.mode,
+        "rates": cfg.rates,
+        "policies": cfg.policies,
+        "min_attainment": cfg.min_attainment,
+        "base": cfg.base,
+        "capacity_rule": "largest rate such that it and every lower rate are stable and meet "
+        "every tier's SLO attainment >= min_attainment",
+        "runs": points,
+        "capacity": capacities(points),
+    }
+
+
+def _simulate_rate(cfg: SweepConfig, rate: float) -> list[tuple[str, Path]]:
+    from harness.engine.simulate import SimulateConfig, run_simulation
+
+    sim = SimulateConfig(
+        **{
+            **cfg.base,
+            "rate": rate,
+            "policies": list(cfg.policies),
+            "out_dir": cfg.out_dir,
+            "label": f"r{rate:g}",
+        }
+    )
+    dirs = run_simulation(sim)
+    return list(zip(cfg.policies, dirs, strict=True))
+
+
+def _live_rate(cfg: SweepConfig, rate: float) -> list[tuple[str, Path]]:
+    from harness.loadgen.replay import ReplayConfig, run_replay
+
+    out = []
+    for pol in cfg.policies:
+        fields = {**cfg.base, "rate": rate, "out": cfg.out_dir / f"{pol}-r{rate:g}"}
+        if fields.get("target") is None:
+            fields["policy"] = pol  # the built-in engine runs the policy
+        fields.setdefault("progress", False)
+        rcfg = ReplayConfig(**fields)
+        run_dir = run_replay(rcfg)
+        meta_path = run_dir / schema.RUN_JSON
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta.setdefault("policy", pol)
+        meta["label"] = f"{pol} @ {rate:g} req/s"
+        write_json(meta_path, meta)
+        out.append((pol, run_dir))
+    return out
+
+
+def run_sweep(
+    cfg: SweepConfig, *, on_point: Callable[[dict[str, Any]], None] | None = None
+) -> Path:
+    """Run every (policy, rate), write sweep.json (after each rate, so a stopped sweep keeps
+    what it measured) and the sweep report; return the sweep folder."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    points: list[dict[str, Any]] = []
+    runner = _simulate_rate if cfg.mode == "simulate" else _live_rate
+    for rate in cfg.rates:
+        for pol, run_dir in runner(cfg, rate):
+            p = sweep_point(run_dir, pol, rate, cfg.min_attainment)
+            p["run_dir"] = str(Path(run_dir).resolve().relative_to(cfg.out_dir.resolve()))
+            points.append(p)
+            if on_point is not None:
+                on_point(p)
+        write_json(cfg.out_dir / SWEEP_JSON, sweep_summary(cfg, points))
+    if cfg.report:
+        from harness.report import write_report
+
+        write_report([cfg.out_dir])
+    return cfg.out_dir
