@@ -5,7 +5,7 @@ completion of ``max_tokens`` tokens (vLLM chunk shape, continuous usage stats, f
 chunk, ``[DONE]``) with ``Content-Length`` framing. With ``itl_ms == 0`` the whole response
 is written in ONE ``transport.write`` (prebuilt per length), so the server costs almost
 nothing and the client is the bottleneck (issue 2, "Must show"). With ``itl_ms > 0`` chunks
-are written ``itl_ms`` apart and each write is logged with :func:`harness.clock.now` (the
+are written ``itl_ms`` apart and each write is logged (just before it) with :func:`harness.clock.now` (the
 system-wide ``CLOCK_MONOTONIC`` behind ``perf_counter`` on Linux, so comparable with the
 client's stamps in another process) for the timestamp-accuracy check.
 
@@ -141,8 +141,10 @@ class _Proto(asyncio.Protocol):
             def go() -> None:
                 if tr.is_closing():
                     return
-                tr.write(parts[k])
+                # Stamped just before the write: the write syscall sends at once, and a stamp
+                # after it could land after the client's receipt if this process is preempted.
                 log.append((rid, k, clock.now()))
+                tr.write(parts[k])
                 if k == n - 1:
                     tr.write(tail)
 
