@@ -84,6 +84,7 @@ async def _drive(
                 writer=w,
                 max_concurrency=max_concurrency,
             )
+            disp.prepare()
             cpu0 = _cpu()
             t0 = clock.now() + 0.05
             stats = await disp.run(t0)

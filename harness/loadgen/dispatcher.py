@@ -135,6 +135,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
         self.t0 = math.nan
+        self._frozen = False
 
     # -- sink for the Sampler: buffered so every writer call happens in the flusher -------
     def sample_sink(self, row: dict[str, Any]) -> None:
@@ -285,6 +286,15 @@ class Dispatcher:
             await asyncio.sleep(self.progress_interval_s)
 
     # -- the loop -----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Collect and freeze the GC heap (vLLM's ``freeze_gc_heap``: fewer long GC pauses
+        during dispatch). Call it BEFORE taking ``t0``: a full collection of a heap holding
+        pandas/pyarrow can take longer than the first arrival gap. Idempotent."""
+        if self.freeze_gc and not self._frozen:
+            gc.collect()
+            gc.freeze()
+            self._frozen = True
+
     async def run(self, t0: float) -> DispatchStats:
         """Dispatch every job on the schedule anchored at ``t0`` (a :func:`clock.now` value,
         possibly slightly in the future) and wait until all finished or were cancelled."""
@@ -295,9 +305,7 @@ class Dispatcher:
             self.stats.not_sent = len(jobs) - len(keep)
             jobs = keep
         targets = [t0 + j.arrival_s for j in jobs]
-        if self.freeze_gc:
-            gc.collect()
-            gc.freeze()  # like vLLM's freeze_gc_heap: fewer long GC pauses during dispatch
+        self.prepare()
         helpers = [asyncio.create_task(self._flusher())]
         if self.on_progress is not None:
             helpers.append(asyncio.create_task(self._progress()))
@@ -336,8 +344,9 @@ class Dispatcher:
             if self.on_progress is not None:
                 self.on_progress(self.stats)
             await self.flush(in_thread=False)
-            if self.freeze_gc:
+            if self._frozen:
                 gc.unfreeze()
+                self._frozen = False
         return self.stats
 
     async def _wait_all(self, t0: float) -> None:

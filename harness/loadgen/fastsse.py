@@ -5,9 +5,10 @@ completion of ``max_tokens`` tokens (vLLM chunk shape, continuous usage stats, f
 chunk, ``[DONE]``) with ``Content-Length`` framing. With ``itl_ms == 0`` the whole response
 is written in ONE ``transport.write`` (prebuilt per length), so the server costs almost
 nothing and the client is the bottleneck (issue 2, "Must show"). With ``itl_ms > 0`` chunks
-are written ``itl_ms`` apart and each write is logged (just before it) with :func:`harness.clock.now` (the
-system-wide ``CLOCK_MONOTONIC`` behind ``perf_counter`` on Linux, so comparable with the
-client's stamps in another process) for the timestamp-accuracy check.
+are written ``itl_ms`` apart and each write is logged (just before it) with
+:func:`harness.clock.now` (the system-wide ``CLOCK_MONOTONIC`` behind ``perf_counter`` on
+Linux, so comparable with the client's stamps in another process) for the timestamp-accuracy
+check.
 
 Run: ``python -m harness.loadgen.fastsse [--port 0] [--itl-ms 0] [--log FILE]``; prints
 ``PORT <n>`` once listening, writes the log (JSON lines: request id, chunk index, time) on

@@ -361,6 +361,7 @@ async def run_replay_async(
                 sampler = _make_sampler(cfg, base_url, disp)
                 try:
                     async with sampler if sampler is not None else contextlib.nullcontext():
+                        disp.prepare()
                         t0 = clock.now() + 0.01
                         if sampler is not None:
                             sampler.t0 = t0
@@ -385,6 +386,7 @@ def prompt_synthesiser(seed: int) -> Callable[[int, int], str]:
         from harness.workload.prompts import synthesize_prompt
     except ImportError:
         return lambda n, req: synthetic_prompt(n)
+    synthesize_prompt(1, seed, 0)  # warm-up before t0: the first call builds its word tape
     return lambda n, req: synthesize_prompt(n, seed, req)
 
 
