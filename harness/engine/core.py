@@ -178,6 +178,25 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def fit_problem(prompt_len: int, max_tokens: int, block_size: int, total_blocks: int) -> str | None:
+    """Why a request can never run in a KV cache of ``total_blocks``, or None if it can.
+
+    Its KV peaks at ``prompt + max_tokens - 1`` tokens (the last sampled token is never fed
+    back), which must fit in the whole cache.
+    """
+    if prompt_len < 1:
+        return f"prompt_len={prompt_len} must be >= 1"
+    if max_tokens < 1:
+        return f"max_tokens={max_tokens} must be >= 1"
+    peak = prompt_len + max_tokens - 1
+    if _blocks(peak, block_size) > total_blocks:
+        return (
+            f"needs {peak} KV tokens (prompt {prompt_len} + max_tokens {max_tokens} - 1) "
+            f"but the KV cache holds {total_blocks * block_size}"
+        )
+    return None
+
+
 class EngineCore:
     """Iteration-level engine hosting one :class:`~harness.policies.base.Policy`.
 
@@ -241,22 +260,8 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def fit_problem(self, prompt_len: int, max_tokens: int) -> str | None:
-        """Why a request of this size can never run here, or None if it can.
-
-        Its KV peaks at ``prompt + max_tokens - 1`` tokens (the last sampled token is never
-        fed back), which must fit in the whole cache.
-        """
-        if prompt_len < 1:
-            return f"prompt_len={prompt_len} must be >= 1"
-        if max_tokens < 1:
-            return f"max_tokens={max_tokens} must be >= 1"
-        peak = prompt_len + max_tokens - 1
-        if _blocks(peak, self.block_size) > self.total_blocks:
-            return (
-                f"needs {peak} KV tokens (prompt {prompt_len} + max_tokens {max_tokens} - 1) "
-                f"but the KV cache holds {self.total_blocks * self.block_size}"
-            )
-        return None
+        """Why a request of this size can never run here, or None if it can."""
+        return fit_problem(prompt_len, max_tokens, self.block_size, self.total_blocks)
 
     def add_request(
         self,

@@ -147,13 +147,32 @@ def simulate(
     chunk_flush_rows: int = 2_000_000,
     fast_forward: bool = True,
     max_stall_calls: int = 1000,
+    kernel: str = "auto",
 ) -> SimResult:
     """Run ``trace`` through one engine core in virtual time and return the raw results.
 
     ``stop_at_s``: stop at this virtual time (requests still in flight become cancelled); the
     default runs until every request finished or was rejected. ``chunk_sink(req, t)`` receives
     token-time arrays in time order as they are produced (else they are kept in memory).
+    ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for the policies it implements
+    exactly (built-in ``vllm`` and FCFS ``sarathi``), ``reference`` always uses the engine core.
     """
+    if kernel not in ("auto", "reference"):
+        raise ValueError(f"kernel must be 'auto' or 'reference', not {kernel!r}")
+    if kernel == "auto":
+        from harness.engine.fastsim import fast_budget, fast_simulate
+
+        if fast_budget(policy, config) is not None:
+            return fast_simulate(
+                trace,
+                policy,
+                cost_model,
+                config,
+                stop_at_s=stop_at_s,
+                chunk_sink=chunk_sink,
+                chunk_flush_rows=chunk_flush_rows,
+                fast_forward=fast_forward,
+            )
     wall0 = time.perf_counter()
     df = trace.df
     n = len(df)
@@ -225,16 +244,16 @@ def simulate(
         calls += 1
         if out.idle:
             stall += 1
+            if out.preempted and stall < max_stall_calls:
+                continue  # the preemption changed the state: plan again at the same time
             if i < n:
                 t = max(t, nxt)
                 continue
-            if stall >= max_stall_calls or not out.preempted:
-                raise SimulationStalled(
-                    f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
-                    f"{core.num_waiting} waiting and {core.num_running} running requests and no "
-                    "arrival left"
-                )
-            continue
+            raise SimulationStalled(
+                f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
+                f"{core.num_waiting} waiting and {core.num_running} running requests and no "
+                "arrival left"
+            )
         stall = 0
         end = out.end_s
         if out.num_steps == 1:

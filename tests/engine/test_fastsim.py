@@ -1,0 +1,68 @@
+"""The vectorised kernel must reproduce the reference host (engine core + policy object)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_traces import make_trace, poisson_trace
+
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import get_cost_model
+from harness.engine.fastsim import fast_budget
+from harness.engine.simulate import simulate
+from harness.policies import make_policy
+
+CASES = [
+    # (kv_tokens, budget, max_num_seqs, rate): tight KV (preemptions), seat cap, small budget
+    (3000, 256, 32, 8.0),
+    (20000, 64, 8, 20.0),
+    (1 << 20, 2048, 256, 40.0),
+    (1500, 512, 1000, 5.0),
+]
+
+
+def _same(a, b) -> None:
+    assert a.num_steps == b.num_steps
+    assert (a.status == b.status).all()
+    assert (a.out_tokens == b.out_tokens).all()
+    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
+    oa = np.lexsort((a.chunk_t, a.chunk_req))
+    ob = np.lexsort((b.chunk_t, b.chunk_req))
+    assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
+    np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], rtol=0, atol=1e-9)
+    assert (a.preemptions == b.preemptions).all()
+    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"kv{c[0]}-b{c[1]}-s{c[2]}-r{c[3]}")
+def test_fast_kernel_matches_reference(policy: str, case) -> None:
+    kv, budget, seqs, rate = case
+    tr = poisson_trace(250, rate, seed=int(rate * 10), pmax=300, omax=250)
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    fast = simulate(tr, make_policy(policy), cost, cfg)
+    ref = simulate(tr, make_policy(policy), cost, cfg, kernel="reference")
+    assert fast.counters.get("kernel") == "fast"
+    _same(fast, ref)
+
+
+def test_fast_kernel_rejects_and_stops_like_reference() -> None:
+    tr = make_trace([0.0, 0.1, 0.2, 5.0], [10, 5000, 10, 10], [400, 2, 30, 30])
+    cfg = EngineConfig(kv_tokens=1024, token_budget=64, max_num_seqs=8)
+    cost = get_cost_model("a100-llama2-7b")
+    for kw in ({}, {"stop_at_s": 1.0}):
+        fast = simulate(tr, make_policy("sarathi"), cost, cfg, **kw)
+        ref = simulate(tr, make_policy("sarathi"), cost, cfg, kernel="reference", **kw)
+        _same(fast, ref)
+        assert fast.errors == ref.errors and 1 in fast.errors
+
+
+def test_only_exact_policies_take_the_fast_kernel() -> None:
+    cfg = EngineConfig(kv_tokens=1024, token_budget=100)
+    assert fast_budget(make_policy("vllm"), cfg) == 100
+    assert fast_budget(make_policy("sarathi", chunk_size=50), cfg) == 50
+    assert fast_budget(make_policy("sarathi", order="spf"), cfg) is None
+    assert fast_budget(make_policy("vllm", long_prefill_token_threshold=8), cfg) is None
+    assert fast_budget(make_policy("orca"), cfg) is None
