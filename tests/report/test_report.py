@@ -1,0 +1,145 @@
+"""Report, sweep and CLI behaviour without a browser."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli.main import app
+from harness.report import render_report, write_report
+from harness.report.data import load_run_view
+from harness.report.figures import binned, cdf_points, paired_diff
+from harness.results.sweep import SweepConfig, capacities, parse_rates, run_sweep
+
+runner = CliRunner()
+
+
+def test_parse_rates() -> None:
+    assert parse_rates("10,20, 40") == [10.0, 20.0, 40.0]
+    assert parse_rates("5:20:5") == [5.0, 10.0, 15.0, 20.0]
+    assert parse_rates("0.5:1.5:0.5") == [0.5, 1.0, 1.5]
+    for bad in ("", "a,b", "0,1", "-1", "5:1:1", "1:5:0", "1:1000:1"):
+        with pytest.raises(ValueError, match="--rates"):
+            parse_rates(bad)
+
+
+def _pt(policy: str, rate: float, verdict: str, meets: bool) -> dict:
+    return {
+        "policy": policy,
+        "rate": rate,
+        "verdict": verdict,
+        "meets_slos": meets,
+        "passes": verdict == "stable" and meets,
+    }
+
+
+def test_capacity_is_largest_rate_with_every_lower_rate_passing() -> None:
+    pts = [
+        _pt("a", 10, "stable", True),
+        _pt("a", 20, "stable", True),
+        _pt("a", 30, "stable", False),  # SLOs missed
+        _pt("a", 40, "stable", True),  # a noisy pass above a failure does not count
+        _pt("b", 10, "inconclusive", True),
+        _pt("b", 20, "unstable", False),
+    ]
+    caps = capacities(pts)
+    assert caps["a"]["capacity_rps"] == 20 and caps["a"]["max_passing_rate"] == 40
+    assert caps["a"]["first_failure"] == {"rate": 30, "verdict": "stable", "meets_slos": False}
+    assert caps["b"]["capacity_rps"] is None and caps["b"]["max_passing_rate"] is None
+
+
+def test_downsampling_helpers() -> None:
+    v = np.random.default_rng(0).exponential(1.0, 1_000_000)
+    x, p = cdf_points(v, 300)
+    assert len(x) == 300 and p[0] == 0 and p[-1] == 1
+    assert x[150] == pytest.approx(np.log(2), rel=0.01)  # the median of Exp(1)
+    c, s, w = binned(np.array([0.1, 0.2, 1.5, 9.9]), np.array([1, 2, 3, 4.0]), 10.0, bins=10)
+    assert w == 1 and s.tolist() == [3, 3, 0, 0, 0, 0, 0, 0, 0, 4] and c[0] == 0.5
+
+
+def test_paired_difference_known_answer(runs_dir: Path) -> None:
+    a = load_run_view(runs_dir / "slots8")
+    b = load_run_view(runs_dir / "slots12")
+    assert a.trace_hash == b.trace_hash  # same frozen trace, different service
+    d = paired_diff(a, b, "ttft_s")
+    assert d["pairs"] == int(a.rm["success"].sum())
+    expected = (b.rm["ttft_s"] - a.rm["ttft_s"]).to_numpy() * 1000
+    assert d["mean_ms"] == pytest.approx(np.nanmean(expected))
+    # more slots never wait longer in a FCFS queue with the same arrivals and sizes
+    assert d["mean_ms"] <= 0 and d["mean_ci_ms"][0] <= d["mean_ms"] <= d["mean_ci_ms"][1]
+
+
+def test_report_is_self_contained(runs_dir: Path, tmp_path: Path) -> None:
+    html = render_report([runs_dir / "slots8", runs_dir / "slots12"])
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    # no remote asset outside plotly.js itself (whose strings the browser test shows unused)
+    outside = re.sub(r"<script>.*?</script>", "", html, count=1, flags=re.S)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", outside)
+    assert "<link" not in html
+    assert html.count("Plotly.newPlot") == 2  # once inside plotly.js, once in our init loop
+    assert html.count("plotly.js v") <= 2
+    assert "Paired per-request differences" in html
+    out = write_report([runs_dir / "slots8"], tmp_path / "x" / "r.html")
+    assert out.is_file() and out.stat().st_size < 20_000_000
+
+
+def test_write_report_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        write_report([])
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        write_report([tmp_path])
+
+
+def test_cli_report_errors_are_one_line(runs_dir: Path, tmp_path: Path) -> None:
+    r = runner.invoke(app, ["report", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "no such directory" in r.output
+    r = runner.invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "not a run directory" in r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(app, ["report", str(runs_dir / "slots8"), "-o", str(tmp_path / "ok.html")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "ok.html").is_file()
+
+
+def test_cli_sweep_bad_input() -> None:
+    for args, msg in (
+        (["--rates", "0,1"], "positive"),
+        (["--rates", "1:2:0"], "STEP"),
+        (["--rates", "5", "--policy", "nope"], "unknown policy"),
+        (["--rates", "5", "--min-attainment", "2"], "0..1"),
+    ):
+        r = runner.invoke(app, ["sweep", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert msg in r.output and "Traceback" not in r.output
+
+
+def test_simulated_sweep_finds_capacity(tmp_path: Path) -> None:
+    """Engineer E's simulator: 3 req/s is far below capacity, 80 far above (fluid critical
+    rate ≈ 30 req/s for the synthetic mix), so capacity = 3 for both policies."""
+    pytest.importorskip("harness.engine.simulate")
+    cfg = SweepConfig(
+        rates=[3.0, 80.0],
+        policies=["vllm", "orca"],
+        base={"trace": "synthetic", "num_requests": 500, "kv_tokens": 100_000},
+        out_dir=tmp_path / "sw",
+        min_attainment=0.5,
+    )
+    out = run_sweep(cfg)
+    data = json.loads((out / "sweep.json").read_text())
+    assert [(p["policy"], p["rate"]) for p in data["runs"]] == [
+        ("vllm", 3.0),
+        ("orca", 3.0),
+        ("vllm", 80.0),
+        ("orca", 80.0),
+    ]
+    v = {(p["policy"], p["rate"]): p for p in data["runs"]}
+    assert v["vllm", 3.0]["verdict"] == "stable" and v["vllm", 80.0]["verdict"] == "unstable"
+    assert data["capacity"]["vllm"]["capacity_rps"] == 3.0
+    assert data["capacity"]["orca"]["capacity_rps"] == 3.0
+    assert all((out / p["run_dir"] / "summary.json").is_file() for p in data["runs"])
+    assert (out / "report.html").is_file()
