@@ -91,6 +91,8 @@ def test_replay_against_builtin_engine(tmp_path: Path) -> None:
             str(out),
             "--no-progress",
             "--no-gpu",
+            "--speed",
+            "4",
             "--sample-interval",
             "0.1",
             "--goodput",
