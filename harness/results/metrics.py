@@ -22,7 +22,7 @@ row per step that emitted tokens.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -103,11 +103,12 @@ class ChunkView:
     grp: np.ndarray  # int64 request position
     start: np.ndarray
     end: np.ndarray
+    _single: bool | None = field(default=None, init=False, repr=False)
 
     def single_token(self) -> bool:
         """True when every chunk carries exactly one token (then token-level extras equal
         their chunk-level counterparts and need no extra pass)."""
-        if not hasattr(self, "_single"):
+        if self._single is None:
             self._single = bool(self.tokens.size == 0 or (self.tokens == 1).all())
         return self._single
 
@@ -296,14 +297,20 @@ def _first_start(cv: ChunkView, rm: pd.DataFrame) -> float:
     return float(start.min()) if start.size else float(cv.t.min())
 
 
+def _buckets(t: np.ndarray, t0: float) -> np.ndarray:
+    """1-s bucket index of each time from ``t0`` (vLLM ``int(t - min_start_time)``)."""
+    d = t - t0
+    if d.size and d.min() < 0:
+        d = d[d >= 0]
+    return d.astype(np.int64)  # truncation == floor for d >= 0
+
+
 def max_output_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
     """vLLM: max over 1-s buckets (from the earliest successful start) of chunk arrivals.
     It counts chunks, not tokens (§6.2)."""
     if cv.t.size == 0:
         return 0.0
-    t0 = _first_start(cv, rm)
-    b = np.floor(cv.t - t0).astype(np.int64)
-    b = b[b >= 0]
+    b = _buckets(cv.t, _first_start(cv, rm))
     return float(np.bincount(b).max()) if b.size else 0.0
 
 
@@ -313,10 +320,11 @@ def peak_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
         return 0.0
     if cv.single_token():
         return max_output_tokens_per_s(cv, rm)
-    t0 = _first_start(cv, rm)
-    b = np.floor(cv.t - t0).astype(np.int64)
-    ok = b >= 0
-    return float(np.bincount(b[ok], weights=cv.tokens[ok]).max()) if ok.any() else 0.0
+    d = cv.t - _first_start(cv, rm)
+    ok = d >= 0
+    if not ok.any():
+        return 0.0
+    return float(np.bincount(d[ok].astype(np.int64), weights=cv.tokens[ok]).max())
 
 
 def max_concurrent_requests(rm: pd.DataFrame) -> int:

@@ -166,9 +166,18 @@ def _block(
 
 
 def _subview(cv: M.ChunkView, mask: np.ndarray) -> M.ChunkView:
+    """The chunks of the requests in ``mask``. For one-token chunks it is a times-only view
+    (``_block`` then reads nothing but ``t``: the chunk buckets), saving two 30M copies."""
     if mask.all() or cv.t.size == 0:
         return cv
     keep = mask[cv.grp]
+    if cv.single_token():
+        # only the times are read downstream (chunk buckets); skip copying the rest
+        sub = M.ChunkView(
+            cv.t[keep], np.ones(0, dtype=np.int64), np.zeros(0, np.int64), cv.start, cv.end
+        )
+        sub._single = True
+        return sub
     return M.ChunkView(cv.t[keep], cv.tokens[keep], cv.grp[keep], cv.start, cv.end)
 
 
