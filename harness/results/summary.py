@@ -220,7 +220,9 @@ def compute_summary(
     for key, cands in _ECHO.items():
         out[key] = next((v for c in cands if (v := _lookup(meta, c)) is not None), None)
     if out["request_rate"] is None:
-        out["request_rate"] = "inf"
+        # vLLM echoes "inf" (everything at t=0); we never send that way: a missing rate means
+        # the trace's own timestamps.
+        out["request_rate"] = "trace" if _lookup(meta, "arrival") == "trace" else None
     num = _lookup(meta, "num_requests")
     out["num_prompts"] = int(num) if isinstance(num, int | float) else n
     out["run_id"] = meta.get("run_id", run.dir.name)

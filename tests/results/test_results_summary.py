@@ -127,6 +127,8 @@ def test_config_echo(make_run):
     assert s["request_rate"] == 4.0 and s["burstiness"] == 1.0
     assert s["num_prompts"] == 10 and s["policy"] == "slai" and s["run_id"] == "abc"
     assert s["date"] and s["status"] == "complete"
+    s = compute_summary(read_run(make_run([], meta={"rate": None, "arrival": "trace"})))
+    assert s["request_rate"] == "trace"
 
 
 def test_write_summary_and_read_back(tier_run):
