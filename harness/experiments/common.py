@@ -130,6 +130,8 @@ def run_config(
     cost_model: Any,
     engine: Any,
     meta: dict[str, Any] | None = None,
+    *,
+    stop_at_s: float | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Simulate ``cfg`` on ``trace`` into ``out_dir/<label>`` and return its metrics."""
     import shutil
@@ -143,15 +145,18 @@ def run_config(
         shutil.rmtree(run_dir)
     policy = make_policy(cfg.policy, **cfg.params)
     full_meta = {"experiment_label": cfg.label, "label": cfg.label, **(meta or {})}
-    _, res = write_run(run_dir, trace, policy, cost_model, engine, full_meta)
+    _, res = write_run(run_dir, trace, policy, cost_model, engine, full_meta, stop_at_s=stop_at_s)
     run = read_run(run_dir)
     m = measure(run.requests, run.chunks)
+    m["run"] = run
     m["preemptions"] = int(res.counters.get("preemptions_total", 0))
     m["sim_wall_s"] = round(res.wall_s, 3)
     for attr in ("clearings", "flushes", "critical_total", "deferred_total"):
         if hasattr(policy, attr):
             m[attr] = getattr(policy, attr)
-    (run_dir / "experiment_metrics.json").write_text(json.dumps(_clean(m), indent=2))
+    (run_dir / "experiment_metrics.json").write_text(
+        json.dumps(_clean({k: v for k, v in m.items() if k != "run"}), indent=2)
+    )
     return run_dir, m
 
 
