@@ -45,6 +45,7 @@ import logging
 import socket
 import uuid
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,6 +316,7 @@ class EngineHost:
         self.streams: dict[str, _Stream] = {}
         self.t0 = clock.now()
         self._next_model: float | None = None
+        self._inbox: deque[tuple[str, int, int, dict[str, Any]]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.error: str | None = None
@@ -347,28 +349,38 @@ class EngineHost:
         ttft = req.ttft_slo_s if req.ttft_slo_s is not None else (tier and tier.ttft_slo_s)
         tbt = req.tbt_slo_s if req.tbt_slo_s is not None else (tier and tier.tbt_slo_s)
         prio = req.priority if req.priority is not None else (tier.priority if tier else 0)
+        problem = self.core.fit_problem(req.prompt_len, req.max_tokens)
+        if problem is not None:  # the simulator's rejection rule (EngineCore.fit_problem)
+            raise RequestError(f"request rejected: {problem}", "max_tokens")
         wall = clock.now()
-        self._add_to_core(
-            rid,
-            arrival_s=self.model_now(wall),
-            prompt_len=req.prompt_len,
-            max_tokens=req.max_tokens,
-            predicted_output_len=req.predicted_output_len,
-            tier=req.tier or "default",
-            priority=int(prio),
-            ttft_slo_s=None if ttft is None else ttft * self.speed,
-            tbt_slo_s=None if tbt is None else tbt * self.speed,
-        )
+        kw = {
+            "arrival_s": self.model_now(wall),
+            "predicted_output_len": req.predicted_output_len,
+            "tier": req.tier or "default",
+            "priority": int(prio),
+            "ttft_slo_s": None if ttft is None else ttft * self.speed,
+            "tbt_slo_s": None if tbt is None else tbt * self.speed,
+        }
+        self._inbox.append((rid, req.prompt_len, req.max_tokens, kw))
         st = _Stream(rid=rid, max_tokens=req.max_tokens, arrival_wall=wall)
         self.streams[rid] = st
         self._wake.set()
         return st
 
-    def _add_to_core(self, rid: str, **kw: Any) -> None:
+    def _admit_arrivals(self, m: float) -> None:
+        """Hand the core every arrival stamped at or before model time ``m``, in order.
+
+        Why an inbox: when the loop runs a step late (catching up on the absolute schedule),
+        requests that reached the server after the step's modeled start must not join it;
+        the simulator orders events ``(time, ARRIVAL < STEP_START)`` (simulate.py) and so does
+        this host.
+        """
+        inbox = self._inbox
         core = self.core
-        if not core.add_request(rid, kw.pop("prompt_len"), kw.pop("max_tokens"), **kw):
-            reason = core.rejections.pop(rid, "it can never fit in the KV cache")
-            raise RequestError(f"request rejected: {reason}", "max_tokens")
+        while inbox and inbox[0][3]["arrival_s"] <= m:
+            rid, plen, mtok, kw = inbox.popleft()
+            if rid in self.streams:  # not aborted while waiting in the inbox
+                core.add_request(rid, plen, mtok, **kw)
 
     def release(self, st: _Stream) -> None:
         """The handler is done with ``st``: abort it in the core if it is still running."""
@@ -405,8 +417,9 @@ class EngineHost:
         core = self.core
         now = clock.now
         sleep = asyncio.sleep
+        inbox = self._inbox
         while True:
-            if not core.has_work():
+            if not core.has_work() and not inbox:
                 self._next_model = None
                 self._wake.clear()
                 await self._wake.wait()
@@ -418,6 +431,11 @@ class EngineHost:
             elif wall - self.wall_of(m) > self.cfg.max_catchup_s:
                 self.resyncs += 1
                 m = self.model_now(wall)
+            if not core.has_work() and inbox[0][3]["arrival_s"] > m:
+                m = inbox[0][3]["arrival_s"]  # idle until the next arrival, as simulated
+            self._admit_arrivals(m)
+            if not core.has_work():
+                continue
             out = core.step(m)
             if out.idle:
                 # The policy holds every request back (e.g. a WAIT threshold): re-ask it after

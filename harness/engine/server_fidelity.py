@@ -1,0 +1,160 @@
+"""Does the built-in server reproduce the simulator? One trace, both hosts, same numbers.
+
+Why: the server is the simulator's engine core in wall-clock time (server.py), so a replay
+against it must give the simulator's TTFT and TBT distributions up to what wall-clock
+execution adds (loopback latency, wake-up lateness). This module runs both and compares.
+
+Two simulations are compared with the replay:
+
+- ``nominal``: the trace's own arrival times. Differences then mix the load generator's
+  send lag (measured separately in every replay's summary) with the server's fidelity.
+- ``realised``: the same requests at the times the load generator actually sent them
+  (``send_s`` of the replay). This isolates the engine host: it is the fair comparison.
+
+``speed`` > 1 runs the server's model clock faster than wall time; the trace's arrivals are
+compressed by the same factor and the replay's times are multiplied back, so all figures are
+in model seconds.
+
+Metrics (ms, vLLM ``bench serve`` definitions, anchors-harness.md §6.1-6.2): TTFT = first
+chunk - send; ITL = gaps between consecutive chunks of a request, all requests pooled;
+TPOT = (last - first) / (output tokens - 1) for requests with > 1 token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pandas as pd
+
+STATS = ("median", "p90", "p99")
+METRICS = ("ttft", "itl", "tpot")
+
+
+def latency_stats(run_dir: Path, scale: float = 1.0) -> dict[str, float]:
+    """``{metric}_{stat}_ms`` from a run directory's requests and chunks tables."""
+    req = pd.read_parquet(run_dir / "requests.parquet")
+    ch = pd.read_parquet(run_dir / "chunks.parquet")
+    ok = req[req["success"]]
+    ttft = (ok["first_chunk_s"] - ok["send_s"]).to_numpy() * scale
+    ch = ch[ch["req"].isin(ok["req"])].sort_values(["req", "t_s"], kind="stable")
+    t = ch["t_s"].to_numpy()
+    same = ch["req"].to_numpy()[1:] == ch["req"].to_numpy()[:-1]
+    itl = np.diff(t)[same] * scale
+    many = ok[ok["output_tokens"] > 1]
+    tpot = (
+        (many["last_chunk_s"] - many["first_chunk_s"]) / (many["output_tokens"] - 1)
+    ).to_numpy() * scale
+    out: dict[str, float] = {"completed": float(len(ok))}
+    for name, v in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):
+        q = np.percentile(v, [50, 90, 99]) * 1e3 if len(v) else [np.nan] * 3
+        for stat, x in zip(STATS, q, strict=True):
+            out[f"{name}_{stat}_ms"] = float(x)
+    return out
+
+
+def rel_errors(got: dict[str, float], ref: dict[str, float]) -> dict[str, float]:
+    """``(got - ref) / ref`` for every latency key."""
+    return {
+        k: (got[k] - ref[k]) / ref[k]
+        for k in ref
+        if k.endswith("_ms") and ref[k] and not np.isnan(ref[k])
+    }
+
+
+@contextlib.asynccontextmanager
+async def _server(separate: bool, **kw: Any) -> AsyncIterator[str]:
+    """The built-in server in this event loop, or in a child ``harness serve`` process (so
+    the load generator's work cannot delay the engine loop)."""
+    if not separate:
+        from harness.engine.server import embedded
+
+        async with embedded(**kw) as url:
+            yield url
+        return
+    cmd = [sys.executable, "-m", "harness.cli.main", "serve", "--port", "0"]
+    for k, v in kw.items():
+        if v is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        m = re.search(r"(http://\S+)", line)
+        if m is None:
+            raise RuntimeError(f"harness serve did not start: {line!r}")
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def compare(
+    trace: Any,
+    out: Path,
+    *,
+    policy: str = "vllm",
+    cost_model: str = "a100-llama2-7b",
+    kv_tokens: int | None = None,
+    speed: float = 1.0,
+    separate_process: bool = False,
+) -> dict[str, Any]:
+    """Simulate and replay ``trace`` (a :class:`~harness.workload.trace.Trace`); return the
+    three stat blocks and the replay's relative errors against each simulation."""
+    from harness.engine.simulate import SimulateConfig, run_simulation
+    from harness.loadgen.replay import ReplayConfig, run_replay_async
+    from harness.workload.trace import Trace
+
+    def simulate(tr: Trace, name: str) -> Path:
+        cfg = SimulateConfig(
+            trace="given",
+            policies=[policy],
+            cost_model=cost_model,
+            kv_tokens=kv_tokens,
+            out_dir=out / name,
+        )
+        return run_simulation(cfg, trace=tr)[0]
+
+    df = trace.df.copy()
+    df["arrival_s"] = df["arrival_s"] / speed
+    fast = Trace.from_frame(df, trace.tiers, trace.meta)
+    async with _server(
+        separate_process, policy=policy, cost_model=cost_model, kv_tokens=kv_tokens, speed=speed
+    ) as url:
+        rep_dir = await run_replay_async(
+            ReplayConfig(
+                trace="given",
+                arrival="trace",  # the trace object below is replayed as given
+                target=url,
+                engine="builtin",
+                out=out / "replay",
+                sample_interval_s=None,
+                progress=False,
+                gpu=False,
+            ),
+            trace=fast,
+        )
+        async with aiohttp.ClientSession() as session, session.get(url + "/harness/stats") as r:
+            server_stats = await r.json()
+    sent = pd.read_parquet(rep_dir / "requests.parquet").set_index("request_id")["send_s"]
+    real = trace.df.copy()
+    real["arrival_s"] = real["request_id"].map(sent).to_numpy() * speed
+    real = real.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    nominal = latency_stats(simulate(trace, "sim-nominal"))
+    realised = latency_stats(simulate(Trace.from_frame(real, trace.tiers, trace.meta), "sim-real"))
+    replay = latency_stats(rep_dir, scale=speed)
+    return {
+        "sim_nominal": nominal,
+        "sim_realised": realised,
+        "replay": replay,
+        "server": server_stats,
+        "err_vs_realised": rel_errors(replay, realised),
+        "err_vs_nominal": rel_errors(replay, nominal),
+    }
