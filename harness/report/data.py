@@ -114,6 +114,8 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
         out.append(("warn", f"run is {status}" + (f" (stopped by {why})" if why else "")))
     tr = meta.get("trace")
     tmeta = tr.get("meta", {}) if isinstance(tr, Mapping) else {}
+    if not tmeta and isinstance(meta.get("trace_meta"), Mapping):  # the simulator's spelling
+        tmeta = meta["trace_meta"]
     if isinstance(tmeta, Mapping):
         if tmeta.get("fallback"):
             reason = tmeta.get("reason") or "real dataset not available"
