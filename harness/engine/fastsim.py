@@ -75,13 +75,10 @@ def fast_simulate(
     df = trace.df
     n = len(df)
     arr_l = df["arrival_s"].to_numpy(dtype=float).tolist()
-    P = df["prompt_len"].to_numpy(dtype=np.int64).copy()
-    M = df["output_len"].to_numpy(dtype=np.int64).copy()
-    P_l = P.tolist()
-    M_l = M.tolist()
-    O = np.zeros(n, dtype=np.int64)
-    C = np.zeros(n, dtype=np.int64)
-    NB = np.zeros(n, dtype=np.int64)
+    P_l = df["prompt_len"].to_numpy(dtype=np.int64).tolist()
+    M_l = df["output_len"].to_numpy(dtype=np.int64).tolist()
+    # Per trace row: outputs so far (kept across preemptions), results.
+    Orow = np.zeros(n, dtype=np.int64)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
     state = np.zeros(n, dtype=np.int8)
@@ -91,20 +88,38 @@ def fast_simulate(
     bs = config.block_size
     total = config.total_blocks
     max_seqs = config.max_num_seqs
+    # Running requests as parallel arrays in running (admission) order, first R slots used.
+    cap = max_seqs
+    IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
+    FA = np.full((2, cap), np.nan)  # first / last token time
+    Pr, Or, Cr, Mr, NBr, IDr = IA
+    Fr, Lr = FA
+    R = 0
+    npf = 0  # running requests that are not decoding (prefilling or recomputing)
     used = 0
     preempt_total = 0
     finished_total = 0
     rejected = 0
     steps_total = 0
     calls = 0
-    run = np.empty(0, dtype=np.int64)  # running order (admission order)
     waiting: deque[int] = deque()
     step_time = cost_model.step_time
+
+    def retire(keep: np.ndarray, R: int) -> int:
+        """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
+        k = int(np.count_nonzero(keep))
+        IA[:, :k] = IA[:, :R][:, keep]
+        FA[:, :k] = FA[:, :R][:, keep]
+        return k
 
     chunks = _Chunks(chunk_sink, chunk_flush_rows)
     samples: dict[str, list[Any]] = {c: [] for c in SAMPLE_COLS}
     s_t, s_k, s_d = samples["t_s"], samples["num_steps"], samples["step_duration_s"]
-    s_p, s_dec, s_kv = samples["prefill_tokens"], samples["decode_tokens"], samples["kv_used_tokens"]
+    s_p, s_dec, s_kv = (
+        samples["prefill_tokens"],
+        samples["decode_tokens"],
+        samples["kv_used_tokens"],
+    )
     s_use, s_w, s_r = samples["kv_usage"], samples["num_waiting"], samples["num_running"]
     s_pre = samples["preemptions_total"]
 
@@ -122,7 +137,6 @@ def fast_simulate(
                 errors[i] = problem
                 rejected += 1
             i += 1
-        R = len(run)
         if R == 0 and not waiting:
             if i >= n:
                 break
@@ -136,119 +150,139 @@ def fast_simulate(
         until = min(nxt, stop)
         calls += 1
 
-        # ---- pass 1: running requests, decodes first (vectorised) -----------------------
+        # ---- pass 1: running requests, decodes first ---------------------------------------
         budget = budget_cap
         free = total - used
         preempted_any = False
-        n_dec_all = 0
+        pure = False  # every running request decodes and all got their token
+        sp: np.ndarray | None = None  # scheduled positions (None = all R, one token each)
+        sg: np.ndarray | None = None
+        prefill = n_decode = kv_read = 0
         if R:
-            Cr = C[run]
-            Or = O[run]
-            rem = P[run] + Or - Cr
-            dec = (Or > 0) & (rem == 1)
-            n_dec_all = int(np.count_nonzero(dec))
-            if n_dec_all == R:
-                ordr, remo, deco, Co = run, rem, dec, Cr
-            else:
-                perm = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                ordr, remo, deco, Co = run[perm], rem[perm], dec[perm], Cr[perm]
-            tot_rem = int(remo.sum())
-            if tot_rem <= budget:
-                grant = remo
-                budget -= tot_rem
-            else:
-                cum = np.cumsum(remo)
-                grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
-                budget = 0
-            newC = Co + grant
-            need = (newC + (bs - 1)) // bs - NB[ordr]
-            tot_need = int(need.sum())
-            if tot_need <= free:
-                NB[ordr] += need
-                used += tot_need
-                free -= tot_need
-            else:
-                # Exact sequential semantics with preemption from the tail (base.py rule 2).
-                ordr_l = ordr.tolist()
-                rem_l = remo.tolist()
-                order = list(ordr_l)
-                sched: dict[int, int] = {}
-                budget = budget_cap
-                for j, rj in zip(ordr_l, rem_l, strict=True):
-                    if state[j] != _RUNNING:
-                        continue
-                    g = rj if rj < budget else budget
-                    if g <= 0:
-                        continue
-                    c = int(C[j])
-                    nd = -(-(c + g) // bs) - int(NB[j])
-                    if nd > free:
-                        while nd > free and order:
-                            v = order.pop()
-                            if state[v] != _RUNNING:
-                                continue
-                            got = sched.pop(v, None)
-                            if got is not None:
-                                budget += got
-                            used -= int(NB[v])
-                            NB[v] = 0
-                            C[v] = 0
-                            npre[v] += 1
-                            state[v] = _WAITING
-                            waiting.appendleft(v)
-                            preempt_total += 1
-                            free = total - used
-                            preempted_any = True
-                            if v == j:
-                                break
-                        if state[j] != _RUNNING:
+            Cv = Cr[:R]
+            if npf == 0 and budget >= R:
+                grow = Cv % bs == 0  # a decode writes position C: a new block at a boundary
+                tot_need = int(np.count_nonzero(grow))
+                if tot_need <= free:
+                    NBr[:R] += grow
+                    used += tot_need
+                    free -= tot_need
+                    budget -= R
+                    pure = True
+                    n_decode = R
+                    kv_read = int(Cv.sum()) + R
+            if not pure:
+                Ov = Or[:R]
+                rem = Pr[:R] + Ov - Cv
+                dec = (Ov > 0) & (rem == 1)
+                n_dec_all = int(np.count_nonzero(dec))
+                if n_dec_all == R:
+                    ordp = np.arange(R)
+                else:
+                    ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
+                remo = rem[ordp]
+                tot_rem = int(remo.sum())
+                if tot_rem <= budget:
+                    grant = remo
+                else:
+                    cum = np.cumsum(remo)
+                    grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
+                Co = Cv[ordp]
+                need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
+                tot_need = int(need.sum())
+                if tot_need <= free:
+                    NBr[ordp] += need
+                    used += tot_need
+                    free -= tot_need
+                    budget -= int(grant.sum())
+                    sp, sg = ordp, grant
+                else:
+                    # Exact sequential semantics, preemption from the tail (base.py rule 2).
+                    alive = np.ones(R, dtype=bool)
+                    order = ordp.tolist()
+                    sched: dict[int, int] = {}
+                    budget = budget_cap
+                    for pos, rj in zip(order[:], remo.tolist(), strict=True):
+                        if not alive[pos]:
                             continue
-                    NB[j] += nd
-                    used += nd
-                    free -= nd
-                    sched[j] = g
-                    budget -= g
-                run = run[state[run] == _RUNNING]
-                ordr = np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))
-                grant = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-                Co = C[ordr]
-                deco = (O[ordr] > 0) & (P[ordr] + O[ordr] - Co == 1)
-                n_dec_all = -1  # not a pure-decode step
+                        g = rj if rj < budget else budget
+                        if g <= 0:
+                            continue
+                        nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
+                        if nd > free:
+                            while nd > free and order:
+                                v = order.pop()
+                                if not alive[v]:
+                                    continue
+                                got = sched.pop(v, None)
+                                if got is not None:
+                                    budget += got
+                                alive[v] = False
+                                used -= int(NBr[v])
+                                row = int(IDr[v])
+                                Orow[row] = Or[v]
+                                first[row] = Fr[v]
+                                last[row] = Lr[v]
+                                npre[row] += 1
+                                state[row] = _WAITING
+                                waiting.appendleft(row)
+                                preempt_total += 1
+                                free = total - used
+                                preempted_any = True
+                                if v == pos:
+                                    break
+                            if not alive[pos]:
+                                continue
+                        NBr[pos] += nd
+                        used += nd
+                        free -= nd
+                        sched[pos] = g
+                        budget -= g
+                    # positions shift after compaction: map old -> new
+                    newpos = np.cumsum(alive) - 1
+                    sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
+                    sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
+                    R = retire(alive, R)
+                if len(sp):
+                    Co = Cr[sp]
+                    d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
+                    pos_g = sg > 0
+                    n_decode = int(np.count_nonzero(d & pos_g))
+                    prefill = int(sg[~d].sum())
+                    kv_read = int((Co + sg)[pos_g].sum())
 
         # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
-        adm: list[int] = []
-        adm_n: list[int] = []
+        R0 = R
+        adm_g: list[int] = []
         if not preempted_any and waiting:
-            seats = max_seqs - len(run)
+            seats = max_seqs - R
             while waiting and budget > 0 and seats > 0:
                 j = waiting[0]
-                rj = P_l[j] + int(O[j])
+                oj = int(Orow[j])
+                rj = P_l[j] + oj
                 g = rj if rj < budget else budget
                 nd = -(-g // bs)
                 if nd > free:
                     break
                 waiting.popleft()
                 state[j] = _RUNNING
-                NB[j] = nd
                 used += nd
                 free -= nd
-                adm.append(j)
-                adm_n.append(g)
+                Pr[R] = P_l[j]
+                Or[R] = oj
+                Cr[R] = 0
+                Mr[R] = M_l[j]
+                NBr[R] = nd
+                IDr[R] = j
+                Fr[R] = first[j]
+                Lr[R] = last[j]
+                R += 1
+                adm_g.append(g)
                 budget -= g
                 seats -= 1
+                prefill += g
+                kv_read += g
 
-        # ---- composition and duration ------------------------------------------------------
-        if R and len(grant):
-            pos = grant > 0
-            n_decode = int(np.count_nonzero(deco & pos))
-            prefill = int(grant[~deco].sum())
-            kv_read = int((Co + grant)[pos].sum())
-        else:
-            n_decode = prefill = kv_read = 0
-        if adm:
-            a_sum = sum(adm_n)
-            prefill += a_sum
-            kv_read += a_sum
         if n_decode == 0 and prefill == 0:
             if preempted_any:
                 continue  # state changed: plan again at the same time
@@ -264,17 +298,11 @@ def fast_simulate(
 
         # ---- fast-forward a steady run of pure decode steps --------------------------------
         k = 1
-        if (
-            fast_forward
-            and n_dec_all == R
-            and R > 0
-            and not adm
-            and n_decode == R
-            and t + dur < until
-        ):
-            k_max = int((M[run] - O[run]).min())
+        if fast_forward and pure and not adm_g and t + dur < until:
+            Mv = Mr[:R]
+            k_max = int((Mv - Or[:R]).min())
             if k_max > 1:
-                c0 = C[run]
+                c0 = Cr[:R]
                 base_blocks = (c0 + bs) // bs  # blocks for c0 + 1 tokens (already allocated)
 
                 def extra(kk: int, c0: np.ndarray = c0, base: np.ndarray = base_blocks) -> int:
@@ -300,51 +328,64 @@ def fast_simulate(
         if k > 1:
             ends = ends[:k]
             end = float(ends[-1])
-            Cn = C[run] + k
-            C[run] = Cn
-            On = O[run] + k
-            O[run] = On
-            nb = (Cn + (bs - 1)) // bs
-            used += int(nb.sum() - NB[run].sum())
-            NB[run] = nb
-            last[run] = end
-            chunks.add_run(ends, run.tolist())
-            fin = run[On >= M[run]]
+            Cv = Cr[:R]
+            Cv += k
+            Or[:R] += k
+            nb = (Cv + (bs - 1)) // bs
+            used += int(nb.sum() - NBr[:R].sum())
+            NBr[:R] = nb
+            Lr[:R] = end
+            chunks.add_run(ends, IDr[:R].copy())
             s_p.append(0)
             s_dec.append(R * k)
         else:
             end = t + dur
-            if adm:
-                ordr = np.concatenate((ordr, np.asarray(adm, dtype=np.int64))) if R else (
-                    np.asarray(adm, dtype=np.int64)
-                )
-                grant = (
-                    np.concatenate((grant, np.asarray(adm_n, dtype=np.int64)))
-                    if R
-                    else np.asarray(adm_n, dtype=np.int64)
-                )
-                run = np.concatenate((run, np.asarray(adm, dtype=np.int64)))
-            pos = grant > 0
-            sidx = ordr[pos] if not pos.all() else ordr
-            g = grant[pos] if sidx is not ordr else grant
-            Cn = C[sidx] + g
-            C[sidx] = Cn
-            samp = sidx[Cn == P[sidx] + O[sidx]]
-            On = O[samp] + 1
-            O[samp] = On
-            f = first[samp]
-            first[samp] = np.where(np.isnan(f), end, f)
-            last[samp] = end
-            chunks.add_step(end, samp.tolist())
-            fin = samp[On >= M[samp]]
+            if pure:
+                Cr[:R0] += 1
+                Or[:R0] += 1
+                Lr[:R0] = end
+                samp_ids = IDr[:R0].copy()
+            elif sp is not None and len(sp):
+                Cr[sp] += sg
+                hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
+                Or[hit] += 1
+                Lr[hit] = end
+                fh = Fr[hit]
+                Fr[hit] = np.where(np.isnan(fh), end, fh)
+                samp_ids = IDr[hit]
+            else:
+                samp_ids = None
+            if samp_ids is not None and len(samp_ids):
+                chunks.add_step(end, samp_ids)
+            if adm_g:
+                # few per step: scalar updates beat a handful of tiny array operations
+                hits: list[int] = []
+                for q, g in enumerate(adm_g, start=R0):
+                    Cr[q] = g
+                    if g == Pr[q] + Or[q]:
+                        Or[q] += 1
+                        Lr[q] = end
+                        if Fr[q] != Fr[q]:  # NaN: the first token
+                            Fr[q] = end
+                        hits.append(int(IDr[q]))
+                if hits:
+                    chunks.add_step(end, hits)
+                npf += len(adm_g) - len(hits)
             s_p.append(prefill)
             s_dec.append(n_decode)
-        if len(fin):
-            state[fin] = _FINISHED
-            used -= int(NB[fin].sum())
-            NB[fin] = 0
-            run = run[state[run] == _RUNNING]
-            finished_total += len(fin)
+        done = Or[:R] >= Mr[:R]
+        if done.any():
+            rows = IDr[:R][done]
+            state[rows] = _FINISHED
+            Orow[rows] = Or[:R][done]
+            first[rows] = Fr[:R][done]
+            last[rows] = Lr[:R][done]
+            used -= int(NBr[:R][done].sum())
+            R = retire(~done, R)
+            finished_total += len(rows)
+        if not pure:
+            v = Or[:R]
+            npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
         steps_total += k
         s_t.append(end)
         s_k.append(k)
@@ -352,11 +393,16 @@ def fast_simulate(
         s_kv.append(used * bs)
         s_use.append(used / total)
         s_w.append(len(waiting))
-        s_r.append(len(run))
+        s_r.append(R)
         s_pre.append(preempt_total)
         t = end
 
-    out_tokens = O.copy()
+    # Requests still running at stop_at_s keep what they produced (cancelled).
+    rows = IDr[:R]
+    Orow[rows] = Or[:R]
+    first[rows] = Fr[:R]
+    last[rows] = Lr[:R]
+    out_tokens = Orow.copy()
     status = np.zeros(n, dtype=np.int8)
     status[state == _FINISHED] = 1
     status[state == _REJECTED] = 2

@@ -73,21 +73,23 @@ class _Chunks:
     def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
         self.sink = sink
         self.every = every
-        self.idx: list[int] = []
+        self.rows: list[Any] = []
         self.step_t: list[float] = []
         self.step_n: list[int] = []
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []
         self.pending = 0
 
-    def add_step(self, t: float, rows: list[int]) -> None:
-        self.idx.extend(rows)
+    def add_step(self, t: float, rows: Any) -> None:
+        """One step's sampled trace rows (a list or an int array), all at time ``t``."""
+        self.rows.append(rows)
         self.step_t.append(t)
         self.step_n.append(len(rows))
         self.pending += len(rows)
         if self.pending >= self.every:
             self.flush()
 
-    def add_run(self, ends: np.ndarray, rows: list[int]) -> None:
+    def add_run(self, ends: np.ndarray, rows: Any) -> None:
+        """A fast-forwarded run: every row gets one token at each of ``ends``."""
         self._seal()
         r = np.asarray(rows, dtype=np.int64)
         k = len(ends)
@@ -97,11 +99,11 @@ class _Chunks:
             self.flush()
 
     def _seal(self) -> None:
-        if self.idx:
-            req = np.asarray(self.idx, dtype=np.int64)
+        if self.rows:
+            req = np.concatenate([np.asarray(x, dtype=np.int64) for x in self.rows])
             t = np.repeat(np.asarray(self.step_t), np.asarray(self.step_n))
             self._emit(req, t)
-        self.idx, self.step_t, self.step_n = [], [], []
+        self.rows, self.step_t, self.step_n = [], [], []
 
     def _emit(self, req: np.ndarray, t: np.ndarray) -> None:
         if self.sink is not None:
