@@ -335,10 +335,37 @@ def max_concurrent_requests(rm: pd.DataFrame) -> int:
         return 0
     a = rm["start_s"].to_numpy()[s]
     d = a + rm["e2el_s"].to_numpy()[s]
+    fin = np.isfinite(d)
+    if not fin.any():
+        return 0
+    a, d = a[fin], d[fin]
     times = np.concatenate([a, d])
     delta = np.concatenate([np.ones(a.size, dtype=np.int64), -np.ones(d.size, dtype=np.int64)])
     order = np.lexsort((delta, times))  # at equal times -1 (departure) sorts first
     return int(np.cumsum(delta[order]).max())
+
+
+def max_concurrent_requests_1s(rm: pd.DataFrame) -> int:
+    """vLLM 0.32.0's ``max_concurrent_requests`` (serve.py calculate_metrics, as installed in
+    .venv-vllm): per 1-s bucket from the earliest start, the number of successful requests
+    active in it (a request counts in every bucket from ``int(start - t0)`` to
+    ``int(end - t0)`` inclusive); the max over buckets. Kept beside the exact sweep line so
+    numbers compare with that vLLM version directly."""
+    s = rm["success"].to_numpy(dtype=bool)
+    if not s.any():
+        return 0
+    a = rm["start_s"].to_numpy()[s]
+    e = a + rm["e2el_s"].to_numpy()[s]
+    fin = np.isfinite(e)
+    if not fin.any():
+        return 0
+    a, e = a[fin], e[fin]
+    t0 = float(a.min())
+    first = (a - t0).astype(np.int64)
+    last = (e - t0).astype(np.int64)
+    size = int(last.max()) + 2
+    delta = np.bincount(first, minlength=size) - np.bincount(last + 1, minlength=size)
+    return int(np.cumsum(delta).max())
 
 
 def tbt_token_stats(cv: ChunkView, itl: np.ndarray | None = None) -> dict[str, float]:

@@ -6,7 +6,9 @@ total_token_throughput, {mean,median,std,p50,p90,p95,p99,p99.9}_{ttft,tpot,itl,e
 max_output_tokens_per_s, max_concurrent_requests`` and vLLM's config echo (``date, backend,
 endpoint_type, label, model_id, tokenizer_id, num_prompts, request_rate, burstiness,
 max_concurrency``). Extras under our own names (§6.4): ``tbt_token_*_ms``,
-``peak_output_tokens_per_s`` (tokens, not chunks), ``send_lag_{p50,p99,max}_ms``,
+``peak_output_tokens_per_s`` (tokens, not chunks), ``max_concurrent_requests_1s`` (vLLM
+0.32.0's per-second-bucket variant; ``max_concurrent_requests`` is the exact sweep line of
+§6.2), ``send_lag_{p50,p99,max}_ms``,
 ``achieved_request_rate``, ``offered_request_rate``, ``schedule_kept``, ``valid``,
 ``errors`` (failed requests by error kind), ``slo_attainment``, ``tiers.<name>`` and
 ``stability`` (from :mod:`harness.results.stability` when present).
@@ -147,6 +149,7 @@ def _block(
     sub_rm = rm[mask] if not mask.all() else rm
     out["max_output_tokens_per_s"] = M.max_output_tokens_per_s(sub, sub_rm)
     out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
+    out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
     out["peak_output_tokens_per_s"] = (
         out["max_output_tokens_per_s"] if sub.single_token() else M.peak_tokens_per_s(sub, sub_rm)
     )

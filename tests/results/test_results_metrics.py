@@ -235,7 +235,9 @@ class _Out:
 
 
 def _vllm_calculate_metrics(outputs: list[_Out], dur_s: float, goodput: dict | None) -> dict:
-    """A literal transcription of vLLM serve.py calculate_metrics (anchors-harness.md §6.2)."""
+    """A literal transcription of vLLM serve.py calculate_metrics (anchors-harness.md §6.2;
+    checked against vllm 0.32.0's source). ``max_concurrent_requests`` is the §6.2 sweep line;
+    0.32.0's own per-second-bucket count is ``max_concurrent_requests_1s``."""
     actual_output_lens = []
     total_input = 0
     completed = 0
@@ -277,6 +279,7 @@ def _vllm_calculate_metrics(outputs: list[_Out], dur_s: float, goodput: dict | N
 
     max_output_tokens_per_s = 0.0
     max_concurrent_requests = 0
+    max_concurrent_1s = 0
     ok = [o for o in outputs if o.success]
     if ok:
         min_start = min(o.start_time for o in ok)
@@ -293,6 +296,14 @@ def _vllm_calculate_metrics(outputs: list[_Out], dur_s: float, goodput: dict | N
                 if 0 <= b < len(buckets):
                     buckets[b] += 1
         max_output_tokens_per_s = float(np.max(buckets))
+        # vLLM 0.32.0 (installed in .venv-vllm): requests active per 1-s bucket
+        conc = np.zeros(len(buckets))
+        for o in ok:
+            for sec in range(
+                int(o.start_time - min_start), int(o.start_time + o.latency - min_start) + 1
+            ):
+                conc[sec] += 1
+        max_concurrent_1s = int(np.max(conc))
         events = [(o.start_time, 1) for o in ok] + [(o.start_time + o.latency, -1) for o in ok]
         events.sort(key=lambda e: (e[0], e[1]))  # departures (-1) first on ties
         cur = 0
@@ -311,6 +322,7 @@ def _vllm_calculate_metrics(outputs: list[_Out], dur_s: float, goodput: dict | N
         "total_token_throughput": (total_input + sum(actual_output_lens)) / dur_s,
         "max_output_tokens_per_s": max_output_tokens_per_s,
         "max_concurrent_requests": max_concurrent_requests,
+        "max_concurrent_requests_1s": max_concurrent_1s,
     }
     for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         res[f"mean_{name}_ms"] = np.mean(vals or 0) * 1000
