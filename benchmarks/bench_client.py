@@ -2,6 +2,7 @@
 
     python benchmarks/bench_client.py [--rates 100,400,1000,2000] [--duration 5]
         [--output-len 100] [--no-accuracy]
+        [--vllm-python .venv-vllm/bin/python --tokenizer .cache/tiny-llama]
 
 Same as ``harness bench-client``; the work lives in :mod:`harness.loadgen.bench`.
 """
@@ -18,5 +19,14 @@ if __name__ == "__main__":
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--output-len", type=int, default=100)
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm installed")
+    ap.add_argument("--tokenizer", default=None, help="local tokenizer dir for vllm bench")
     a = ap.parse_args()
-    main([float(x) for x in a.rates.split(",")], a.duration, a.output_len, not a.no_accuracy)
+    main(
+        [float(x) for x in a.rates.split(",")],
+        a.duration,
+        a.output_len,
+        not a.no_accuracy,
+        a.vllm_python,
+        a.tokenizer,
+    )

