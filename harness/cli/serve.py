@@ -47,8 +47,6 @@ def serve(
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     import asyncio
 
-    from pydantic import ValidationError
-
     from harness.engine import server as srv
 
     engine: dict[str, int] = {}
@@ -76,12 +74,7 @@ def serve(
     if not 0 <= port <= 65535:
         fail(f"--port {port} is outside 0..65535")
     try:
-        cfg = srv.ServerConfig(**kw)
-        srv.check_config(cfg)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ())) or "config"
-        fail(f"{where}: {err.get('msg', e)}".replace("Value error, ", ""))
+        cfg = srv.make_config(**kw)
     except ValueError as e:
         fail(str(e))
     try:

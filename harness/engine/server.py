@@ -806,23 +806,44 @@ async def start_server(
     return runner, f"http://{h}:{real_port}"
 
 
-@contextlib.asynccontextmanager
-async def embedded(
+def embedded(
     policy: str = "vllm",
     cost_model: str = DEFAULT_COST_MODEL,
     kv_tokens: int | None = None,
     speed: float = 1.0,
     faults: str | None = None,
     **kw: Any,
-) -> AsyncIterator[str]:
+) -> contextlib.AbstractAsyncContextManager[str]:
     """Run the built-in server in this event loop on a free 127.0.0.1 port; yield its base URL.
 
     Extra keywords are :class:`ServerConfig` fields (``model``, ``api_key``, ``fault_log``,
     ``tiers``, ``engine``, ``policy_params``...). The server stops when the block exits.
+    Bad settings raise :class:`ValueError` (one line) here, before the block is entered.
     """
-    cfg = ServerConfig(
+    cfg = make_config(
         policy=policy, cost_model=cost_model, kv_tokens=kv_tokens, speed=speed, faults=faults, **kw
     )
+    return _embedded(cfg)
+
+
+def make_config(**kw: Any) -> ServerConfig:
+    """A validated :class:`ServerConfig` whose policy, cost model and engine all build;
+    any problem is a one-line :class:`ValueError`."""
+    from pydantic import ValidationError
+
+    try:
+        cfg = ServerConfig(**kw)
+        check_config(cfg)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "config"
+        msg = str(err.get("msg", e)).removeprefix("Value error, ")
+        raise ValueError(f"{where}: {msg}") from None
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def _embedded(cfg: ServerConfig) -> AsyncIterator[str]:
     runner, url = await start_server(cfg, "127.0.0.1", 0)
     try:
         yield url
@@ -856,6 +877,7 @@ __all__ = [
     "check_config",
     "create_app",
     "embedded",
+    "make_config",
     "serve_forever",
     "start_server",
 ]
