@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 
 from harness.report import figures as F
-from harness.report.data import RunView, fmt_value, load_run_view
+from harness.report.data import RunView, fmt_value, load_run_view, setup_rows
 
 __all__ = ["write_report", "render_report", "SWEEP_JSON"]
 
@@ -181,6 +181,7 @@ def _run_context(rv: RunView, store: _FigureStore) -> None:
     )
     rv.fig_ids = [store.add(b(rv)) for b in builders]  # type: ignore[attr-defined]
     rv.meta_rows = _flatten(rv.meta)  # type: ignore[attr-defined]
+    rv.setup_rows = setup_rows(rv.meta)  # type: ignore[attr-defined]
     rv.summary_rows = [  # type: ignore[attr-defined]
         (k, fmt_value(v)) for k, v in rv.summary.items() if k not in ("tiers", "stability")
     ]

@@ -142,6 +142,31 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
     return out
 
 
+def setup_rows(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The few run.json facts a reader needs up front: what was replayed, on what, how."""
+    tr = meta.get("trace") if isinstance(meta.get("trace"), Mapping) else {}
+    cm = meta.get("cost_model")
+    if isinstance(cm, Mapping):
+        cm = cm.get("name") or cm.get("kind")
+    rows = [
+        ("kind", meta.get("kind")),
+        ("status", meta.get("status")),
+        ("trace", tr.get("source") or meta.get("trace_source")),
+        ("trace hash", (trace_hash(meta) or "")[:16] or None),
+        ("requests", tr.get("num_requests") or meta.get("num_requests")),
+        ("rate (req/s)", meta.get("rate", meta.get("request_rate"))),
+        ("arrival", meta.get("arrival")),
+        ("seed", meta.get("seed")),
+        ("policy", lookup(meta, "policy")),
+        ("cost model", cm),
+        ("target", meta.get("target")),
+        ("engine", meta.get("engine") if isinstance(meta.get("engine"), str) else None),
+        ("model", meta.get("model")),
+        ("duration (s)", meta.get("duration_s")),
+    ]
+    return [(k, fmt_value(v)) for k, v in rows if v is not None and v != ""]
+
+
 def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
     """Read a run directory and derive everything the report plots."""
     run: Run = read_run(run_dir)
