@@ -14,7 +14,8 @@ each C it reports
 and the highest rate whose p99 emission lateness stays within the budget (default 2 ms).
 
     python benchmarks/bench_server.py                       # default sweep
-    python benchmarks/bench_server.py --step-ms 5 --conc 20,40,80,120 --seconds 3
+    python benchmarks/bench_server.py --step-ms 2,5 --conc 10,20,40,80 --seconds 3
+    python benchmarks/bench_server.py --fidelity --requests 400 --rate 40   # must-show (a)
 """
 
 from __future__ import annotations
@@ -81,62 +82,116 @@ async def run_level(url: str, conc: int, steps: int, warm_steps: int) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--step-ms", type=float, default=5.0, help="constant modeled step time")
-    ap.add_argument("--conc", default="10,20,40,60,80,100,120,160", help="concurrency levels")
-    ap.add_argument("--seconds", type=float, default=3.0, help="stream length per level")
-    ap.add_argument("--budget-ms", type=float, default=2.0, help="p99 lateness budget")
-    args = ap.parse_args()
-    step = args.step_ms / 1000.0
+def _start_server(step: float) -> tuple[subprocess.Popen, str]:
     cost = f"a100-llama2-7b:base_s={step},per_token_s=0,floor_s=0,per_kv_s=0"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "harness.cli.main",
-            "serve",
-            "--port",
-            "0",
-            "--cost-model",
-            cost,
-            "--policy",
-            "vllm",
+            sys.executable, "-m", "harness.cli.main", "serve", "--port", "0",
+            "--cost-model", cost, "--policy", "vllm",
         ],
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        m = re.search(r"(http://\S+)", line)
-        if not m:
-            sys.exit(f"server did not start: {line!r}")
-        url = m.group(1)
-        steps = max(10, int(args.seconds / step))
-        rows = []
-        for c in (int(x) for x in args.conc.split(",")):
-            row = asyncio.run(run_level(url, c, steps, warm_steps=5))
-            row["offered_tok_per_s"] = c / step
-            rows.append(row)
-            print(
-                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
-                flush=True,
-            )
-        ok = [r for r in rows if r["server_emit_p99_ms"] <= args.budget_ms]
-        best = max(ok, key=lambda r: r["tok_per_s"]) if ok else None
-        print(
-            f"highest streamed rate with server emit p99 <= {args.budget_ms} ms: "
-            + (
-                f"{best['tok_per_s']:.0f} tokens/s (C={best['conc']}, "
-                f"client recv p99 {best['client_recv_p99_ms']:.2f} ms)"
-                if best
-                else "none"
-            ),
-            flush=True,
-        )
-    finally:
+    )  # fmt: skip
+    line = proc.stdout.readline() if proc.stdout else ""
+    m = re.search(r"(http://\S+)", line)
+    if not m:
         proc.terminate()
-        proc.wait(timeout=10)
+        sys.exit(f"server did not start: {line!r}")
+    return proc, m.group(1)
+
+
+def rate_sweep(args: argparse.Namespace) -> None:
+    rows = []
+    for step_ms in (float(x) for x in args.step_ms.split(",")):
+        step = step_ms / 1000.0
+        proc, url = _start_server(step)
+        try:
+            steps = max(10, int(args.seconds / step))
+            for c in (int(x) for x in args.conc.split(",")):
+                row = asyncio.run(run_level(url, c, steps, warm_steps=5))
+                row["step_ms"] = step_ms
+                row["offered_tok_per_s"] = c / step
+                rows.append(row)
+                print(
+                    json.dumps(
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                    ),
+                    flush=True,
+                )
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    ok = [r for r in rows if r["server_emit_p99_ms"] <= args.budget_ms]
+    best = max(ok, key=lambda r: r["tok_per_s"]) if ok else None
+    if best is None:
+        print(f"no level kept server emit p99 <= {args.budget_ms} ms", flush=True)
+        return
+    print(
+        f"highest streamed rate with server emit p99 <= {args.budget_ms} ms: "
+        f"{best['tok_per_s']:.0f} tokens/s (step {best['step_ms']} ms, C={best['conc']}; "
+        f"server emit p99 {best['server_emit_p99_ms']:.2f} ms, "
+        f"client recv p99 {best['client_recv_p99_ms']:.2f} ms)",
+        flush=True,
+    )
+
+
+def fidelity(args: argparse.Namespace) -> None:
+    """Same trace through the simulator and a replay against the server (server_fidelity)."""
+    import tempfile
+    from pathlib import Path
+
+    from harness.engine.server_fidelity import compare
+    from harness.workload import build_trace
+
+    trace = build_trace(
+        args.trace, num_requests=args.requests, rate=args.rate, seed=args.seed,
+        **({"input_len": 200, "output_len": 40, "range_ratio": 0.5}
+           if args.trace == "synthetic" else {}),
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        res = asyncio.run(
+            compare(
+                trace, Path(tmp), policy=args.policy, cost_model=args.cost_model,
+                kv_tokens=args.kv_tokens, speed=args.speed, separate_process=True,
+            )
+        )  # fmt: skip
+    print(f"{'metric':<16}{'sim(nominal)':>14}{'sim(realised)':>15}{'replay':>10}{'err':>9}")
+    for k, ref in res["sim_realised"].items():
+        if not k.endswith("_ms"):
+            continue
+        got = res["replay"][k]
+        print(
+            f"{k:<16}{res['sim_nominal'][k]:>14.2f}{ref:>15.2f}{got:>10.2f}"
+            f"{100 * (got - ref) / ref:>8.1f}%"
+        )
+    srv = res["server"]
+    print(
+        f"server step lateness p50/p99 {srv['step_lateness']['p50_ms']:.2f}/"
+        f"{srv['step_lateness']['p99_ms']:.2f} ms, resyncs {srv['resyncs']}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--step-ms", default="5", help="constant modeled step time(s), ms")
+    ap.add_argument("--conc", default="10,20,40,60,80,100", help="concurrency levels")
+    ap.add_argument("--seconds", type=float, default=3.0, help="stream length per level")
+    ap.add_argument("--budget-ms", type=float, default=2.0, help="p99 lateness budget")
+    ap.add_argument("--fidelity", action="store_true", help="run the sim-vs-replay comparison")
+    ap.add_argument("--trace", default="synthetic", help="fidelity: trace source")
+    ap.add_argument("--requests", type=int, default=400, help="fidelity: number of requests")
+    ap.add_argument("--rate", type=float, default=40.0, help="fidelity: req/s (model time)")
+    ap.add_argument("--seed", type=int, default=11, help="fidelity: trace seed")
+    ap.add_argument("--policy", default="vllm", help="fidelity: policy")
+    ap.add_argument("--cost-model", default="a100-llama2-7b", help="fidelity: cost model")
+    ap.add_argument("--kv-tokens", type=int, default=8192, help="fidelity: KV tokens")
+    ap.add_argument("--speed", type=float, default=1.0, help="fidelity: server speed")
+    args = ap.parse_args()
+    if args.fidelity:
+        fidelity(args)
+    else:
+        rate_sweep(args)
 
 
 if __name__ == "__main__":
