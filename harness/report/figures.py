@@ -524,6 +524,7 @@ def paired_diff(base: RunView, other: RunView, metric: str = "ttft_s") -> dict |
         "median_ms": float(np.median(d)),
         "median_ci_ms": [float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))],
         "other_faster": float((d < 0).mean()),
+        "other_slower": float((d > 0).mean()),
         "diffs": d,
     }
 
