@@ -267,6 +267,8 @@ def _meta(
     mistake it for the measured one."""
     conf = cfg.model_dump(mode="json")
     conf["duration_limit_s"] = conf.pop("duration_s")
+    if conf.get("api_key"):
+        conf["api_key"] = "***"  # never write a credential into the run directory
     return {
         "kind": "replay",
         "config": conf,

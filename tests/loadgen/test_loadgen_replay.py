@@ -143,9 +143,19 @@ async def test_tier_extras_per_dialect(sse_server: FakeServer, tmp_path: Path, e
 
 
 async def test_no_priority_flag_keeps_carrier(sse_server: FakeServer, tmp_path: Path) -> None:
-    await replay(sse_server, make_trace(1, output_len=1), tmp_path / "run", send_priority=False)
+    run = await replay(
+        sse_server,
+        make_trace(1, output_len=1),
+        tmp_path / "run",
+        send_priority=False,
+        api_key="sekrit",
+        extra_body={"temperature": 0.0},
+    )
     assert "priority" not in sse_server.bodies[0]
     assert sse_server.bodies[0]["vllm_xargs"]["tier"] == "paid"
+    assert sse_server.bodies[0]["temperature"] == 0.0
+    assert sse_server.headers[0]["authorization"] == "Bearer sekrit"
+    assert "sekrit" not in (run.dir / "run.json").read_text()
 
 
 async def test_max_concurrency_caps_in_flight(sse_server: FakeServer, tmp_path: Path) -> None:
