@@ -485,3 +485,74 @@ def send_fidelity(
     p99 = out["send_lag_p99_ms"]
     out["schedule_kept"] = True if p99 is None else bool(p99 <= threshold_ms)
     return out
+
+
+def _held_mean(t: np.ndarray, v: np.ndarray) -> float | None:
+    """Time-weighted mean of a sampled series, each value held until the next sample (rows
+    come at irregular times: per engine step, fast-forwarded spans, scrape ticks)."""
+    ok = np.isfinite(v) & np.isfinite(t)
+    t, v = t[ok], v[ok]
+    if v.size == 0:
+        return None
+    if v.size == 1 or t[-1] <= t[0]:
+        return float(v.mean())
+    w = np.diff(t)
+    return float(np.sum(v[:-1] * w) / np.sum(w))
+
+
+def server_stats(samples: pd.DataFrame) -> dict[str, dict[str, float | None] | None]:
+    """§6.4 server and GPU extras from samples.parquet.
+
+    ``server``: from ``engine`` rows when present (simulator / built-in engine telemetry),
+    else ``prometheus`` rows: ``kv_cache_usage_perc_{mean,max}`` (0..1, like vLLM's gauge),
+    ``num_requests_{waiting,running}_{mean,max}`` (time-weighted means),
+    ``preemptions_delta`` (last − first counter value). ``gpu``: per ``gpu_index``,
+    ``mem_used_{max,mean}_mib``, ``mem_total_mib``, ``util_mean_perc``. None when absent.
+    """
+    out: dict[str, dict[str, float | None] | None] = {"server": None, "gpu": None}
+    if len(samples) == 0 or "source" not in samples.columns:
+        return out
+    src = samples["source"].astype(str)
+    for name in ("engine", "prometheus"):
+        rows = samples[src == name]
+        if len(rows):
+            rows = rows.sort_values("t_s", kind="stable")
+            t = rows["t_s"].to_numpy(dtype=np.float64)
+            blk: dict[str, float | None] = {"source": name}  # type: ignore[dict-item]
+            for col, key in (
+                ("kv_usage", "kv_cache_usage_perc"),
+                ("num_waiting", "num_requests_waiting"),
+                ("num_running", "num_requests_running"),
+            ):
+                v = _col(rows, col)
+                fin = v[np.isfinite(v)]
+                blk[f"{key}_mean"] = _held_mean(t, v)
+                blk[f"{key}_max"] = float(fin.max()) if fin.size else None
+            p = _col(rows, "preemptions_total")
+            p = p[np.isfinite(p)]
+            blk["preemptions_delta"] = float(p[-1] - p[0]) if p.size else None
+            out["server"] = blk
+            break
+    g = samples[src == "gpu"]
+    if len(g):
+        gpus: dict[str, dict[str, float | None]] = {}
+        idx = (
+            g["gpu_index"].fillna(0).astype(np.int64)
+            if "gpu_index" in g.columns
+            else pd.Series(0, index=g.index)
+        )
+        for i, rows in g.groupby(idx):
+            rows = rows.sort_values("t_s", kind="stable")
+            t = rows["t_s"].to_numpy(dtype=np.float64)
+            used = _col(rows, "gpu_mem_used_mib")
+            tot = _col(rows, "gpu_mem_total_mib")
+            util = _col(rows, "gpu_util_perc")
+            fin = used[np.isfinite(used)]
+            gpus[str(i)] = {
+                "mem_used_max_mib": float(fin.max()) if fin.size else None,
+                "mem_used_mean_mib": _held_mean(t, used),
+                "mem_total_mib": float(np.nanmax(tot)) if np.isfinite(tot).any() else None,
+                "util_mean_perc": _held_mean(t, util),
+            }
+        out["gpu"] = gpus  # type: ignore[assignment]
+    return out

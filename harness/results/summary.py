@@ -10,7 +10,8 @@ max_concurrency``). Extras under our own names (§6.4): ``tbt_token_*_ms``,
 0.32.0's per-second-bucket variant; ``max_concurrent_requests`` is the exact sweep line of
 §6.2), ``send_lag_{p50,p99,max}_ms``,
 ``achieved_request_rate``, ``offered_request_rate``, ``schedule_kept``, ``valid``,
-``errors`` (failed requests by error kind), ``slo_attainment``, ``tiers.<name>`` and
+``errors`` (failed requests by error kind), ``slo_attainment``, ``tiers.<name>``,
+``server`` / ``gpu`` (from samples.parquet, :func:`metrics.server_stats`) and
 ``stability`` (from :mod:`harness.results.stability` when present).
 
 Decisions (where the specs leave room):
@@ -317,6 +318,7 @@ def compute_summary(
         tiers_out[name] = {**blk_head, **blk}
     out["tiers"] = tiers_out
 
+    out.update(M.server_stats(run.samples))
     if stability:
         out["stability"] = _stability(run)
     out["metrics_reference"] = VLLM_REFERENCE

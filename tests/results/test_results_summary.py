@@ -163,3 +163,51 @@ def test_console_tables(tier_run, make_run):
     con = Console(record=True, width=120)
     print_summary(compute_summary(read_run(make_run([])), stability=False), con)
     assert "0 / 0" in con.export_text()
+
+
+def test_server_and_gpu_blocks_from_samples(tmp_path):
+    from harness.results.rundir import RunWriter
+
+    rd = tmp_path / "r"
+    with RunWriter(rd, {}) as w:
+        for t, kv, wt, rn, pre in ((0, 0.1, 0, 1, 0), (1, 0.5, 4, 2, 2), (3, 0.2, 2, 3, 5)):
+            w.add_sample(
+                {
+                    "t_s": float(t),
+                    "source": "engine",
+                    "kv_usage": kv,
+                    "num_waiting": wt,
+                    "num_running": rn,
+                    "preemptions_total": pre,
+                }
+            )
+        w.add_sample({"t_s": 0.5, "source": "prometheus", "kv_usage": 0.9})  # engine wins
+        for t, used, util in ((0, 100.0, 10.0), (2, 300.0, 50.0)):
+            w.add_sample(
+                {
+                    "t_s": float(t),
+                    "source": "gpu",
+                    "gpu_index": 0,
+                    "gpu_mem_used_mib": used,
+                    "gpu_mem_total_mib": 1000.0,
+                    "gpu_util_perc": util,
+                }
+            )
+    s = compute_summary(read_run(rd), stability=False)
+    srv = s["server"]
+    assert srv["source"] == "engine"
+    # each value holds until the next sample: (0.1*1 + 0.5*2) / 3
+    assert srv["kv_cache_usage_perc_mean"] == pytest.approx(1.1 / 3)
+    assert srv["kv_cache_usage_perc_max"] == 0.5
+    assert srv["num_requests_waiting_mean"] == pytest.approx(8 / 3)
+    assert srv["num_requests_waiting_max"] == 4
+    assert srv["num_requests_running_mean"] == pytest.approx((1 * 1 + 2 * 2) / 3)
+    assert srv["preemptions_delta"] == 5
+    gpu = s["gpu"]["0"]
+    assert gpu["mem_used_max_mib"] == 300.0 and gpu["mem_used_mean_mib"] == 100.0
+    assert gpu["mem_total_mib"] == 1000.0 and gpu["util_mean_perc"] == 10.0
+
+
+def test_no_samples_no_server_block(make_run):
+    s = compute_summary(read_run(make_run([])), stability=False)
+    assert s["server"] is None and s["gpu"] is None
