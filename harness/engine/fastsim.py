@@ -107,9 +107,17 @@ def fast_simulate(
 
     def retire(keep: np.ndarray, R: int) -> int:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
-        k = int(np.count_nonzero(keep))
-        IA[:, :k] = IA[:, :R][:, keep]
-        FA[:, :k] = FA[:, :R][:, keep]
+        gone = np.flatnonzero(~keep)
+        if len(gone) <= 8:  # usually one or two: shift the tails left (memmove-speed slices)
+            for p in gone[::-1].tolist():
+                IA[:, p : R - 1] = IA[:, p + 1 : R]
+                FA[:, p : R - 1] = FA[:, p + 1 : R]
+                R -= 1
+            return R
+        idx = np.flatnonzero(keep)
+        k = len(idx)
+        IA[:, :k] = IA[:, idx]
+        FA[:, :k] = FA[:, idx]
         return k
 
     chunks = _Chunks(chunk_sink, chunk_flush_rows)
