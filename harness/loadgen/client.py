@@ -23,8 +23,13 @@ Token count per chunk (documented rule, anchors-harness.md §6.1 ``output_tokens
    ``output_tokens``.
 
 A request succeeds when the response is HTTP 200, at least one chunk arrived and the stream
-ended properly (``[DONE]``, or every choice reported a ``finish_reason``). Failures are
-classified with the ``ERROR_*`` kinds of :mod:`harness.results.schema` and never raise.
+ended properly (``[DONE]``, or a choice reported a ``finish_reason``). Failures are
+classified with the ``ERROR_*`` kinds of :mod:`harness.results.schema` and never raise:
+``connect`` (no connection / refused / connect timeout), ``http_status`` (non-200),
+``rejected`` (a 400/413/422 whose message says "rejected" or "context length": refused before
+running), ``timeout`` (no byte for ``timeout_s``), ``stream_cut`` (connection lost, or EOF
+before ``[DONE]``), ``bad_payload`` (invalid JSON, a non-object, or an ``error`` object
+in the stream), ``no_choices`` (200 but no chunk with choices), ``cancelled``.
 """
 
 from __future__ import annotations
@@ -261,7 +266,15 @@ async def stream_request(
                     )
                 except Exception:  # the status is the error; the body is only a hint
                     text = ""
-                res.fail(schema.ERROR_HTTP, f"HTTP {resp.status}: {text.strip()}")
+                kind = schema.ERROR_HTTP
+                low = text.lower()
+                if resp.status in (400, 413, 422) and (
+                    "rejected" in low or "context length" in low
+                ):
+                    # Refused before running: the built-in engine's "request rejected: ..."
+                    # (longer than KV capacity), vLLM's "maximum context length" 400.
+                    kind = schema.ERROR_REJECTED
+                res.fail(kind, f"HTTP {resp.status}: {text.strip()}")
                 return res
             dec = SSEDecoder()
             feed = dec.feed

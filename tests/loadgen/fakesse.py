@@ -7,7 +7,8 @@ Behaviour per request is chosen by the prompt text (``mode=<name>``; chat: the f
 - ``ok`` (default): ``max_tokens`` tokens, ``tokens_per_chunk`` per chunk, ``itl_s`` apart;
   usage per chunk when ``stream_options.continuous_usage_stats`` is set, a final usage chunk
   when ``include_usage`` is set, then ``[DONE]``. Chat streams start with a role-only chunk.
-- ``http500``: HTTP 500. ``cut``: two chunks, then the connection is dropped.
+- ``http500``: HTTP 500. ``reject``: HTTP 400 "request rejected: ..." (built-in engine).
+- ``cut``: two chunks, then the connection is dropped.
 - ``badjson``: one chunk, then a line that is not JSON. ``nochoices``: only ``[DONE]``.
 - ``usage+N``: like ok but the final usage claims N more completion tokens than streamed.
 - ``nousage``: like ok but never sends usage (even when asked).
@@ -69,6 +70,9 @@ class FakeServer:
         chat = "messages" in body
         if mode == "http500":
             return web.Response(status=500, text="boom")
+        if mode == "reject":
+            err = {"message": "request rejected: needs 9999 KV tokens", "type": "BadRequest"}
+            return web.json_response({"error": err}, status=400)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if mode == "hang":

@@ -175,11 +175,12 @@ async def test_failures_are_classified_and_nothing_else_is_lost(
     sse_server: FakeServer, tmp_path: Path
 ) -> None:
     prompts = [None, "mode=http500", "mode=cut", "mode=badjson", "mode=nochoices", None]
-    trace = make_trace(6, output_len=4, prompts=prompts)
+    prompts.append("mode=reject")
+    trace = make_trace(7, output_len=4, prompts=prompts)
     run = await replay(sse_server, trace, tmp_path / "run")
     assert run.meta["status"] == schema.STATUS_COMPLETE
     r = run.requests.set_index("req").sort_index()
-    assert len(r) == 6
+    assert len(r) == 7
     assert list(r["error_kind"].where(r["error_kind"].notna(), None)) == [
         None,
         schema.ERROR_HTTP,
@@ -187,10 +188,11 @@ async def test_failures_are_classified_and_nothing_else_is_lost(
         schema.ERROR_BAD_PAYLOAD,
         schema.ERROR_NO_CHOICES,
         None,
+        schema.ERROR_REJECTED,
     ]
     assert r.loc[1, "http_status"] == 500 and "boom" in r.loc[1, "error"]
     assert r.loc[2, "num_chunks"] == 2  # chunks before the cut are kept
-    assert list(r["success"]) == [True, False, False, False, False, True]
+    assert list(r["success"]) == [True, False, False, False, False, True, False]
     for i in (0, 5):
         _, tok = chunks_of(run, i)
         assert tok.sum() == 4
@@ -199,6 +201,7 @@ async def test_failures_are_classified_and_nothing_else_is_lost(
         "stream_cut": 1,
         "bad_payload": 1,
         "no_choices": 1,
+        "rejected": 1,
     }
 
 
