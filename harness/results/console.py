@@ -64,6 +64,16 @@ def overall_table(s: Mapping[str, Any]) -> Table:
     ]
     if s.get("slo_attainment") is not None:
         rows.append(("SLO attainment (all tiers)", _pct(s.get("slo_attainment"))))
+    srv = s.get("server")
+    if isinstance(srv, Mapping):
+        rows.append(
+            (
+                f"KV use mean / max ({srv.get('source')})",
+                f"{_pct(srv.get('kv_cache_usage_perc_mean'))} / "
+                f"{_pct(srv.get('kv_cache_usage_perc_max'))}",
+            )
+        )
+        rows.append(("preemptions", _num(srv.get("preemptions_delta"), ",.0f")))
     stab = s.get("stability")
     if isinstance(stab, Mapping) and stab.get("verdict"):
         rows.append(("stability", str(stab["verdict"])))

@@ -203,6 +203,9 @@ def test_server_and_gpu_blocks_from_samples(tmp_path):
     assert srv["num_requests_waiting_max"] == 4
     assert srv["num_requests_running_mean"] == pytest.approx((1 * 1 + 2 * 2) / 3)
     assert srv["preemptions_delta"] == 5
+    con = Console(record=True, width=120)
+    print_summary(s, con)
+    assert "36.7% / 50.0%" in con.export_text()  # KV use mean / max
     gpu = s["gpu"]["0"]
     assert gpu["mem_used_max_mib"] == 300.0 and gpu["mem_used_mean_mib"] == 100.0
     assert gpu["mem_total_mib"] == 1000.0 and gpu["util_mean_perc"] == 10.0
