@@ -32,6 +32,7 @@ tables until a part is written.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import threading
@@ -76,9 +77,24 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"run.json: value of type {type(o).__name__} is not JSON serialisable")
 
 
+def json_safe(o: Any) -> Any:
+    """Strict-JSON view of ``o``: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(o, dict):
+        return {k: json_safe(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [json_safe(v) for v in o]
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Atomically write ``obj`` as pretty JSON (numpy scalars, Paths and dataclasses allowed)."""
-    _atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, allow_nan=False))
+    """Atomically write ``obj`` as pretty strict JSON (NaN/inf become null; numpy scalars,
+    Paths and dataclasses allowed)."""
+    text = json.dumps(json_safe(obj), indent=2, default=_json_default, allow_nan=False)
+    _atomic_write_text(path, text)
 
 
 class _TableSink:
@@ -210,7 +226,12 @@ class RunWriter:
         if (self.run_dir / schema.RUN_JSON).exists():
             old = json.loads((self.run_dir / schema.RUN_JSON).read_text(encoding="utf-8"))
             if old.get("status") == schema.STATUS_RUNNING:
-                raise FileExistsError(f"{self.run_dir} holds a run that is still being written")
+                raise FileExistsError(
+                    f"{self.run_dir} holds a run that is still being written "
+                    "(or whose writer died: delete the folder to reuse it)"
+                )
+        for name in (schema.SUMMARY_JSON, schema.REPORT_HTML):  # derived from the old run
+            (self.run_dir / name).unlink(missing_ok=True)
         for name in (schema.REQUESTS_FILE, schema.CHUNKS_FILE, schema.SAMPLES_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
             shutil.rmtree(self.run_dir / (name + _PARTS_SUFFIX), ignore_errors=True)

@@ -43,7 +43,7 @@ import pandas as pd
 
 from harness.results import metrics as M
 from harness.results import schema
-from harness.results.rundir import Run, read_run, write_json
+from harness.results.rundir import Run, json_safe, read_run, write_json
 
 VLLM_REFERENCE = "vllm/benchmarks/serve.py@009e6d4a (anchors-harness.md §6)"
 
@@ -83,19 +83,6 @@ def _tiers_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     if isinstance(raw, Mapping):
         return {str(k): dict(v, name=str(k)) for k, v in raw.items()}
     return {str(d["name"]): dict(d) for d in raw}
-
-
-def _clean(o: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_clean(v) for v in o]
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return o
 
 
 def _duration(run: Run, rm: pd.DataFrame, cv: M.ChunkView) -> float:
@@ -322,7 +309,7 @@ def compute_summary(
     if stability:
         out["stability"] = _stability(run)
     out["metrics_reference"] = VLLM_REFERENCE
-    return _clean(out)
+    return json_safe(out)
 
 
 def _stability(run: Run) -> dict[str, Any] | None:

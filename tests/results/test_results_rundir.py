@@ -216,3 +216,15 @@ def test_flush_from_another_thread_loses_nothing(tmp_path):
             th.join(timeout=30)
     chunks = read_run(tmp_path / "r").chunks
     assert sorted(chunks["req"].tolist()) == list(range(3000))
+
+
+def test_nan_in_meta_becomes_null_and_old_summary_is_dropped(tmp_path):
+    rd = tmp_path / "r"
+    with RunWriter(rd, {"x": float("nan"), "y": np.float32(2.5), "z": (1, float("inf"))}):
+        pass
+    (rd / schema.SUMMARY_JSON).write_text("{}")
+    meta = json.loads((rd / "run.json").read_text())
+    assert meta["x"] is None and meta["y"] == 2.5 and meta["z"] == [1, None]
+    with RunWriter(rd, {}):  # a new run in the same folder must not inherit the old summary
+        pass
+    assert not (rd / schema.SUMMARY_JSON).exists()
