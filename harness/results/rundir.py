@@ -188,14 +188,14 @@ class _TableSink:
         """Merge the parts into the single final file, then drop the parts folder."""
         self.flush()
         parts = _list_parts(self.parts_dir)
-        tmp = self.final.with_name(self.final.name + ".tmp")
-        if len(parts) == 1:
-            os.replace(parts[0], tmp)
+        if len(parts) == 1:  # one atomic rename: the rows are always in a part or the file
+            os.replace(parts[0], self.final)
         else:
+            tmp = self.final.with_name(self.final.name + ".tmp")
             with pq.ParquetWriter(tmp, self.schema, compression=_COMPRESSION) as w:
                 for p in parts:  # stream part by part: memory stays at one part
                     w.write_table(pq.read_table(p, schema=self.schema))
-        os.replace(tmp, self.final)
+            os.replace(tmp, self.final)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
 
 
@@ -421,7 +421,7 @@ def _where(run_dir: Path, filename: str) -> str:
 def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) -> Run:
     """Load a run directory (complete, partial, or killed mid-way). ``chunks=False`` /
     ``samples=False`` skip those tables (empty frames) when only request-level data is
-    needed."""
+    needed; the summary needs the chunks (ITL, token buckets)."""
     run_dir = Path(run_dir)
     meta_path = run_dir / schema.RUN_JSON
     if not meta_path.is_file():
