@@ -69,6 +69,15 @@ def simulate(
         int | None, typer.Option(help="KV capacity in tokens (default: from the preset).")
     ] = None,
     num_blocks: Annotated[int | None, typer.Option(help="KV capacity in blocks.")] = None,
+    gpu_mem_gib: Annotated[
+        float | None, typer.Option(help="Derive KV from GPU memory (GiB) instead of the preset's.")
+    ] = None,
+    kv_bytes_per_token: Annotated[
+        int | None, typer.Option(help="Model KV bytes per token (Llama-2-7B fp16: 524288).")
+    ] = None,
+    model_weights_gib: Annotated[
+        float | None, typer.Option(help="Model weights, GiB (subtracted from GPU memory).")
+    ] = None,
     block_size: Annotated[int, typer.Option(help="KV block size, tokens.")] = 16,
     token_budget: Annotated[int, typer.Option(help="Max tokens per step.")] = 2048,
     max_num_seqs: Annotated[int, typer.Option(help="Max requests holding KV.")] = 256,
@@ -123,6 +132,9 @@ def simulate(
             block_size=block_size,
             kv_tokens=kv_tokens,
             num_blocks=num_blocks,
+            gpu_mem_gib=gpu_mem_gib,
+            kv_bytes_per_token=kv_bytes_per_token,
+            model_weights_gib=model_weights_gib,
             token_budget=token_budget,
             max_num_seqs=max_num_seqs,
             known_output_lengths=known_output_lengths,

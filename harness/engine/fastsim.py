@@ -89,7 +89,7 @@ def fast_simulate(
     total = config.total_blocks
     max_seqs = config.max_num_seqs
     # Running requests as parallel arrays in running (admission) order, first R slots used.
-    cap = max_seqs
+    cap = max(1, min(max_seqs, n))  # running never exceeds either
     IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
     FA = np.full((2, cap), np.nan)  # first / last token time
     Pr, Or, Cr, Mr, NBr, IDr = IA

@@ -454,6 +454,11 @@ class SimulateConfig(BaseModel):
                     hw[k] = getattr(self, k)
             if hw.get("gpu_mem_gib") and hw.get("kv_bytes_per_token"):
                 kw.update(hw)
+            elif self.gpu_mem_gib is not None or self.kv_bytes_per_token is not None:
+                raise ValueError(
+                    "sizing KV from GPU memory needs both gpu_mem_gib and kv_bytes_per_token "
+                    f"(the cost model {self.cost_model!r} has no hardware defaults)"
+                )
             else:
                 kw["kv_tokens"] = UNBOUNDED_KV_TOKENS
         return EngineConfig(**kw)

@@ -6,7 +6,8 @@ REC 5), deterministic sizes v_p = 129 prefill tokens and v_d = 112 decode iterat
 paper-faithful, so output_len = v_d + 1 because the prefill emits the first token), Poisson
 arrivals at rho = 0.9 of lambda* = (b/t_b)/(v_p+v_d) = 13.87 req/s.
 
-Expected: the work-conserving Sarathi and Orca keep a bounded backlog; vanilla vLLM (``vllm-v0``)
+Expected: the work-conserving Sarathi and Orca (and chunked-prefill vLLM v1, §2.3 table) keep a
+bounded backlog; vanilla vLLM (``vllm-v0``)
 and FasterTransformer grow without bound; FasterTransformer completes requests at the closed-form
 saturation rate mu_FT = n / (t(n v_p) + v_d t(n)), n = floor(b/v_p) = 3, i.e. 0.557 req/s.
 """
@@ -59,7 +60,7 @@ def runs() -> dict[str, object]:
     cost = get_cost_model("staircase")
     return {
         name: simulate(trace, make_policy(name), cost, cfg, stop_at_s=HORIZON_S)
-        for name in ("sarathi", "orca", "vllm-v0", "fastertransformer")
+        for name in ("sarathi", "orca", "vllm", "vllm-v0", "fastertransformer")
     } | {"rate": rate}
 
 
@@ -70,7 +71,7 @@ def test_closed_form_constants() -> None:
     assert mu == pytest.approx(0.557, abs=0.001)
 
 
-@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+@pytest.mark.parametrize("policy", ["sarathi", "orca", "vllm"])
 def test_work_conserving_policies_stay_bounded(runs, policy: str) -> None:
     slope, last = _backlog_slope(runs[policy])
     rate = runs["rate"]
