@@ -181,7 +181,11 @@ class _Stream:
     def push(self, n: int, t_sched: float) -> None:
         self.produced += n
         if self.direct and (self.hold_at < 0 or self.sent + n <= self.hold_at):
-            self._write_direct(n, t_sched)
+            try:
+                self._write_direct(n, t_sched)
+            except Exception as e:  # never let one socket take the engine loop down
+                self.direct = False
+                self.fail(f"write failed: {type(e).__name__}: {e}")
             return
         self.pending.append((n, t_sched))
         self._wake()
@@ -316,7 +320,7 @@ class EngineHost:
         self.streams: dict[str, _Stream] = {}
         self.t0 = clock.now()
         self._next_model: float | None = None
-        self._inbox: deque[tuple[str, int, int, dict[str, Any]]] = deque()
+        self._inbox: deque[tuple[_Stream, int, int, dict[str, Any]]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.error: str | None = None
@@ -361,8 +365,8 @@ class EngineHost:
             "ttft_slo_s": None if ttft is None else ttft * self.speed,
             "tbt_slo_s": None if tbt is None else tbt * self.speed,
         }
-        self._inbox.append((rid, req.prompt_len, req.max_tokens, kw))
         st = _Stream(rid=rid, max_tokens=req.max_tokens, arrival_wall=wall)
+        self._inbox.append((st, req.prompt_len, req.max_tokens, kw))
         self.streams[rid] = st
         self._wake.set()
         return st
@@ -378,9 +382,9 @@ class EngineHost:
         inbox = self._inbox
         core = self.core
         while inbox and inbox[0][3]["arrival_s"] <= m:
-            rid, plen, mtok, kw = inbox.popleft()
-            if rid in self.streams:  # not aborted while waiting in the inbox
-                core.add_request(rid, plen, mtok, **kw)
+            st, plen, mtok, kw = inbox.popleft()
+            if self.streams.get(st.rid) is st:  # not released while waiting in the inbox
+                core.add_request(st.rid, plen, mtok, **kw)
 
     def release(self, st: _Stream) -> None:
         """The handler is done with ``st``: abort it in the core if it is still running."""

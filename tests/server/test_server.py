@@ -209,7 +209,9 @@ async def test_token_times_follow_the_cost_model_schedule(session):
     )
     # The schedule itself is exact: absolute, back to back, never drifting.
     np.testing.assert_allclose(np.diff(due), durs[1:] / speed, rtol=0, atol=1e-9)
-    assert due[0] - t_send == pytest.approx(durs[0] / speed, abs=2e-3)  # + arrival latency
+    # The first token is due one prefill step after the server received the request; the
+    # delivery (connect + request) takes 0.1 ms idle, tens of ms on a loaded machine.
+    assert durs[0] / speed < due[0] - t_send < durs[0] / speed + 0.1
     # Its wall-clock realisation: bounded lateness. Loose bounds, since single steps are late
     # whenever the OS deschedules us (2 shared cores); bench_server.py measures it properly.
     late = recv - due
