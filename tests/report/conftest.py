@@ -51,9 +51,12 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Debian Chromium driven by Playwright (never downloads a browser)."""
+    """Headless Debian Chromium driven by Playwright (never downloads a browser).
+
+    Module-scoped on purpose: Playwright's sync API keeps an asyncio loop running in this
+    thread while it is started, which would break every async test collected after it."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed: run `bash scripts/setup-browser.sh`")
     sync_api = pytest.importorskip("playwright.sync_api")

@@ -143,3 +143,13 @@ def test_simulated_sweep_finds_capacity(tmp_path: Path) -> None:
     assert data["capacity"]["orca"]["capacity_rps"] == 3.0
     assert all((out / p["run_dir"] / "summary.json").is_file() for p in data["runs"])
     assert (out / "report.html").is_file()
+
+
+def test_all_failed_run_still_renders(tmp_path: Path) -> None:
+    """No successful request: no chunks, the latency panels say so instead of crashing."""
+    from harness.report.synthetic import write_synthetic_run
+
+    d = write_synthetic_run(tmp_path / "dead", num_requests=40, rate=2.0, fail_fraction=1.0)
+    html = write_report([d]).read_text(encoding="utf-8")
+    assert html.count("no data for this panel") == 3  # TTFT CDF, ITL, throughput
+    assert "http_status" in html  # the errors table
