@@ -131,6 +131,10 @@ def measure_rate(url: str, rate: float, duration_s: float, output_len: int) -> d
         "send_lag_p99_ms": _pct(send_lag, 99),
         "ttft_p99_ms": _pct(ttft, 99),
         "client_cpu_per_s": cpu / duration,
+        # CPU seconds per request is robust to a shared machine; its inverse is the rate one
+        # uncontended core could sustain for this client (server cost excluded).
+        "cpu_ms_per_req": cpu / max(1, len(r)) * 1000.0,
+        "errors": r["error_kind"].dropna().value_counts().to_dict(),
     }
 
 
@@ -185,14 +189,17 @@ def machine_load() -> str:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'offered':>8} {'achieved':>9} {'chunks/s':>9} {'lag p50':>8} {'lag p99':>8} "
-        f"{'send p99':>9} {'TTFT p99':>9} {'cpu/s':>6} {'failed':>6}"
+        f"{'send p99':>9} {'TTFT p99':>9} {'cpu/s':>6} {'cpu ms/req':>10} {'1-core cap':>10} "
+        f"{'failed':>6}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['offered_rps']:>8.0f} {r['achieved_rps']:>9.1f} {r['chunks_per_s']:>9.0f} "
             f"{r['lag_p50_ms']:>8.2f} {r['lag_p99_ms']:>8.2f} {r['send_lag_p99_ms']:>9.2f} "
-            f"{r['ttft_p99_ms']:>9.1f} {r['client_cpu_per_s']:>6.2f} {r['failed']:>6d}"
+            f"{r['ttft_p99_ms']:>9.1f} {r['client_cpu_per_s']:>6.2f} "
+            f"{r['cpu_ms_per_req']:>10.3f} {1000.0 / r['cpu_ms_per_req']:>10.0f} {r['failed']:>6d}"
+            + (f"  {r['errors']}" if r["errors"] else "")
         )
     return "\n".join(lines)
 

@@ -138,7 +138,7 @@ def _loads_all(payloads: list[bytes]) -> list[Any]:
     call per payload to name the bad one."""
     if len(payloads) > 1:
         try:
-            objs = json.loads(b"[" + b",".join(payloads) + b"]")
+            objs = json.loads("[" + b",".join(payloads).decode() + "]")
             if len(objs) == len(payloads):
                 return objs
         except ValueError:

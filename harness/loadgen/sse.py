@@ -37,11 +37,16 @@ class SSEDecoder:
             buf = self._buf + data if self._buf else data
         parts = buf.split(b"\n\n")
         self._buf = parts.pop()
+        # Fast path: every message is one ``data: `` line, the shape every OpenAI-compatible
+        # server writes; anything else (comments, other fields, multi-line data) goes the
+        # slow way, message by message, in order.
+        fast = [m[6:] for m in parts if m.startswith(b"data: ") and b"\n" not in m]
+        if len(fast) == len(parts):
+            return fast
         out: list[bytes] = []
         for msg in parts:
             if not msg:
                 continue
-            # Fast path: one data line, the shape every OpenAI-compatible server writes.
             if msg.startswith(b"data: ") and b"\n" not in msg:
                 out.append(msg[6:])
                 continue
