@@ -302,3 +302,28 @@ def thresholds_from_trace(
             batch_limit=batch_limit,
         )
     raise ValueError("kind must be 'wait' or 'nested'")
+
+
+def thresholds_for_trace(
+    trace: Any,
+    cost_model: Any,
+    *,
+    kind: str = "wait",
+    rate: float | None = None,
+    **kw: Any,
+) -> WaitThresholds | NestedThresholds:
+    """:func:`thresholds_from_trace` for a :class:`harness.workload.trace.Trace` (or cost-model
+    name); ``rate`` defaults to the trace's own mean arrival rate."""
+    if isinstance(cost_model, str):
+        from harness.engine.costmodel import get_cost_model
+
+        cost_model = get_cost_model(cost_model)
+    df = trace.df
+    if rate is None:
+        span = float(df["arrival_s"].max() - df["arrival_s"].min())
+        if span <= 0:
+            raise ValueError("the trace has no arrival span: pass rate=")
+        rate = (len(df) - 1) / span
+    return thresholds_from_trace(
+        df["prompt_len"].to_numpy(), df["output_len"].to_numpy(), rate, cost_model, kind=kind, **kw
+    )

@@ -115,3 +115,31 @@ def test_wait_memory_formula():
     types = [FluidType(10, 10, 1.0), FluidType(10, 20, 1.0)]
     assert wait_memory(types, [3, 2]) == pytest.approx(3 * 11 * 15 + 2 * 21 * 20)
     assert math.isfinite(wait_thresholds(types, 0.01, 1e-4).step_s)
+
+
+def test_thresholds_for_trace_end_to_end():
+    import pandas as pd
+
+    from harness.policies.thresholds import thresholds_for_trace
+    from harness.workload.tiers import parse_tiers
+    from harness.workload.trace import Trace
+
+    rng = np.random.default_rng(0)
+    n = 400
+    df = pd.DataFrame(
+        {
+            "request_id": [f"r{i}" for i in range(n)],
+            "arrival_s": np.cumsum(rng.exponential(1 / 1.0, n)),
+            "prompt_len": rng.integers(10, 200, n),
+            "output_len": rng.integers(1, 300, n),
+            "tier": "d",
+        }
+    )
+    trace = Trace.from_frame(df, parse_tiers("d:1.0"))
+    w = thresholds_for_trace(trace, "linear", kind="wait", num_types=4)
+    assert len(w.output_lens) == len(w.thresholds) <= 4
+    assert w.output_lens[-1] == int(df.output_len.max())
+    assert w.feasible  # 1 req/s is fluid-stable on the linear preset
+    nst = thresholds_for_trace(trace, "linear", kind="nested", edges=[50, 150, 300])
+    assert nst.edges == [50, 150, 300]
+    assert nst.thresholds[0] >= nst.thresholds[-1]
