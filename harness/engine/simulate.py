@@ -327,7 +327,9 @@ def requests_table(trace: Trace, res: SimResult) -> pa.Table:
     msg = np.full(n, None, dtype=object)
     kind[res.status == 2] = schema.ERROR_REJECTED
     kind[res.status == 0] = schema.ERROR_CANCELLED
-    msg[res.status == 0] = "still in flight when the simulation stopped"
+    pending = res.status == 0
+    msg[pending] = "still in flight when the simulation stopped"
+    msg[pending & (arr > res.end_s)] = "not yet arrived when the simulation stopped"
     for j, m in res.errors.items():
         msg[j] = m
     return pa.table(
