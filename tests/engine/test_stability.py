@@ -95,3 +95,28 @@ def test_fastertransformer_saturates_at_mu_ft(runs) -> None:
     assert done == pytest.approx(MU_FT * HORIZON_S, rel=0.1)  # ~167 (Appendix B: 163)
     slope, _ = _backlog_slope(res)
     assert slope == pytest.approx(runs["rate"] - MU_FT, rel=0.15)
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+def test_above_capacity_backlog_grows_at_fluid_rate(policy: str) -> None:
+    """Thm 1(b) / Appendix A.2: at 1.1 lambda* with (v_p, v_d) = (100, 100), the token backlog of
+    a work-conserving policy grows at Lambda - C = 0.334 tokens/ms (3rd-party 0.338 +- 0.046;
+    Appendix B own check 0.338)."""
+    vp, vd, horizon = 100, 100, 120.0
+    cap_tok = B / _t(B)  # tokens/s
+    rate = 1.1 * cap_tok / (vp + vd)
+    rng = np.random.default_rng(3)
+    arr = np.cumsum(rng.exponential(1.0 / rate, int(rate * horizon * 1.2)))
+    arr = arr[arr < horizon]
+    trace = make_trace(arr, np.full(len(arr), vp), np.full(len(arr), vd + 1))
+    cfg = EngineConfig(kv_tokens=1 << 26, token_budget=B, max_num_seqs=1 << 20)
+    res = simulate(trace, make_policy(policy), get_cost_model("staircase"), cfg, stop_at_s=horizon)
+    t = np.asarray(res.samples["t_s"])
+    served = np.cumsum(np.asarray(res.samples["prefill_tokens"]) + res.samples["decode_tokens"])
+    arrived = (vp + vd) * np.searchsorted(arr, t, side="right")
+    backlog = arrived - served
+    half = t >= horizon / 2
+    slope_tok_ms = float(np.polyfit(t[half], backlog[half], 1)[0]) / 1000.0
+    fluid = (rate * (vp + vd) - cap_tok) / 1000.0
+    assert fluid == pytest.approx(0.334, abs=0.002)
+    assert slope_tok_ms == pytest.approx(fluid, rel=0.15), slope_tok_ms
