@@ -100,7 +100,39 @@ def _start_server(step: float) -> tuple[subprocess.Popen, str]:
     return proc, m.group(1)
 
 
+def machine_floor(seconds: float = 2.0, period: float = 0.005) -> dict[str, float]:
+    """Lateness of a bare asyncio loop waking every ``period`` with the server's own
+    sleep-then-yield method, and nothing else to do: the scheduling noise of this machine.
+    No server can emit more punctually than this floor."""
+
+    async def run() -> list[float]:
+        now = time.perf_counter
+        t = now()
+        late = []
+        for _ in range(int(seconds / period)):
+            t += period
+            d = t - now() - 1e-3
+            if d > 0:
+                await asyncio.sleep(d)
+            while now() < t:
+                await asyncio.sleep(0)
+            late.append(now() - t)
+        return late
+
+    a = np.array(asyncio.run(run())) * 1e3
+    return {
+        "floor_p50_ms": float(np.percentile(a, 50)),
+        "floor_p99_ms": float(np.percentile(a, 99)),
+    }
+
+
 def rate_sweep(args: argparse.Namespace) -> None:
+    floor = machine_floor()
+    print(
+        f"machine floor (bare asyncio loop waking every 5 ms): p50 {floor['floor_p50_ms']:.2f} ms,"
+        f" p99 {floor['floor_p99_ms']:.2f} ms",
+        flush=True,
+    )
     rows = []
     for step_ms in (float(x) for x in args.step_ms.split(",")):
         step = step_ms / 1000.0
