@@ -57,6 +57,9 @@ def sweep(
         str | None, typer.Option(help="Cost model preset or file (simulator / built-in).")
     ] = None,
     kv_tokens: Annotated[int | None, typer.Option(help="KV capacity, tokens.")] = None,
+    speed: Annotated[
+        float | None, typer.Option(help="Live built-in engine: wall-clock speed-up factor.")
+    ] = None,
     arrival: Annotated[str, typer.Option(help="poisson, gamma or constant.")] = "poisson",
     burstiness: Annotated[float, typer.Option(help="Gamma shape; 1 = Poisson.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
@@ -105,12 +108,13 @@ def sweep(
     else:
         base["duration_s"] = duration
         if target is not None:
-            if cost_model is not None or kv_tokens is not None:
-                fail("--cost-model / --kv-tokens only apply to the built-in engine (drop --target)")
+            if cost_model is not None or kv_tokens is not None or speed is not None:
+                fail("--cost-model/--kv-tokens/--speed only apply to the built-in engine")
             base["target"] = target
         else:
             base["cost_model"] = cost_model
             base["kv_tokens"] = kv_tokens
+            base["speed"] = speed
         try:
             from harness.loadgen.replay import ReplayConfig
 
