@@ -117,6 +117,8 @@ def test_above_capacity_backlog_grows_at_fluid_rate(policy: str) -> None:
     backlog = arrived - served
     half = t >= horizon / 2
     slope_tok_ms = float(np.polyfit(t[half], backlog[half], 1)[0]) / 1000.0
-    fluid = (rate * (vp + vd) - cap_tok) / 1000.0
-    assert fluid == pytest.approx(0.334, abs=0.002)
-    assert slope_tok_ms == pytest.approx(fluid, rel=0.15), slope_tok_ms
+    assert (rate * (vp + vd) - cap_tok) / 1000.0 == pytest.approx(0.334, abs=0.002)
+    # oracle on the realised arrivals of the window: Lambda_hat - C (one seed's Poisson noise)
+    lam_hat = float(np.polyfit(t[half], arrived[half], 1)[0])
+    fluid = (lam_hat - cap_tok) / 1000.0
+    assert slope_tok_ms == pytest.approx(fluid, rel=0.1), (slope_tok_ms, fluid)
