@@ -28,7 +28,9 @@ Decisions on the spec's ambiguities (seed-mcsf.md §7):
   estimate becomes ``generated + overrun_extra``. Overflow (REC b) is left to the host,
   which preempts from the end of the run order = the most recently started request.
 * Compute caps: MC-SF has none; admission also stops at the step's token budget and
-  ``max_num_seqs`` so the plan is never clipped.
+  ``max_num_seqs`` so the plan is never clipped; a prompt longer than the budget left is
+  admitted with a first chunk (its KV timeline then starts later than the check assumed,
+  by the extra prefill steps; exact when the budget exceeds every prompt).
 """
 
 from __future__ import annotations
@@ -153,9 +155,9 @@ class MCSFPolicy(BasePolicy):
         admit: list[tuple[str, int]] = []
         seqs = len(running)
         for r in cands:
-            need = remaining_tokens(r)
-            if seqs >= view.max_num_seqs or tokens_used + need > view.token_budget:
+            if seqs >= view.max_num_seqs or tokens_used >= view.token_budget:
                 break  # compute caps: wait for the next step, keep the order
+            need = min(remaining_tokens(r), view.token_budget - tokens_used)  # chunked if long
             ok = future_peak_ok(
                 np.array(base + [r.num_tokens], dtype=np.int64),
                 np.array(end + [self._last_step(r)], dtype=np.int64),

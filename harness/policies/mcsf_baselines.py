@@ -95,11 +95,12 @@ class _AlphaProtection(BasePolicy):
             need = remaining_tokens(r)
             if used + need > (1.0 - self.alpha) * capacity:
                 break
-            if seqs >= view.max_num_seqs or tokens + need > view.token_budget:
+            if seqs >= view.max_num_seqs or tokens >= view.token_budget:
                 break
-            admit.append((r.request_id, need))
+            chunk = min(need, view.token_budget - tokens)  # long prompts start chunked
+            admit.append((r.request_id, chunk))
             used += -(-need // bs) * bs
-            tokens += need
+            tokens += chunk
             seqs += 1
         return Plan(run=run, admit=admit, preempt=preempt)
 

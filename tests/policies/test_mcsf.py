@@ -137,3 +137,16 @@ def test_alpha_admission_threshold():
     waiting = [FakeReq(f"w{i}", 30, 5, arrival_s=i) for i in range(4)]
     plan = make_policy("mcsf-alpha", alpha=0.25).schedule(make_view(waiting, total_blocks=100))
     assert [r for r, _ in plan.admit] == ["w0", "w1"]  # 60 <= 75 < 90
+
+
+def test_prompt_longer_than_budget_is_chunked_not_stuck():
+    big = FakeReq("big", 3000, 10)
+    for name in ("mcsf", "mcsf-alpha", "mcsf-alpha-beta"):
+        plan = make_policy(name).schedule(make_view([big], total_blocks=100_000, token_budget=2048))
+        assert plan.admit == [("big", 2048)], name
+    core, _ = drive(
+        make_policy("mcsf"),
+        [{"request_id": "x", "arrival_s": 0.0, "prompt_len": 5000, "max_tokens": 5}],
+        token_budget=1024,
+    )
+    assert core.num_finished == 1
