@@ -42,14 +42,15 @@ def test_idle_engine_jumps_to_next_arrival() -> None:
     assert res.num_steps == 2
 
 
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "vllm-v0", "fastertransformer"])
-def test_fast_forward_is_exact(policy: str) -> None:
+def test_fast_forward_is_exact(policy: str, kernel: str) -> None:
     # Tight KV forces preemptions; results must be identical with and without fast-forward.
     tr = poisson_trace(150, 8.0, seed=3, pmax=120, omax=200)
     cfg = EngineConfig(kv_tokens=4096, token_budget=256, max_num_seqs=32, block_size=16)
     cost = get_cost_model("a100-llama2-7b")
-    a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True)
-    b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False)
+    a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True, kernel=kernel)
+    b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False, kernel=kernel)
     assert a.num_steps == b.num_steps
     assert a.num_calls <= b.num_calls
     np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
