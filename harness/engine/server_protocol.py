@@ -34,6 +34,9 @@ FILLER_WORDS = (
 )  # fmt: skip
 
 
+_SPACED = tuple(" " + w for w in FILLER_WORDS)
+
+
 class RequestError(ValueError):
     """A client error: HTTP ``status`` with a message that names the offending ``param``."""
 
@@ -247,7 +250,9 @@ def _count_prompt(prompt: Any) -> int:
 def filler_text(start: int, n: int, salt: int = 0) -> str:
     """``n`` deterministic filler words, each with a leading space (one token per word)."""
     k = len(FILLER_WORDS)
-    return "".join(" " + FILLER_WORDS[(salt + start + i) % k] for i in range(n))
+    if n == 1:
+        return _SPACED[(salt + start) % k]
+    return "".join(_SPACED[(salt + start + i) % k] for i in range(n))
 
 
 class StreamEncoder:
