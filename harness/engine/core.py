@@ -32,10 +32,6 @@ ABORTED = 3
 REJECTED = 4
 
 
-class RejectedRequest(ValueError):
-    """A request that can never be served (e.g. longer than the KV capacity)."""
-
-
 class EngineRequest:
     """One request's state; satisfies :class:`harness.policies.base.RequestView`."""
 
@@ -617,6 +613,6 @@ __all__ = [
     "EngineConfig",
     "EngineCore",
     "EngineRequest",
-    "RejectedRequest",
     "StepOutcome",
+    "fit_problem",
 ]
