@@ -58,6 +58,8 @@ async def run_level(url: str, conc: int, steps: int, warm_steps: int) -> dict:
     ) as s:
         async with s.post(url + "/harness/stats/reset") as r:
             await r.read()
+        async with s.get(url + "/harness/stats") as r:
+            cpu0 = (await r.json())["cpu_s"]
         late: list[float] = []
         counts: list[int] = []
         t0 = time.perf_counter()
@@ -79,6 +81,7 @@ async def run_level(url: str, conc: int, steps: int, warm_steps: int) -> dict:
         "client_recv_p50_ms": float(np.percentile(lat, 50) * 1e3),
         "client_recv_p99_ms": float(np.percentile(lat, 99) * 1e3),
         "resyncs": stats["resyncs"],
+        "server_cpu_us_per_token": (stats["cpu_s"] - cpu0) / max(sum(counts), 1) * 1e6,
     }
 
 

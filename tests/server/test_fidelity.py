@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 # Above this server step lateness (p99, ms) the host was starved of CPU (2 shared cores) and
 # the comparison measures the machine, not the server: the run is repeated, then skipped.
-MAX_STEP_LATENESS_P99_MS = 3.0
+MAX_STEP_LATENESS_P99_MS = 10.0
 
 
 async def test_simulate_and_replay_agree(tmp_path: Path):
