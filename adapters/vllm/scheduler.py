@@ -49,15 +49,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import vllm
-from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
-
 from adapters.vllm import SUPPORTED_VLLM_VERSION
 from adapters.vllm.config import PolicyChoice, build_policy, resolve_policy
 from adapters.vllm.steplog import StepLog
 from adapters.vllm.view import VllmRequestView
 from harness.policies.base import KVView, Plan, StepReport, View
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
 
 logger = logging.getLogger("harness.adapters.vllm")
 
@@ -100,7 +99,8 @@ class HarnessScheduler(Scheduler):
         _check_version()
         if self.scheduler_config.async_scheduling:
             raise RuntimeError(
-                "HarnessScheduler needs synchronous scheduling: start vLLM with --no-async-scheduling"
+                "HarnessScheduler needs synchronous scheduling: "
+                "start vLLM with --no-async-scheduling"
             )
         if self.policy != SchedulingPolicy.FCFS:
             self.policy = SchedulingPolicy.FCFS

@@ -110,6 +110,7 @@ class VllmRequestView:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
-            f"VllmRequestView({self.request_id!r}, tier={self.tier}, prompt={self.num_prompt_tokens},"
-            f" out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})"
+            f"VllmRequestView({self.request_id!r}, tier={self.tier},"
+            f" prompt={self.num_prompt_tokens}, out={self.num_output_tokens}/{self.max_tokens},"
+            f" computed={self.num_computed_tokens})"
         )

@@ -31,6 +31,9 @@ def _corpus() -> list[str]:
             continue
     # Plain English too, so chat-style prompts tokenize to a realistic number of tokens.
     texts.append(("the quick brown fox jumps over the lazy dog. " * 50).strip())
+    # The load generator's filler prompt is "hi hi hi ..." (harness.loadgen.dispatcher
+    # .synthetic_prompt): make " hi" one token so prompt lengths come out exact.
+    texts.extend(["hi" + " hi" * 400] * 20)
     return texts
 
 

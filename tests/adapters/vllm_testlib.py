@@ -1,0 +1,41 @@
+"""Helpers for the vLLM adapter tests: where the vLLM venv lives, and a clean skip without it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_PY = VLLM_VENV / "bin" / "python"
+TINY_MODEL = ROOT / ".cache" / "tiny-llama"
+SETUP_CMD = "scripts/vllm-cpu/setup.sh"
+
+
+def vllm_missing_reason() -> str | None:
+    """Why the real-vLLM tests cannot run here, or None when they can."""
+    if not (VLLM_PY.exists() and (VLLM_VENV / ".harness-ok").exists()):
+        return f"vLLM-CPU venv missing ({VLLM_VENV}); run {SETUP_CMD}"
+    if not (TINY_MODEL / "config.json").exists():
+        return f"tiny model missing ({TINY_MODEL}); run {SETUP_CMD}"
+    return None
+
+
+requires_vllm = pytest.mark.skipif(
+    vllm_missing_reason() is not None, reason=vllm_missing_reason() or ""
+)
+
+
+def run_in_vllm_venv(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet with the vLLM venv's interpreter (repo root on the path)."""
+    return subprocess.run(
+        [str(VLLM_PY), "-c", code],
+        cwd=str(ROOT),
+        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
