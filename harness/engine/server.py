@@ -558,7 +558,10 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     cfg = app[CFG_KEY]
     try:
         req = parse_request(await _read_json(request), chat=chat)
-        rid = host.unique_id(request.headers.get("x-request-id"))
+        wanted = request.headers.get("x-request-id")
+        if wanted is not None and not 0 < len(wanted) <= 256:
+            raise RequestError("x-request-id must be 1..256 characters", "x-request-id")
+        rid = host.unique_id(wanted)
         plan = choose_fault(app[SPEC_KEY], rid, req.max_tokens)
         if plan is not None and plan.kind == "error":
             _log_fault(app, rid, plan)

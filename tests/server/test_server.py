@@ -122,6 +122,31 @@ async def test_bad_requests_get_400_naming_the_field(session, path, body, param)
         assert "4096" in err["message"]  # the KV capacity rule's reason
 
 
+async def test_overlong_request_id_is_rejected(session):
+    async with (
+        embedded(policy=TEST_POLICY) as url,
+        session.post(
+            url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 1},
+            headers={"x-request-id": "r" * 300},
+        ) as r,
+    ):
+        assert r.status == 400
+        assert (await r.json())["error"]["param"] == "x-request-id"
+
+
+async def test_duplicate_request_ids_do_not_collide(session):
+    async with embedded(policy=TEST_POLICY) as url:
+        body = {"prompt": "x", "max_tokens": 3}
+        hdr = {"x-request-id": "same"}
+        rs = await asyncio.gather(
+            *(session.post(url + "/v1/completions", json=body, headers=hdr) for _ in range(3))
+        )
+        bodies = [await r.json() for r in rs]
+    assert all(r.status == 200 for r in rs)
+    assert len({b["id"] for b in bodies}) == 3
+
+
 async def test_api_key_required_on_api_paths(session):
     async with embedded(policy=TEST_POLICY, api_key="s3cret") as url:
         body = {"prompt": "x", "max_tokens": 1}
