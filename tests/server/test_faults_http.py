@@ -163,3 +163,24 @@ async def test_replay_failures_match_the_fault_log_exactly(tmp_path: Path):
     assert failed == injected
     ok = reqs[reqs["success"]]
     assert (ok["output_tokens"] == ok["output_len"]).all()
+
+
+@pytest.mark.parametrize("kind", ["drop", "malformed", "error"])
+async def test_non_streaming_faults(session, kind):
+    body = {"prompt": "a b", "max_tokens": 4}
+    async with embedded(policy=TEST_POLICY, faults=f"{kind}=1.0") as url:
+        try:
+            async with session.post(url + "/v1/completions", json=body) as r:
+                status, text = r.status, await r.text()
+        except aiohttp.ClientError as e:
+            status, text = None, type(e).__name__
+        log = await _faults(session, url)
+    assert [e["kind"] for e in log] == [kind]
+    if kind == "drop":
+        assert status is None  # connection closed without a response
+    elif kind == "malformed":
+        assert status == 200
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+    else:
+        assert status == 500
