@@ -38,16 +38,17 @@ class SarathiPolicy(BasePolicy):
             if self.chunk_size is None
             else min(view.token_budget, self.chunk_size)
         )
+        all_granted = True  # every decode got its token
         decoding, prefilling = split_running(view.running)
+        # Every running request is listed (0 tokens once the budget is spent) so the whole
+        # running set stays in the run order that KV preemption takes victims from.
         run: list[tuple[str, int]] = []
         for r in decoding:
-            if budget <= 0:
-                break
-            run.append((r.request_id, 1))
-            budget -= 1
+            g = 1 if budget > 0 else 0
+            run.append((r.request_id, g))
+            budget -= g
+            all_granted = all_granted and g == 1
         for r in prefilling:
-            if budget <= 0:
-                break
             n = min(r.num_tokens - r.num_computed_tokens, budget)
             run.append((r.request_id, n))
             budget -= n
@@ -55,5 +56,5 @@ class SarathiPolicy(BasePolicy):
         seats = view.max_num_seqs - len(view.running)
         if view.waiting and budget > 0 and seats > 0:
             admit = admit_list(view, budget, seats, order=self.order)
-        steady = not prefilling and not admit and len(run) == len(view.running)
+        steady = not prefilling and not admit and all_granted
         return Plan(run=run, admit=admit, steady=steady)

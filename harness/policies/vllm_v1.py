@@ -44,10 +44,11 @@ class VLLMV1Policy(BasePolicy):
                 if cap and n > cap:
                     n = cap
             if n > budget:
-                n = budget
-            if n > 0:
-                run.append((r.request_id, n))
-                budget -= n
+                n = budget  # 0 once the budget is spent: listed anyway, so it stays in the
+            run.append((r.request_id, n))  # run order that KV preemption picks victims from
+            budget -= n
+            if n == 0:
+                all_decode = False
         seats = view.max_num_seqs - len(view.running)
         admit: list[tuple[str, int]] = []
         if view.waiting and budget > 0 and seats > 0:
@@ -57,5 +58,5 @@ class VLLMV1Policy(BasePolicy):
             )
             if cap:
                 admit = [(rid, min(n, cap)) for rid, n in admit]
-        steady = all_decode and not admit and len(run) == len(view.running)
+        steady = all_decode and not admit
         return Plan(run=run, admit=admit, steady=steady)
