@@ -45,7 +45,11 @@ def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
     from harness.policies.vllm_v1 import VLLMV1Policy
 
     if type(policy) is VLLMV1Policy:
-        if policy.long_prefill_token_threshold == 0 and policy.chunked_prefill:
+        if (
+            policy.long_prefill_token_threshold == 0
+            and policy.chunked_prefill
+            and policy.scheduling_policy == "fcfs"
+        ):
             return config.token_budget
         return None
     if type(policy) is SarathiPolicy and policy.order == "fcfs":

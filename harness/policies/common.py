@@ -27,12 +27,17 @@ def split_running(
 
 def ordered_waiting(view: View, order: str) -> Iterable[RequestView]:
     """Waiting requests in admission order: ``fcfs`` keeps the host's queue order (preempted at
-    the front, then arrivals); ``spf`` sorts by remaining prefill (shortest first, FCFS ties)."""
+    the front, then arrivals); ``spf`` sorts by remaining prefill (shortest first, FCFS ties);
+    ``priority`` sorts by (priority, arrival)."""
     if order == "fcfs":
         return view.waiting
     if order == "spf":
         return sorted(view.waiting, key=lambda r: r.num_tokens - r.num_computed_tokens)
-    raise ValueError(f"unknown admission order {order!r} (fcfs, spf)")
+    if order == "priority":
+        # vLLM PriorityRequestQueue: smaller priority first, ties by earlier arrival; preempted
+        # requests are re-sorted, not put at the front (anchors-engines.md §1.8)
+        return sorted(view.waiting, key=lambda r: (r.priority, r.arrival_s))
+    raise ValueError(f"unknown admission order {order!r} (fcfs, spf, priority)")
 
 
 def admit_list(

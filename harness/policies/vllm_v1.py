@@ -11,6 +11,12 @@ Rules (anchors-engines.md §1.4, ``Scheduler.schedule()``):
   not fit blocks the rest. With chunked prefill disabled a prompt larger than the budget left
   stops admission.
 
+``scheduling_policy="priority"`` follows vLLM's ``--scheduling-policy priority`` (§1.8): waiting
+sorted by (priority, arrival), and the KV victim is the running request with the largest
+(priority, arrival). The contract takes victims from the tail of the run order, so the run
+order is sorted by (priority, arrival) too; vLLM iterates running in admission order, so the
+two differ only in which request the budget clips when running requests alone exhaust it.
+
 ``steady`` is set when every running request decodes and nobody can be admitted (waiting is
 empty, or the head cannot get a seat or its first chunk's KV).
 """
@@ -26,18 +32,32 @@ from harness.policies.registry import register
 class VLLMV1Policy(BasePolicy):
     """vLLM v1 default: running first in order, chunked prefill within the budget, FCFS."""
 
-    def __init__(self, long_prefill_token_threshold: int = 0, chunked_prefill: bool = True):
+    def __init__(
+        self,
+        long_prefill_token_threshold: int = 0,
+        chunked_prefill: bool = True,
+        scheduling_policy: str = "fcfs",
+    ):
         if long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be fcfs or priority, not {scheduling_policy!r}"
+            )
         self.long_prefill_token_threshold = int(long_prefill_token_threshold)
         self.chunked_prefill = bool(chunked_prefill)
+        self.scheduling_policy = scheduling_policy
 
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget
         cap = self.long_prefill_token_threshold
         run: list[tuple[str, int]] = []
         all_decode = True
-        for r in view.running:
+        running = view.running
+        if self.scheduling_policy == "priority":
+            # the run order's tail is the KV victim: vLLM picks max((priority, arrival_time))
+            running = sorted(running, key=lambda r: (r.priority, r.arrival_s))
+        for r in running:
             n = r.num_tokens - r.num_computed_tokens
             if n != 1 or r.num_output_tokens == 0:
                 all_decode = False
@@ -54,7 +74,12 @@ class VLLMV1Policy(BasePolicy):
         if view.waiting and budget > 0 and seats > 0:
             # KV that pass 1 will allocate is unknown here; the host enforces it exactly.
             admit = admit_list(
-                view, budget, seats, whole=not self.chunked_prefill, free_blocks=None
+                view,
+                budget,
+                seats,
+                order=self.scheduling_policy,
+                whole=not self.chunked_prefill,
+                free_blocks=None,
             )
             if cap:
                 admit = [(rid, min(n, cap)) for rid, n in admit]

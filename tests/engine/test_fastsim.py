@@ -67,3 +67,4 @@ def test_only_exact_policies_take_the_fast_kernel() -> None:
     assert fast_budget(make_policy("sarathi", order="spf"), cfg) is None
     assert fast_budget(make_policy("vllm", long_prefill_token_threshold=8), cfg) is None
     assert fast_budget(make_policy("orca"), cfg) is None
+    assert fast_budget(make_policy("vllm", scheduling_policy="priority"), cfg) is None

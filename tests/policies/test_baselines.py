@@ -166,3 +166,24 @@ def test_steady_only_for_pure_decode(name: str) -> None:
     assert isinstance(plan, Plan) and not plan.steady
     t = core.step(0.0).end_s
     assert core.policy.schedule(core.view(t)).steady
+
+
+def test_vllm_priority_mode_admits_and_evicts_by_priority() -> None:
+    cfg = EngineConfig(num_blocks=6, block_size=4, token_budget=64, max_num_seqs=8)
+    core = EngineCore(
+        make_policy("vllm", scheduling_policy="priority"), AffineCostModel(base_s=1.0), cfg
+    )
+    core.add_request("free-old", 4, 12, arrival_s=0.0, priority=1)
+    core.add_request("paid-new", 4, 12, arrival_s=0.5, priority=0)
+    out = core.step(1.0)
+    assert [rid for rid, _, _ in out.scheduled] == ["paid-new", "free-old"]  # priority first
+    core.add_request("paid-2", 4, 12, arrival_s=1.5, priority=0)
+    t = out.end_s
+    preempted: list[str] = []
+    while core.has_work() and not preempted:
+        out = core.step(t)
+        preempted = out.preempted
+        t = out.end_s
+    assert preempted and preempted[0] == "free-old"  # max (priority, arrival) is the victim
+    with pytest.raises(ValueError):
+        make_policy("vllm", scheduling_policy="edf")
