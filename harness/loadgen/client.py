@@ -87,11 +87,16 @@ class RequestResult:
 
 
 def make_session(
-    *, limit: int = 0, timeout_s: float | None = None, connect_timeout_s: float = 10.0
+    *, limit: int = 0, timeout_s: float | None = None, connect_timeout_s: float | None = None
 ) -> aiohttp.ClientSession:
     """The ONE session a run uses: keep-alive pool (``limit`` 0 = unbounded, else the
     concurrency cap, like vLLM's ``TCPConnector(limit=max_concurrency or 0)``), large read
-    buffer, and ``timeout_s`` as the longest silence allowed between bytes."""
+    buffer, and ``timeout_s`` as the longest silence allowed between bytes. The connect
+    timeout defaults to ``timeout_s`` too: under overload the accept queue (or this client's
+    own loop) is slow, and a short connect timeout would turn overload into connect errors;
+    an unreachable target is caught by the readiness check instead."""
+    if connect_timeout_s is None:
+        connect_timeout_s = timeout_s
     connector = aiohttp.TCPConnector(
         limit=limit, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300
     )
