@@ -43,9 +43,9 @@ EDGES = list(range(50, 501, 50))
 def _engine(budget: int, seqs: int, kv_tokens: int | None = None) -> Any:
     from harness.engine.config import EngineConfig
 
-    if kv_tokens is not None:
+    if kv_tokens is not None:  # token-exact KV (block 1), the papers' memory model
         return EngineConfig(
-            block_size=16,
+            block_size=1,
             kv_tokens=kv_tokens,
             token_budget=budget,
             max_num_seqs=seqs,
@@ -147,7 +147,7 @@ def run(
             )
         rows += _run_workload(out_dir, name, trace, cm, configs, B_SYN)
         # The paper's regime: KV just holds WAIT's threshold memory (C = M^π >= M*, §3.4).
-        tight = int(math.ceil(th.memory_tokens / 16.0) * 16)
+        tight = int(math.ceil(th.memory_tokens))
         rows += _run_workload(
             out_dir, f"{name} (KV = M^π = {tight})", trace, cm, configs, B_SYN, kv_tokens=tight
         )
