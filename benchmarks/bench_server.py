@@ -199,6 +199,11 @@ def fidelity(args: argparse.Namespace) -> None:
             f"{k:<16}{res['sim_nominal'][k]:>14.2f}{ref:>15.2f}{got:>10.2f}"
             f"{100 * (got - ref) / ref:>8.1f}%"
         )
+    em = res["engine_match"]
+    print(
+        f"engine host alone (sim at the server's arrival stamps): {em['identical_share']:.1%} of "
+        f"{em['requests']:.0f} requests identical, max |diff| {em['max_abs_diff_ms']:.3g} ms"
+    )
     srv = res["server"]
     print(
         f"server step lateness p50/p99 {srv['step_lateness']['p50_ms']:.2f}/"

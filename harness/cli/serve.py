@@ -43,6 +43,9 @@ def serve(
         None, "--max-num-batched-tokens", help="Max tokens per engine step."
     ),
     block_size: int = typer.Option(None, "--block-size", help="KV block size in tokens."),
+    record_requests: bool = typer.Option(
+        False, "--record-requests", help="Keep per-request model times (GET /harness/requests)."
+    ),
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     import asyncio
@@ -66,6 +69,7 @@ def serve(
         "fault_log": fault_log,
         "tiers": tiers,
         "engine": engine,
+        "record_requests": record_requests,
     }
     if cost_model is not None:
         kw["cost_model"] = cost_model

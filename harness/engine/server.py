@@ -28,7 +28,8 @@ consistently.
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE in vLLM's chunk format,
 or one JSON body when ``stream`` is false), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
 (Prometheus, vLLM names), ``GET /harness/stats`` (lateness statistics for benchmarks) and
-``POST /harness/stats/reset``, ``GET /harness/faults`` (the injected-fault log as JSON).
+``POST /harness/stats/reset``, ``GET /harness/faults`` (the injected-fault log as JSON),
+``GET /harness/requests`` (per-request model times, with ``record_requests``).
 The ``x-request-id`` header names the request (as in vLLM) and is what the fault log records.
 With ``api_key`` set, every path but ``/health`` and ``/metrics`` needs
 ``Authorization: Bearer <key>`` (401 otherwise); those two stay open as in vLLM so probes and
@@ -99,6 +100,9 @@ class ServerConfig(BaseModel):
     faults: str | None = Field(None, description="fault spec, see server_faults")
     fault_log: Path | None = Field(None, description="JSONL file recording injected faults")
     tiers: str | None = Field(None, description="tier spec to resolve SLOs from a tier name")
+    record_requests: bool = Field(
+        False, description="keep per-request model times for GET /harness/requests"
+    )
     spin_s: float = Field(
         1e-3,
         ge=0,
@@ -331,6 +335,11 @@ class EngineHost:
         self.emit_lateness = _Lateness()
         self.metrics: ServerMetrics | None = None
         self._preempt_seen = 0
+        # (request_id, arrival, first token, last token, preemptions) in model seconds, per
+        # finished request, when cfg.record_requests (fidelity checks; grows with the run).
+        self.records: list[tuple[str, float, float | None, float | None, int]] | None = (
+            [] if cfg.record_requests else None
+        )
 
     # -- time ------------------------------------------------------------------------------
     def model_now(self, wall: float | None = None) -> float:
@@ -432,8 +441,10 @@ class EngineHost:
             wall = now()
             m = self._next_model
             if m is None:
-                m = self.model_now(wall)
-            elif wall - self.wall_of(m) > self.cfg.max_catchup_s:
+                # Idle until now: the step starts at the first arrival, as simulated (the
+                # wake-up latency only delays its tokens' emission, never the schedule).
+                m = inbox[0][3]["arrival_s"] if inbox else self.model_now(wall)
+            if wall - self.wall_of(m) > self.cfg.max_catchup_s:
                 self.resyncs += 1
                 m = self.model_now(wall)
             if not core.has_work() and inbox[0][3]["arrival_s"] > m:
@@ -473,6 +484,16 @@ class EngineHost:
                 st = streams.get(r.request_id)
                 if st is not None:
                     st.finish()
+                if self.records is not None:
+                    self.records.append(
+                        (
+                            r.request_id,
+                            r.arrival_s,
+                            r.first_token_s,
+                            r.last_token_s,
+                            r.num_preemptions,
+                        )
+                    )
             if met is not None:
                 rep = out.report
                 if rep is not None and rep.prefill_tokens:
@@ -733,6 +754,14 @@ async def _stats(request: web.Request) -> web.Response:
     return web.json_response(s)
 
 
+async def _requests(request: web.Request) -> web.Response:
+    recs = request.app[HOST_KEY].records
+    if recs is None:
+        return _json_error("start the server with record_requests (--record-requests)", status=404)
+    keys = ("request_id", "arrival_s", "first_token_s", "last_token_s", "num_preemptions")
+    return web.json_response([dict(zip(keys, r, strict=True)) for r in recs])
+
+
 async def _faults(request: web.Request) -> web.Response:
     return web.json_response(request.app[FAULTS_KEY].events)
 
@@ -781,6 +810,7 @@ def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
     app.router.add_get("/harness/stats", _stats)
     app.router.add_post("/harness/stats/reset", _stats_reset)
     app.router.add_get("/harness/faults", _faults)
+    app.router.add_get("/harness/requests", _requests)
 
     async def _on_startup(app: web.Application) -> None:
         app[HOST_KEY].start()

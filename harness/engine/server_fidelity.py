@@ -9,7 +9,10 @@ Two simulations are compared with the replay:
 - ``nominal``: the trace's own arrival times. Differences then mix the load generator's
   send lag (measured separately in every replay's summary) with the server's fidelity.
 - ``realised``: the same requests at the times the load generator actually sent them
-  (``send_s`` of the replay). This isolates the engine host: it is the fair comparison.
+  (``send_s`` of the replay): the fair comparison of what a client measures.
+
+and, separately, the engine host alone (:func:`engine_match`): the requests simulated at the
+exact model times the server stamped on their arrival must get the simulator's token times.
 
 ``speed`` > 1 runs the server's model clock faster than wall time; the trace's arrivals are
 compressed by the same factor and the replay's times are multiplied back, so all figures are
@@ -69,6 +72,34 @@ def rel_errors(got: dict[str, float], ref: dict[str, float]) -> dict[str, float]
     }
 
 
+def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> dict[str, float]:
+    """The engine host alone: simulate the requests at the model times the server stamped
+    on arrival and compare each request's first/last token model times with the server's.
+
+    With the same arrivals the wall-clock host must take exactly the simulator's decisions
+    (arrival inbox, steps back to back, idle steps starting at the arrival): differences
+    appear only after a resync (the loop fell ``max_catchup_s`` behind).
+    """
+    from harness.workload.trace import Trace
+
+    arr = records.set_index("request_id")
+    df = trace.df[trace.df["request_id"].isin(arr.index)].copy()
+    t0 = float(arr["arrival_s"].min())
+    df["arrival_s"] = df["request_id"].map(arr["arrival_s"]).to_numpy() - t0
+    df = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    sim_dir = simulate(Trace.from_frame(df, trace.tiers, trace.meta), "sim-server")
+    sim = pd.read_parquet(sim_dir / "requests.parquet").set_index("request_id")
+    srv = arr.loc[sim.index]
+    d_first = (srv["first_token_s"] - t0) - sim["first_chunk_s"]
+    d_last = (srv["last_token_s"] - t0) - sim["last_chunk_s"]
+    both = np.maximum(d_first.abs(), d_last.abs()).to_numpy()
+    return {
+        "requests": float(len(both)),
+        "identical_share": float((both < 1e-6).mean()) if len(both) else float("nan"),
+        "max_abs_diff_ms": float(both.max() * 1e3) if len(both) else float("nan"),
+    }
+
+
 @contextlib.asynccontextmanager
 async def _server(separate: bool, **kw: Any) -> AsyncIterator[str]:
     """The built-in server in this event loop, or in a child ``harness serve`` process (so
@@ -81,7 +112,9 @@ async def _server(separate: bool, **kw: Any) -> AsyncIterator[str]:
         return
     cmd = [sys.executable, "-m", "harness.cli.main", "serve", "--port", "0"]
     for k, v in kw.items():
-        if v is not None:
+        if v is True:
+            cmd.append(f"--{k.replace('_', '-')}")
+        elif v is not None and v is not False:
             cmd += [f"--{k.replace('_', '-')}", str(v)]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
     try:
@@ -126,7 +159,12 @@ async def compare(
     df["arrival_s"] = df["arrival_s"] / speed
     fast = Trace.from_frame(df, trace.tiers, trace.meta)
     async with _server(
-        separate_process, policy=policy, cost_model=cost_model, kv_tokens=kv_tokens, speed=speed
+        separate_process,
+        policy=policy,
+        cost_model=cost_model,
+        kv_tokens=kv_tokens,
+        speed=speed,
+        record_requests=True,
     ) as url:
         rep_dir = await run_replay_async(
             ReplayConfig(
@@ -141,8 +179,11 @@ async def compare(
             ),
             trace=fast,
         )
-        async with aiohttp.ClientSession() as session, session.get(url + "/harness/stats") as r:
-            server_stats = await r.json()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/harness/stats") as r:
+                server_stats = await r.json()
+            async with session.get(url + "/harness/requests") as r:
+                records = pd.DataFrame(await r.json())
     sent = pd.read_parquet(rep_dir / "requests.parquet").set_index("request_id")["send_s"]
     real = trace.df.copy()
     real["arrival_s"] = real["request_id"].map(sent).to_numpy() * speed
@@ -150,7 +191,9 @@ async def compare(
     nominal = latency_stats(simulate(trace, "sim-nominal"))
     realised = latency_stats(simulate(Trace.from_frame(real, trace.tiers, trace.meta), "sim-real"))
     replay = latency_stats(rep_dir, scale=speed)
+    engine = engine_match(records, trace, simulate)
     return {
+        "engine_match": engine,
         "sim_nominal": nominal,
         "sim_realised": realised,
         "replay": replay,
