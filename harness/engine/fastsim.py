@@ -68,6 +68,7 @@ def fast_simulate(
     chunk_sink: Any = None,
     chunk_flush_rows: int = 2_000_000,
     fast_forward: bool = True,
+    on_interrupt: str = "raise",
 ) -> Any:
     """Same contract and result as :func:`harness.engine.simulate.simulate`."""
     from harness.engine.simulate import SAMPLE_COLS, SimResult, _Chunks
@@ -138,276 +139,282 @@ def fast_simulate(
     stop = math.inf if stop_at_s is None else float(stop_at_s)
     i = 0
     t = 0.0
-    while True:
-        while i < n and arr_l[i] <= t:
-            problem = fit_problem(P_l[i], M_l[i], bs, total)
-            if problem is None:
-                waiting.append(i)
-                state[i] = _WAITING
-            else:
-                state[i] = _REJECTED
-                errors[i] = problem
-                rejected += 1
-            i += 1
-        if R == 0 and not waiting:
-            if i >= n:
-                break
-            t = arr_l[i]
+    interrupted = False
+    try:
+        while True:
+            while i < n and arr_l[i] <= t:
+                problem = fit_problem(P_l[i], M_l[i], bs, total)
+                if problem is None:
+                    waiting.append(i)
+                    state[i] = _WAITING
+                else:
+                    state[i] = _REJECTED
+                    errors[i] = problem
+                    rejected += 1
+                i += 1
+            if R == 0 and not waiting:
+                if i >= n:
+                    break
+                t = arr_l[i]
+                if t >= stop:
+                    break
+                continue
             if t >= stop:
                 break
-            continue
-        if t >= stop:
-            break
-        nxt = arr_l[i] if i < n else math.inf
-        until = min(nxt, stop)
-        calls += 1
+            nxt = arr_l[i] if i < n else math.inf
+            until = min(nxt, stop)
+            calls += 1
 
-        # ---- pass 1: running requests, decodes first ---------------------------------------
-        budget = budget_cap
-        free = total - used
-        preempted_any = False
-        pure = False  # every running request decodes and all got their token
-        sp: np.ndarray | None = None  # scheduled positions (None = all R, one token each)
-        sg: np.ndarray | None = None
-        prefill = n_decode = kv_read = 0
-        if R:
-            Cv = Cr[:R]
-            if npf == 0 and budget >= R:
-                grow = Cv % bs == 0  # a decode writes position C: a new block at a boundary
-                tot_need = int(np.count_nonzero(grow))
-                if tot_need <= free:
-                    NBr[:R] += grow
-                    used += tot_need
-                    free -= tot_need
-                    budget -= R
-                    pure = True
-                    n_decode = R
-                    kv_read = int(Cv.sum()) + R
-            if not pure:
-                Ov = Or[:R]
-                rem = Pr[:R] + Ov - Cv
-                dec = (Ov > 0) & (rem == 1)
-                n_dec_all = int(np.count_nonzero(dec))
-                if n_dec_all == R:
-                    ordp = np.arange(R)
-                else:
-                    ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                remo = rem[ordp]
-                tot_rem = int(remo.sum())
-                if tot_rem <= budget:
-                    grant = remo
-                else:
-                    cum = np.cumsum(remo)
-                    grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
-                Co = Cv[ordp]
-                need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
-                tot_need = int(need.sum())
-                if tot_need <= free:
-                    NBr[ordp] += need
-                    used += tot_need
-                    free -= tot_need
-                    budget -= int(grant.sum())
-                    sp, sg = ordp, grant
-                else:
-                    # Exact sequential semantics, preemption from the tail (base.py rule 2).
-                    alive = np.ones(R, dtype=bool)
-                    order = ordp.tolist()
-                    sched: dict[int, int] = {}
-                    budget = budget_cap
-                    for pos, rj in zip(order[:], remo.tolist(), strict=True):
-                        if not alive[pos]:
-                            continue
-                        g = rj if rj < budget else budget
-                        if g <= 0:
-                            continue
-                        nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
-                        if nd > free:
-                            while nd > free and order:
-                                v = order.pop()
-                                if not alive[v]:
-                                    continue
-                                got = sched.pop(v, None)
-                                if got is not None:
-                                    budget += got
-                                alive[v] = False
-                                used -= int(NBr[v])
-                                row = int(IDr[v])
-                                Orow[row] = Or[v]
-                                first[row] = Fr[v]
-                                last[row] = Lr[v]
-                                npre[row] += 1
-                                state[row] = _WAITING
-                                waiting.appendleft(row)
-                                preempt_total += 1
-                                free = total - used
-                                preempted_any = True
-                                if v == pos:
-                                    break
+            # ---- pass 1: running requests, decodes first ---------------------------------------
+            budget = budget_cap
+            free = total - used
+            preempted_any = False
+            pure = False  # every running request decodes and all got their token
+            sp: np.ndarray | None = None  # scheduled positions (None = all R, one token each)
+            sg: np.ndarray | None = None
+            prefill = n_decode = kv_read = 0
+            if R:
+                Cv = Cr[:R]
+                if npf == 0 and budget >= R:
+                    grow = Cv % bs == 0  # a decode writes position C: a new block at a boundary
+                    tot_need = int(np.count_nonzero(grow))
+                    if tot_need <= free:
+                        NBr[:R] += grow
+                        used += tot_need
+                        free -= tot_need
+                        budget -= R
+                        pure = True
+                        n_decode = R
+                        kv_read = int(Cv.sum()) + R
+                if not pure:
+                    Ov = Or[:R]
+                    rem = Pr[:R] + Ov - Cv
+                    dec = (Ov > 0) & (rem == 1)
+                    n_dec_all = int(np.count_nonzero(dec))
+                    if n_dec_all == R:
+                        ordp = np.arange(R)
+                    else:
+                        ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
+                    remo = rem[ordp]
+                    tot_rem = int(remo.sum())
+                    if tot_rem <= budget:
+                        grant = remo
+                    else:
+                        cum = np.cumsum(remo)
+                        grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
+                    Co = Cv[ordp]
+                    need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
+                    tot_need = int(need.sum())
+                    if tot_need <= free:
+                        NBr[ordp] += need
+                        used += tot_need
+                        free -= tot_need
+                        budget -= int(grant.sum())
+                        sp, sg = ordp, grant
+                    else:
+                        # Exact sequential semantics, preemption from the tail (base.py rule 2).
+                        alive = np.ones(R, dtype=bool)
+                        order = ordp.tolist()
+                        sched: dict[int, int] = {}
+                        budget = budget_cap
+                        for pos, rj in zip(order[:], remo.tolist(), strict=True):
                             if not alive[pos]:
                                 continue
-                        NBr[pos] += nd
-                        used += nd
-                        free -= nd
-                        sched[pos] = g
-                        budget -= g
-                    # positions shift after compaction: map old -> new
-                    newpos = np.cumsum(alive) - 1
-                    sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
-                    sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-                    R = retire(alive, R)
-                if len(sp):
-                    Co = Cr[sp]
-                    d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
-                    pos_g = sg > 0
-                    n_decode = int(np.count_nonzero(d & pos_g))
-                    prefill = int(sg[~d].sum())
-                    kv_read = int((Co + sg)[pos_g].sum())
+                            g = rj if rj < budget else budget
+                            if g <= 0:
+                                continue
+                            nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
+                            if nd > free:
+                                while nd > free and order:
+                                    v = order.pop()
+                                    if not alive[v]:
+                                        continue
+                                    got = sched.pop(v, None)
+                                    if got is not None:
+                                        budget += got
+                                    alive[v] = False
+                                    used -= int(NBr[v])
+                                    row = int(IDr[v])
+                                    Orow[row] = Or[v]
+                                    first[row] = Fr[v]
+                                    last[row] = Lr[v]
+                                    npre[row] += 1
+                                    state[row] = _WAITING
+                                    waiting.appendleft(row)
+                                    preempt_total += 1
+                                    free = total - used
+                                    preempted_any = True
+                                    if v == pos:
+                                        break
+                                if not alive[pos]:
+                                    continue
+                            NBr[pos] += nd
+                            used += nd
+                            free -= nd
+                            sched[pos] = g
+                            budget -= g
+                        # positions shift after compaction: map old -> new
+                        newpos = np.cumsum(alive) - 1
+                        sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
+                        sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
+                        R = retire(alive, R)
+                    if len(sp):
+                        Co = Cr[sp]
+                        d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
+                        pos_g = sg > 0
+                        n_decode = int(np.count_nonzero(d & pos_g))
+                        prefill = int(sg[~d].sum())
+                        kv_read = int((Co + sg)[pos_g].sum())
 
-        # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
-        R0 = R
-        adm_g: list[int] = []
-        if not preempted_any and waiting:
-            seats = max_seqs - R
-            while waiting and budget > 0 and seats > 0:
-                j = waiting[0]
-                oj = int(Orow[j])
-                rj = P_l[j] + oj
-                g = rj if rj < budget else budget
-                nd = -(-g // bs)
-                if nd > free:
-                    break
-                waiting.popleft()
-                state[j] = _RUNNING
-                used += nd
-                free -= nd
-                Pr[R] = P_l[j]
-                Or[R] = oj
-                Cr[R] = 0
-                Mr[R] = M_l[j]
-                NBr[R] = nd
-                IDr[R] = j
-                Fr[R] = first[j]
-                Lr[R] = last[j]
-                R += 1
-                adm_g.append(g)
-                budget -= g
-                seats -= 1
-                prefill += g
-                kv_read += g
+            # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
+            R0 = R
+            adm_g: list[int] = []
+            if not preempted_any and waiting:
+                seats = max_seqs - R
+                while waiting and budget > 0 and seats > 0:
+                    j = waiting[0]
+                    oj = int(Orow[j])
+                    rj = P_l[j] + oj
+                    g = rj if rj < budget else budget
+                    nd = -(-g // bs)
+                    if nd > free:
+                        break
+                    waiting.popleft()
+                    state[j] = _RUNNING
+                    used += nd
+                    free -= nd
+                    Pr[R] = P_l[j]
+                    Or[R] = oj
+                    Cr[R] = 0
+                    Mr[R] = M_l[j]
+                    NBr[R] = nd
+                    IDr[R] = j
+                    Fr[R] = first[j]
+                    Lr[R] = last[j]
+                    R += 1
+                    adm_g.append(g)
+                    budget -= g
+                    seats -= 1
+                    prefill += g
+                    kv_read += g
 
-        if n_decode == 0 and prefill == 0:
-            if preempted_any:
-                continue  # state changed: plan again at the same time
-            if i < n:
-                t = max(t, nxt)
-                continue
-            from harness.engine.simulate import SimulationStalled
+            if n_decode == 0 and prefill == 0:
+                if preempted_any:
+                    continue  # state changed: plan again at the same time
+                if i < n:
+                    t = max(t, nxt)
+                    continue
+                from harness.engine.simulate import SimulationStalled
 
-            raise SimulationStalled(
-                f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
-            )
-        dur = step_time(prefill, n_decode, kv_read)
+                raise SimulationStalled(
+                    f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
+                )
+            dur = step_time(prefill, n_decode, kv_read)
 
-        # ---- fast-forward a steady run of pure decode steps --------------------------------
-        k = 1
-        if fast_forward and pure and not adm_g and t + dur < until:
-            Mv = Mr[:R]
-            k_max = int((Mv - Or[:R]).min())
-            if k_max > 1:
-                c0 = Cr[:R]
-                base_blocks = (c0 + bs) // bs  # blocks for c0 + 1 tokens (already allocated)
-
-                def extra(kk: int, c0: np.ndarray = c0, base: np.ndarray = base_blocks) -> int:
-                    return int(((c0 + (kk + bs - 1)) // bs - base).sum())
-
-                if extra(k_max) > free:
-                    lo, hi = 1, k_max
-                    while hi - lo > 1:
-                        mid = (lo + hi) // 2
-                        if extra(mid) <= free:
-                            lo = mid
-                        else:
-                            hi = mid
-                    k_max = lo
+            # ---- fast-forward a steady run of pure decode steps --------------------------------
+            k = 1
+            if fast_forward and pure and not adm_g and t + dur < until:
+                Mv = Mr[:R]
+                k_max = int((Mv - Or[:R]).min())
                 if k_max > 1:
-                    steps = np.arange(k_max)
-                    durs = cost_model.step_times(
-                        np.zeros(k_max), np.full(k_max, R), kv_read + steps * R
-                    )
-                    ends = t + np.cumsum(durs)
-                    k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-                    k = max(1, min(k, k_max))
-        if k > 1:
-            ends = ends[:k]
-            end = float(ends[-1])
-            Cv = Cr[:R]
-            Cv += k
-            Or[:R] += k
-            nb = (Cv + (bs - 1)) // bs
-            used += int(nb.sum() - NBr[:R].sum())
-            NBr[:R] = nb
-            Lr[:R] = end
-            chunks.add_run(ends, IDr[:R].copy())
-            s_p.append(0)
-            s_dec.append(R * k)
-        else:
-            end = t + dur
-            if pure:
-                Cr[:R0] += 1
-                Or[:R0] += 1
-                Lr[:R0] = end
-                samp_ids = IDr[:R0].copy()
-            elif sp is not None and len(sp):
-                Cr[sp] += sg
-                hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
-                Or[hit] += 1
-                Lr[hit] = end
-                fh = Fr[hit]
-                Fr[hit] = np.where(np.isnan(fh), end, fh)
-                samp_ids = IDr[hit]
+                    c0 = Cr[:R]
+                    base_blocks = (c0 + bs) // bs  # blocks for c0 + 1 tokens (already allocated)
+
+                    def extra(kk: int, c0: np.ndarray = c0, base: np.ndarray = base_blocks) -> int:
+                        return int(((c0 + (kk + bs - 1)) // bs - base).sum())
+
+                    if extra(k_max) > free:
+                        lo, hi = 1, k_max
+                        while hi - lo > 1:
+                            mid = (lo + hi) // 2
+                            if extra(mid) <= free:
+                                lo = mid
+                            else:
+                                hi = mid
+                        k_max = lo
+                    if k_max > 1:
+                        steps = np.arange(k_max)
+                        durs = cost_model.step_times(
+                            np.zeros(k_max), np.full(k_max, R), kv_read + steps * R
+                        )
+                        ends = t + np.cumsum(durs)
+                        k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
+                        k = max(1, min(k, k_max))
+            if k > 1:
+                ends = ends[:k]
+                end = float(ends[-1])
+                Cv = Cr[:R]
+                Cv += k
+                Or[:R] += k
+                nb = (Cv + (bs - 1)) // bs
+                used += int(nb.sum() - NBr[:R].sum())
+                NBr[:R] = nb
+                Lr[:R] = end
+                chunks.add_run(ends, IDr[:R].copy())
+                s_p.append(0)
+                s_dec.append(R * k)
             else:
-                samp_ids = None
-            if samp_ids is not None and len(samp_ids):
-                chunks.add_step(end, samp_ids)
-            if adm_g:
-                # few per step: scalar updates beat a handful of tiny array operations
-                hits: list[int] = []
-                for q, g in enumerate(adm_g, start=R0):
-                    Cr[q] = g
-                    if g == Pr[q] + Or[q]:
-                        Or[q] += 1
-                        Lr[q] = end
-                        if Fr[q] != Fr[q]:  # NaN: the first token
-                            Fr[q] = end
-                        hits.append(int(IDr[q]))
-                if hits:
-                    chunks.add_step(end, hits)
-                npf += len(adm_g) - len(hits)
-            s_p.append(prefill)
-            s_dec.append(n_decode)
-        done = Or[:R] >= Mr[:R]
-        if done.any():
-            rows = IDr[:R][done]
-            state[rows] = _FINISHED
-            Orow[rows] = Or[:R][done]
-            first[rows] = Fr[:R][done]
-            last[rows] = Lr[:R][done]
-            used -= int(NBr[:R][done].sum())
-            R = retire(~done, R)
-            finished_total += len(rows)
-        if not pure:
-            v = Or[:R]
-            npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
-        steps_total += k
-        s_t.append(end)
-        s_k.append(k)
-        s_d.append(end - t)
-        s_kv.append(used * bs)
-        s_use.append(used / total)
-        s_w.append(len(waiting))
-        s_r.append(R)
-        s_pre.append(preempt_total)
-        t = end
+                end = t + dur
+                if pure:
+                    Cr[:R0] += 1
+                    Or[:R0] += 1
+                    Lr[:R0] = end
+                    samp_ids = IDr[:R0].copy()
+                elif sp is not None and len(sp):
+                    Cr[sp] += sg
+                    hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
+                    Or[hit] += 1
+                    Lr[hit] = end
+                    fh = Fr[hit]
+                    Fr[hit] = np.where(np.isnan(fh), end, fh)
+                    samp_ids = IDr[hit]
+                else:
+                    samp_ids = None
+                if samp_ids is not None and len(samp_ids):
+                    chunks.add_step(end, samp_ids)
+                if adm_g:
+                    # few per step: scalar updates beat a handful of tiny array operations
+                    hits: list[int] = []
+                    for q, g in enumerate(adm_g, start=R0):
+                        Cr[q] = g
+                        if g == Pr[q] + Or[q]:
+                            Or[q] += 1
+                            Lr[q] = end
+                            if Fr[q] != Fr[q]:  # NaN: the first token
+                                Fr[q] = end
+                            hits.append(int(IDr[q]))
+                    if hits:
+                        chunks.add_step(end, hits)
+                    npf += len(adm_g) - len(hits)
+                s_p.append(prefill)
+                s_dec.append(n_decode)
+            done = Or[:R] >= Mr[:R]
+            if done.any():
+                rows = IDr[:R][done]
+                state[rows] = _FINISHED
+                Orow[rows] = Or[:R][done]
+                first[rows] = Fr[:R][done]
+                last[rows] = Lr[:R][done]
+                used -= int(NBr[:R][done].sum())
+                R = retire(~done, R)
+                finished_total += len(rows)
+            if not pure:
+                v = Or[:R]
+                npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
+            steps_total += k
+            s_t.append(end)
+            s_k.append(k)
+            s_d.append(end - t)
+            s_kv.append(used * bs)
+            s_use.append(used / total)
+            s_w.append(len(waiting))
+            s_r.append(R)
+            s_pre.append(preempt_total)
+            t = end
+    except KeyboardInterrupt:
+        if on_interrupt == "raise":
+            raise
+        interrupted = True  # keep what was simulated; the caller writes it
 
     # Requests still running at stop_at_s keep what they produced (cancelled).
     rows = IDr[:R]
@@ -442,5 +449,6 @@ def fast_simulate(
             "num_finished": finished_total,
             "unfinished": int(n - finished_total - rejected),
             "kernel": "fast",
+            "interrupted": interrupted,
         },
     )

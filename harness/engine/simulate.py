@@ -150,12 +150,15 @@ def simulate(
     fast_forward: bool = True,
     max_stall_calls: int = 1000,
     kernel: str = "auto",
+    on_interrupt: str = "raise",
 ) -> SimResult:
     """Run ``trace`` through one engine core in virtual time and return the raw results.
 
     ``stop_at_s``: stop at this virtual time (requests still in flight become cancelled); the
     default runs until every request finished or was rejected. ``chunk_sink(req, t)`` receives
     token-time arrays in time order as they are produced (else they are kept in memory).
+    ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
+    (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for the policies it implements
     exactly (built-in ``vllm`` and FCFS ``sarathi``), ``reference`` always uses the engine core.
     """
@@ -174,6 +177,7 @@ def simulate(
                 chunk_sink=chunk_sink,
                 chunk_flush_rows=chunk_flush_rows,
                 fast_forward=fast_forward,
+                on_interrupt=on_interrupt,
             )
     wall0 = time.perf_counter()
     df = trace.df
@@ -213,75 +217,81 @@ def simulate(
     t = 0.0
     calls = 0
     stall = 0
-    while True:
-        # (time, ARRIVAL, seq) events at or before the next step start go first.
-        while i < n and arr_l[i] <= t:
-            tr = tier_info.get(tiers[i])
-            ok = core.add_request(
-                rids[i],
-                plen[i],
-                olen[i],
-                arrival_s=arr_l[i],
-                tier=tiers[i],
-                priority=tr.priority if tr else 0,
-                ttft_slo_s=tr.ttft_slo_s if tr else None,
-                tbt_slo_s=tr.tbt_slo_s if tr else None,
-                index=i,
-            )
-            if not ok:
-                status[i] = 2
-                errors[i] = core.rejections.pop(rids[i])
-            i += 1
-        if not core.has_work():
-            if i >= n:
-                break
-            t = arr_l[i]
+    interrupted = False
+    try:
+        while True:
+            # (time, ARRIVAL, seq) events at or before the next step start go first.
+            while i < n and arr_l[i] <= t:
+                tr = tier_info.get(tiers[i])
+                ok = core.add_request(
+                    rids[i],
+                    plen[i],
+                    olen[i],
+                    arrival_s=arr_l[i],
+                    tier=tiers[i],
+                    priority=tr.priority if tr else 0,
+                    ttft_slo_s=tr.ttft_slo_s if tr else None,
+                    tbt_slo_s=tr.tbt_slo_s if tr else None,
+                    index=i,
+                )
+                if not ok:
+                    status[i] = 2
+                    errors[i] = core.rejections.pop(rids[i])
+                i += 1
+            if not core.has_work():
+                if i >= n:
+                    break
+                t = arr_l[i]
+                if t >= stop:
+                    break
+                continue
             if t >= stop:
                 break
-            continue
-        if t >= stop:
-            break
-        nxt = arr_l[i] if i < n else math.inf
-        out = core.step(t, fast_forward_until=min(nxt, stop) if fast_forward else None)
-        calls += 1
-        if out.idle:
-            stall += 1
-            if out.preempted and stall < max_stall_calls:
-                continue  # the preemption changed the state: plan again at the same time
-            if i < n:
-                t = max(t, nxt)
-                continue
-            raise SimulationStalled(
-                f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
-                f"{core.num_waiting} waiting and {core.num_running} running requests and no "
-                "arrival left"
-            )
-        stall = 0
-        end = out.end_s
-        if out.num_steps == 1:
-            chunks.add_step(end, [r.index for r in out.sampled])
-        else:
-            chunks.add_run(out.step_ends, [r.index for r in out.sampled])
-        for r in out.finished:
-            j = r.index
-            first_s[j] = r.first_token_s
-            last_s[j] = r.last_token_s
-            out_tokens[j] = r.num_output_tokens
-            status[j] = 1
-            preempts[j] = r.num_preemptions
-        rep = out.report
-        s_t.append(end)
-        s_k.append(out.num_steps)
-        s_d.append(out.duration_s)
-        s_p.append(rep.prefill_tokens)
-        s_dec.append(rep.decode_tokens)
-        used = core.used_blocks
-        s_kv.append(used * bs)
-        s_use.append(used / total_blocks)
-        s_w.append(core.num_waiting)
-        s_r.append(len(core._running))
-        s_pre.append(core.preemptions_total)
-        t = end
+            nxt = arr_l[i] if i < n else math.inf
+            out = core.step(t, fast_forward_until=min(nxt, stop) if fast_forward else None)
+            calls += 1
+            if out.idle:
+                stall += 1
+                if out.preempted and stall < max_stall_calls:
+                    continue  # the preemption changed the state: plan again at the same time
+                if i < n:
+                    t = max(t, nxt)
+                    continue
+                raise SimulationStalled(
+                    f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
+                    f"{core.num_waiting} waiting and {core.num_running} running requests and no "
+                    "arrival left"
+                )
+            stall = 0
+            end = out.end_s
+            if out.num_steps == 1:
+                chunks.add_step(end, [r.index for r in out.sampled])
+            else:
+                chunks.add_run(out.step_ends, [r.index for r in out.sampled])
+            for r in out.finished:
+                j = r.index
+                first_s[j] = r.first_token_s
+                last_s[j] = r.last_token_s
+                out_tokens[j] = r.num_output_tokens
+                status[j] = 1
+                preempts[j] = r.num_preemptions
+            rep = out.report
+            s_t.append(end)
+            s_k.append(out.num_steps)
+            s_d.append(out.duration_s)
+            s_p.append(rep.prefill_tokens)
+            s_dec.append(rep.decode_tokens)
+            used = core.used_blocks
+            s_kv.append(used * bs)
+            s_use.append(used / total_blocks)
+            s_w.append(core.num_waiting)
+            s_r.append(len(core._running))
+            s_pre.append(core.preemptions_total)
+            t = end
+    except KeyboardInterrupt:
+        if on_interrupt == "raise":
+            raise
+        interrupted = True  # keep what was simulated; the caller writes it
 
     # Requests still in flight (stop_at_s): keep what they produced, mark them cancelled.
     for r in list(core._running) + core.waiting:
@@ -313,6 +323,7 @@ def simulate(
             "num_rejected": core.num_rejected,
             "num_finished": core.num_finished,
             "unfinished": int(n - core.num_finished - core.num_rejected),
+            "interrupted": interrupted,
         },
     )
 
@@ -492,6 +503,20 @@ def _run_dir(cfg: SimulateConfig, policy: str) -> Path:
     return d
 
 
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    """Policy parameters for run.json; anything that is not plain JSON is recorded as repr."""
+    import json
+
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        try:
+            json.dumps(v)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
+
+
 def write_run(
     run_dir: Path,
     trace: Trace,
@@ -505,7 +530,7 @@ def write_run(
     """Simulate one policy and write its run directory (requests, chunks, samples, run.json)."""
     from harness.results.rundir import RunWriter
 
-    params = policy.params() if hasattr(policy, "params") else {}
+    params = _json_safe(policy.params() if hasattr(policy, "params") else {})
     full = {
         "kind": "simulate",
         "backend": "simulator",
@@ -528,6 +553,7 @@ def write_run(
             config,
             stop_at_s=stop_at_s,
             chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
+            on_interrupt="return",
         )
         w.add_requests_table(requests_table(trace, res))
         w.add_samples_table(samples_table(res))
@@ -541,6 +567,8 @@ def write_run(
                 **res.counters,
             },
         )
+        if res.counters.get("interrupted"):
+            raise KeyboardInterrupt  # RunWriter marks the run partial, everything written
     return run_dir, res
 
 

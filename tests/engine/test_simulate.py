@@ -148,3 +148,42 @@ def test_kv_derived_from_preset_hardware() -> None:
     # (80 GiB * 0.9 - 12.55 GiB) / (512 KiB * 16) blocks
     assert cfg.total_blocks == int((80 * 0.9 - 12.55) * 1024**3 // (524288 * 16))
     assert SimulateConfig(trace="x", cost_model="staircase").engine_config().capacity_tokens > 10**7
+
+
+class _CtrlC(BasePolicy):
+    """Sarathi on the reference host until the 5th step, then a Ctrl-C."""
+
+    name = "ctrl-c"
+
+    def __init__(self) -> None:
+        self._inner = make_policy("sarathi")
+        self.calls = 0
+
+    def schedule(self, view):  # noqa: D102
+        self.calls += 1
+        if self.calls == 5:
+            raise KeyboardInterrupt
+        plan = self._inner.schedule(view)
+        plan.steady = False  # one schedule call per step
+        return plan
+
+
+def test_ctrl_c_leaves_a_partial_but_complete_run_dir(tmp_path) -> None:
+    from harness.engine.simulate import write_run
+
+    tr = make_trace([0.0, 0.0, 0.0], [4, 4, 4], [50, 50, 50])
+    with pytest.raises(KeyboardInterrupt):
+        write_run(
+            tmp_path / "run",
+            tr,
+            _CtrlC(),
+            ONE_S,
+            EngineConfig(kv_tokens=1024),
+            {},
+        )
+    run = read_run(tmp_path / "run")
+    assert run.meta["status"] == "partial"
+    assert len(run.requests) == 3
+    assert (run.requests["error_kind"] == schema.ERROR_CANCELLED).all()
+    assert (run.requests["num_chunks"] == 4).all()  # 4 steps ran: a token each
+    assert len(run.chunks) == 12
