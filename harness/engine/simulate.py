@@ -13,7 +13,8 @@ written in bulk (numpy) and one telemetry row covers a whole fast-forwarded run.
 
 Output: one run directory per policy in exactly the replay format (harness.results.schema):
 request rows with ``send_s`` = arrival, chunk rows with one token each at its step end, and
-engine telemetry per step into samples (``source="engine"``).
+engine telemetry per step into samples (``source="engine"``; ``t_s`` = the step's end, state
+after it; a fast-forwarded run is one row with ``num_steps`` > 1 and its total duration).
 """
 
 from __future__ import annotations
