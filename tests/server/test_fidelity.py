@@ -51,12 +51,13 @@ async def test_simulate_and_replay_agree(tmp_path: Path):
     sim, rep = res["sim_realised"], res["replay"]
     assert sim["completed"] == rep["completed"] == 200
     assert res["server"]["resyncs"] == 0
-    # Means are exact up to lateness (every token's due time is the simulator's): TPOT median
-    # within 3%. Quantiles of TTFT and ITL: within 10% (+2 ms): the replay adds loopback
-    # delivery (a request that lands just after a step start waits one more step) and wake-up
-    # jitter that smears the simulator's point masses at exact step times.
+    # What a client measures adds the load generator's own delays (send stamp -> server
+    # receipt: median ~1 ms, p95 ~9 ms on this loaded 2-core machine) and emission/receipt
+    # lateness. TPOT (a per-request mean) within 3%; TTFT and ITL quantiles within 10% plus
+    # 8 ms (TTFT: delivery + first-token lateness) / 3 ms (ITL: jitter smearing the
+    # simulator's point masses at exact step times).
     assert rep["tpot_median_ms"] == pytest.approx(sim["tpot_median_ms"], rel=0.03)
-    for m in ("ttft", "itl"):
+    for m, slack in (("ttft", 8.0), ("itl", 3.0)):
         for q in ("median", "p90", "p99"):
             k = f"{m}_{q}_ms"
-            assert rep[k] == pytest.approx(sim[k], rel=0.10, abs=2.0), (k, res)
+            assert rep[k] == pytest.approx(sim[k], rel=0.10, abs=slack), (k, res)
