@@ -104,6 +104,9 @@ def simulate(
         "reports"
     ),
     label: Annotated[str | None, typer.Option(help="Run name prefix.")] = None,
+    report: Annotated[
+        bool, typer.Option(help="Write report.html per run (and a comparison for several).")
+    ] = True,
 ) -> None:
     """Simulate policies on a trace in virtual time; writes one run directory per policy."""
     from pydantic import ValidationError
@@ -166,6 +169,14 @@ def simulate(
         if run.summary is not None:
             print_summary(run.summary)
         typer.echo(str(d))
+    if report:
+        from harness.report import write_report
+
+        for d in dirs:
+            typer.echo(f"report: {write_report([d])}")
+        if len(dirs) > 1:
+            cmp_path = write_report(dirs, out=out / f"{dirs[0].name}-comparison.html")
+            typer.echo(f"comparison report: {cmp_path}")
 
 
 def register(app: typer.Typer) -> None:
