@@ -68,7 +68,8 @@ class VllmServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
-    async_scheduling: bool | None = None  # None: off with the adapter (required), vLLM's default stock
+    # None: off with the adapter (it requires that), vLLM's own default for stock
+    async_scheduling: bool | None = None
     step_log: Path | None = None
     log_path: Path | None = None
     port: int | None = None

@@ -116,6 +116,7 @@ class HarnessScheduler(Scheduler):
         self._caps: dict[str, int] | None = None
         self._pending: _Pending | None = None
         self._aborted: list[str] = []
+        self._preempted_now: list[str] = []  # this step's preemptions, in order
         self._last_step_s: float | None = None
         self._steplog = StepLog(os.environ.get("HARNESS_STEP_LOG"))
         logger.warning(
@@ -184,8 +185,13 @@ class HarnessScheduler(Scheduler):
             n = min(n, self._caps.get(request.request_id, 0))
         return n
 
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        self._preempted_now.append(request.request_id)
+        super()._preempt_request(request, *args, **kwargs)
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         start = self._now()
+        self._preempted_now = []
         plan: Plan = self.harness_policy.schedule(self.build_view(start))
 
         # Rule 1: explicit preemptions (recompute; front of waiting).
@@ -261,7 +267,8 @@ class HarnessScheduler(Scheduler):
     # -------------------------------------------------------------- reporting
     def _record_pending(self, out: Any, start: float) -> None:
         scheduled = dict(out.num_scheduled_tokens)
-        if not scheduled:
+        preempted = tuple(self._preempted_now)
+        if not scheduled and not preempted:  # an idle loop turn: nothing to report
             self._pending = None
             return
         prefill = decode = n_pre = n_dec = kv_tokens = 0
@@ -293,7 +300,7 @@ class HarnessScheduler(Scheduler):
             num_decode_seqs=n_dec,
             kv_tokens=kv_tokens,
             admitted=admitted,
-            preempted=tuple(sorted(out.preempted_req_ids or ())),
+            preempted=preempted,
         )
 
     def _report(self, pend: _Pending, end: float) -> None:

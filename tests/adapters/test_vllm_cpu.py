@@ -181,7 +181,7 @@ def test_adapter_hosts_wait_gating(
         "output_lens": [128],
         "thresholds": [WAIT_N],
         "gating": "admission",
-        "flush_after_s": 1.5,
+        "flush_after_s": 30.0,  # 16 = 4 cohorts of 4: the end-of-run flush is never needed
         "on_idle": "wait",  # the paper's rule: idle below the threshold (no relaxed batch)
     }
     run_dir, steps, log = _serve_and_replay(tmp_path, harness_cli, trace_path, "wait", params)
@@ -189,8 +189,7 @@ def test_adapter_hosts_wait_gating(
     req, engine, _ = _check_run(run_dir)
     _check_steps_account_for_tokens(steps, req)
     admissions = [s["admitted"] for s in steps if s["admitted"]]
-    # Admission only in cohorts of n=4 (seed-wait.md §3.3; 16 requests = 4 cohorts); only the
-    # end-of-run flush may admit fewer, and with 16 = 4 x 4 there is nothing left for it.
+    # Admission only in cohorts of n=4 (seed-wait.md §3.3): 16 requests = 4 full cohorts.
     assert sum(admissions) == 16
     assert all(a % WAIT_N == 0 for a in admissions), admissions
     # The gate holds requests in vLLM's own waiting queue while KV has room: /metrics showed

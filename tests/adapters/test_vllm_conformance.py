@@ -1,0 +1,73 @@
+"""The host conformance suite (harness.engine.conformance) against the vLLM adapter.
+
+Runs in the vLLM venv (vLLM is not installed in the harness's own environment): one
+subprocess drives a real ``HarnessScheduler`` built from vLLM 0.32's own config, KV-cache
+manager and request classes, with a fake model runner (``adapters.vllm.inproc``), through
+every scenario, and reports each one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_testlib import requires_vllm, run_in_vllm_venv
+
+from harness.engine.conformance import SCENARIOS
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, requires_vllm, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, str]:
+    proc = run_in_vllm_venv(
+        "import json, adapters.vllm.inproc as m; "
+        "print('CONFORMANCE-JSON ' + json.dumps(m.run_conformance()))"
+    )
+    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("CONFORMANCE-JSON ")]
+    assert marker, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(marker[-1].removeprefix("CONFORMANCE-JSON "))
+
+
+@pytest.mark.parametrize("scenario", [s.__name__ for s in SCENARIOS])
+def test_vllm_adapter_conforms(results: dict[str, str], scenario: str) -> None:
+    assert scenario in results, f"scenario {scenario} did not run"
+    assert results[scenario] == "ok", results[scenario]
+
+
+def test_adapter_view_reads_vllm_xargs() -> None:
+    """Tier, SLOs and priority reach the policy from the request's vllm_xargs / priority."""
+    code = """
+import json, time
+from vllm.sampling_params import SamplingParams
+from vllm.v1.request import Request
+from adapters.vllm.inproc import make_scheduler
+from harness.policies.base import Plan
+seen = {}
+class Spy:
+    name = "spy"
+    def on_arrival(self, r, now): seen["arrival_now"] = now
+    def schedule(self, v):
+        for r in v.waiting:
+            seen[r.request_id] = [r.tier, r.priority, r.ttft_slo_s, r.tbt_slo_s,
+                                  r.num_prompt_tokens, r.max_tokens, r.predicted_output_len]
+        return Plan()
+    def on_step(self, rep): pass
+s = make_scheduler(Spy(), block_size=16, num_blocks=32, token_budget=64, max_num_seqs=4)
+xa = {"tier": "paid", "ttft_slo_ms": 1500, "tbt_slo_ms": 80}
+s.add_request(Request("p", [1] * 9, SamplingParams(max_tokens=5, extra_args=xa), None,
+                      arrival_time=time.time(), priority=0))
+s.add_request(Request("f", [1] * 3, SamplingParams(max_tokens=2, extra_args={"tier": "free"}),
+                      None, arrival_time=time.time(), priority=1))
+s.add_request(Request("n", [1] * 4, SamplingParams(max_tokens=2), None, arrival_time=time.time()))
+s.schedule()
+print("VIEW-JSON " + json.dumps(seen))
+"""
+    proc = run_in_vllm_venv(code)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("VIEW-JSON ")]
+    assert line, proc.stderr[-3000:]
+    seen = json.loads(line[-1].removeprefix("VIEW-JSON "))
+    assert seen["p"] == ["paid", 0, 1.5, 0.08, 9, 5, None]
+    # no SLOs in the request: the project's default tier table (tiers.py) fills them in
+    assert seen["f"] == ["free", 1, 10.0, 0.5, 3, 2, None]
+    assert seen["n"] == ["default", 0, None, None, 4, 2, None]
