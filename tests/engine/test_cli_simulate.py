@@ -45,8 +45,10 @@ def test_simulate_two_policies(csv_trace: Path, tmp_path: Path) -> None:
         ],
     )
     assert res.exit_code == 0, res.output
-    dirs = sorted(out.iterdir())
+    dirs = sorted(p for p in out.iterdir() if p.is_dir())
     assert len(dirs) == 2
+    assert all((d / "report.html").is_file() for d in dirs)
+    assert len(list(out.glob("*comparison.html"))) == 1
     for d in dirs:
         assert str(d) in res.output
         run = read_run(d)
