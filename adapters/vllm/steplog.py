@@ -58,3 +58,23 @@ def read_step_log(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def step_log_samples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step-log rows as SAMPLES-style dicts for ``harness.engine.costmodel.fit_cost_model``.
+
+    ``kv_used_tokens`` is set to the step's ``kv_tokens`` (context of the scheduled requests
+    after the step), which is the ``K`` the simulator feeds the cost model (engine/core.py:
+    ``kv_read += c + n``), so a fitted ``per_kv_s`` means the same thing in both places.
+    """
+    return [
+        {
+            "source": "engine",
+            "num_steps": 1,
+            "step_duration_s": r["duration_s"],
+            "prefill_tokens": r["prefill_tokens"],
+            "decode_tokens": r["decode_tokens"],
+            "kv_used_tokens": r["kv_tokens"],
+        }
+        for r in rows
+    ]

@@ -1,0 +1,131 @@
+"""Fast tests of the vLLM adapter's vLLM-free parts: policy choice, request view, step log,
+and the launcher's command line. (The parts that import vLLM run in test_vllm_conformance.py
+and test_vllm_cpu.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from adapters.vllm import SCHEDULER_CLS
+from adapters.vllm.config import AdapterConfigError, build_policy, resolve_policy
+from adapters.vllm.launch import VllmServerConfig
+from adapters.vllm.steplog import StepLog, read_step_log, step_log_samples
+from adapters.vllm.view import VllmRequestView
+from harness.policies.base import RequestView, remaining_tokens
+
+
+def test_policy_from_env_with_params() -> None:
+    c = resolve_policy(None, {"HARNESS_POLICY": "sarathi", "HARNESS_POLICY_PARAMS": '{"x": 1}'})
+    assert (c.name, c.params, c.source) == ("sarathi", {"x": 1}, "env")
+
+
+def test_additional_config_wins_over_env() -> None:
+    extra = {"harness_policy": "wait", "harness_policy_params": {"thresholds": [2]}}
+    c = resolve_policy(extra, {"HARNESS_POLICY": "sarathi"})
+    assert (c.name, c.params, c.source) == ("wait", {"thresholds": [2]}, "additional_config")
+
+
+def test_default_policy_is_vllm() -> None:
+    c = resolve_policy({}, {})
+    assert (c.name, c.source) == ("vllm", "default")
+    assert build_policy(c).name == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"HARNESS_POLICY": "x", "HARNESS_POLICY_PARAMS": "{bad"}, "not valid JSON"),
+        ({"HARNESS_POLICY": "x", "HARNESS_POLICY_PARAMS": "[1]"}, "expected a JSON object"),
+    ],
+)
+def test_bad_params_one_clear_error(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(AdapterConfigError, match=needle):
+        resolve_policy(None, env)
+
+
+def test_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(AdapterConfigError, match="unknown policy 'nope'.*slai"):
+        build_policy(resolve_policy(None, {"HARNESS_POLICY": "nope"}))
+
+
+def _fake_request(**kw: object) -> SimpleNamespace:
+    base = dict(
+        request_id="r1",
+        arrival_time=1000.5,
+        priority=1,
+        num_prompt_tokens=10,
+        num_output_tokens=0,
+        num_computed_tokens=0,
+        max_tokens=4,
+        num_preemptions=0,
+        sampling_params=SimpleNamespace(extra_args={"tier": "paid", "tbt_slo_ms": 50}),
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_view_reads_live_vllm_accounting() -> None:
+    req = _fake_request()
+    v = VllmRequestView(req, origin=1000.0)
+    assert isinstance(v, RequestView)
+    assert (v.arrival_s, v.tier, v.priority, v.tbt_slo_s) == (0.5, "paid", 1, 0.05)
+    assert v.ttft_slo_s == 2.0  # not in the request: default paid tier (tiers.py)
+    assert remaining_tokens(v) == 10
+    req.num_computed_tokens, req.num_output_tokens = 10, 1  # after the prefill step
+    assert (v.num_tokens, remaining_tokens(v)) == (11, 1)
+    req.num_computed_tokens, req.num_preemptions = 0, 1  # recompute preemption
+    assert (remaining_tokens(v), v.num_preemptions) == (11, 1)
+
+
+def test_view_without_xargs() -> None:
+    v = VllmRequestView(_fake_request(sampling_params=None, priority=None), origin=0.0)
+    assert (v.tier, v.priority, v.ttft_slo_s, v.tbt_slo_s) == ("default", 0, None, None)
+
+
+def test_step_log_round_trip_and_fit_rows(tmp_path: Path) -> None:
+    p = tmp_path / "s" / "steps.jsonl"
+    log = StepLog(p)
+    row = {"duration_s": 0.01, "prefill_tokens": 5, "decode_tokens": 2, "kv_tokens": 40}
+    log.write(row)
+    log.write(row | {"duration_s": 0.02})
+    log.close()
+    with p.open("a") as fh:
+        fh.write('{"truncated": ')  # a killed server's last partial line
+    rows = read_step_log(p)
+    assert [r["duration_s"] for r in rows] == [0.01, 0.02]
+    s = step_log_samples(rows)[0]
+    assert s["step_duration_s"] == 0.01 and s["kv_used_tokens"] == 40 and s["source"] == "engine"
+    assert not StepLog(None).enabled
+
+
+def _fake_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / ".harness-ok").write_text("")
+    return venv
+
+
+def test_launch_command_adapter_vs_stock(tmp_path: Path) -> None:
+    venv = _fake_venv(tmp_path)
+    cfg = VllmServerConfig(policy="wait", policy_params={"a": 1}, venv=venv, kv_blocks=64)
+    cmd = cfg.command(8123)
+    assert cmd[cmd.index("--scheduler-cls") + 1] == SCHEDULER_CLS
+    assert "--no-async-scheduling" in cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--max-model-len") + 1] == str(63 * 32)  # one request fits the KV
+    env = cfg.environment()
+    assert env["HARNESS_POLICY"] == "wait" and json.loads(env["HARNESS_POLICY_PARAMS"]) == {"a": 1}
+    stock = VllmServerConfig(policy=None, venv=venv).command(8123)
+    assert "--scheduler-cls" not in stock and "--no-async-scheduling" not in stock
+    assert "HARNESS_POLICY" not in VllmServerConfig(policy=None, venv=venv).environment()
+
+
+def test_launch_without_setup_says_what_to_run(tmp_path: Path) -> None:
+    from adapters.vllm.launch import LaunchError
+
+    with pytest.raises(LaunchError, match="scripts/vllm-cpu/setup.sh"):
+        VllmServerConfig(venv=tmp_path / "none").command(1)
