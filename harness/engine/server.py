@@ -7,18 +7,26 @@ differs (style-examples.md take-away 6: one core, two clocks).
 
 Wall-clock host (one engine-loop task):
 
-1. If the core has no work, wait on an :class:`asyncio.Event` set by the next arrival (no
-   polling). The first step after idle starts at the arrival's model time.
+1. If there is no work, wait on an :class:`asyncio.Event` set by the next arrival (no
+   polling). The first step after idle starts at the arrival's model time (the wake-up
+   latency delays that step's tokens, never the schedule).
 2. ``outcome = core.step(m)`` at model time ``m``; then sleep until the wall time of
    ``m + duration_s`` on an *absolute* schedule: wall = ``t0 + model / speed``. Steps run
    back to back in model time (the next one starts at ``m + duration_s``) however late the
    loop woke, so lateness never accumulates into drift; it is recorded (``harness:
    step_lateness_seconds``). Only if the loop falls more than ``max_catchup_s`` behind does
    it resynchronise to "now" (counted in ``/harness/stats``).
-3. At the step's end the tokens sampled in it (policies/base.py host rule 5) are handed to
-   each request's stream; each HTTP handler writes its chunk. If a handler is behind when
-   several tokens are pending it sends them in one chunk, as vLLM's output collector merges
-   deltas for a slow consumer.
+3. At the step's end the tokens sampled in it (policies/base.py host rule 5) are written:
+   directly by the engine loop on the hot path, or by the request's HTTP handler (faults,
+   slow readers; see :class:`_Stream`). If a handler is behind when several tokens are
+   pending it sends them in one chunk, as vLLM's output collector merges deltas for a slow
+   consumer.
+
+Arrivals wait in an inbox stamped with their model arrival time; a step at model time ``m``
+sees only those with ``arrival <= m``, so a late-running step never swallows a request that
+arrived after its modeled start (the simulator's ``ARRIVAL < STEP_START`` event order). With
+the same arrivals the host therefore takes exactly the simulator's decisions
+(``server_fidelity.engine_match`` checks this per request).
 
 Model time vs wall time: the core and the policy see model seconds; the client sees wall
 seconds = model / ``speed``. SLOs arriving in ``vllm_xargs`` are client (wall) seconds and
