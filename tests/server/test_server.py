@@ -269,3 +269,26 @@ async def test_client_disconnect_aborts_the_request_and_frees_kv(session):
             await asyncio.sleep(0.02)  # polling a condition with a deadline, not a sync sleep
         assert running and running[0].endswith(" 0.0")
         assert 'kv_cache_usage_perc{engine="0",model_name="harness-builtin"} 0.0' in text
+
+
+async def test_the_replay_sampler_reads_the_servers_gauges(session):
+    """Engineer G's Sampler, pointed at the built-in server, sees the running request and its
+    KV use (the gauges are read live from the engine at scrape time)."""
+    from harness.loadgen.sampler import Sampler
+
+    rows: list[dict] = []
+    async with embedded(policy=TEST_POLICY, kv_tokens=4096) as url:
+        resp = await session.post(
+            url + "/v1/completions", json={"prompt": "a " * 500, "max_tokens": 3000, "stream": True}
+        )
+        await resp.content.readuntil(b"\n\n")  # first token out: it holds KV now
+        async with Sampler(
+            url, "builtin", rows.append, t0=clock.now(), interval_s=10, gpu=False
+        ) as sampler:
+            await sampler.sample_once()
+        resp.close()
+    assert rows and rows[0]["source"] == "prometheus"
+    assert rows[0]["num_running"] == 1 and rows[0]["num_waiting"] == 0
+    assert resp.status == 200
+    # 500 prompt tokens + the decodes so far, in 16-token blocks of a 4096-token cache
+    assert 512 / 4096 <= rows[0]["kv_usage"] < 1024 / 4096
