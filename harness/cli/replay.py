@@ -71,7 +71,9 @@ def replay(
             "vllm)."
         ),
     ] = None,
-    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    endpoint: Annotated[
+        str, typer.Option(help="completions, chat, or generate (SGLang native; --engine sglang).")
+    ] = "completions",
     arrival: Annotated[
         str, typer.Option(help="poisson, gamma, constant, or trace (the trace's own timestamps).")
     ] = "poisson",

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,54 @@ def interpret_openai(payloads: list[bytes], t: float, res: RequestResult, st: _S
                 st.prompt_tokens = pt
 
 
+def interpret_sglang_generate(
+    payloads: list[bytes], t: float, res: RequestResult, st: _StreamState
+) -> None:
+    """Apply messages of SGLang's native ``/generate`` stream (sglang 0.5.23
+    ``entrypoints/http_server.py`` ``stream_results`` and ``TokenizerManager`` out dicts):
+    ``data: {"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+    "completion_tokens", "cached_tokens", ...}}`` per output event, then ``data: [DONE]``.
+    ``text`` is cumulative (unless the server runs ``--incremental-streaming-output``), so
+    tokens come from the increase of ``meta_info.completion_tokens`` (rule 1 of the module
+    docstring); a message without it counts 1 if it has text (rule 2). Every output message is
+    a chunk; ``meta_info.finish_reason`` not null ends the request like OpenAI's."""
+    if DONE in payloads:
+        payloads = payloads[: payloads.index(DONE)]
+        st.done = True
+    if not payloads:
+        return
+    for obj in _loads_all(payloads):
+        if type(obj) is not dict:
+            raise _BadPayload(f"stream message is not a JSON object: {str(obj)[:120]}")
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise _BadPayload(f"error in stream: {str(msg)[:200]}")
+        meta = obj.get("meta_info")
+        if type(meta) is not dict:
+            raise _BadPayload(f"/generate message without meta_info: {str(obj)[:120]}")
+        cum = meta.get("completion_tokens")
+        if type(cum) is int:
+            tok = cum - st.assigned if cum > st.assigned else 0
+            st.usage_counted = True
+            st.final_completion = cum
+        else:
+            tok = 1 if obj.get("text") else 0
+            if tok:
+                st.text_chunks.append(len(res.chunk_t))
+        pt = meta.get("prompt_tokens")
+        if type(pt) is int:
+            st.prompt_tokens = pt
+        if meta.get("finish_reason") is not None:
+            st.finished_choices = True
+        st.assigned += tok
+        res.chunk_t.append(t)
+        res.chunk_tokens.append(tok)
+
+
+Interpreter = Callable[[list[bytes], float, RequestResult, _StreamState], None]
+
+
 def reconcile(res: RequestResult, st: _StreamState) -> None:
     """Settle chunk token counts against the final usage (module docstring, rule 3)."""
     toks = res.chunk_tokens
@@ -250,13 +299,18 @@ async def stream_request(
     body: bytes,
     headers: dict[str, str],
     res: RequestResult,
+    interpret: Interpreter | None = None,
 ) -> RequestResult:
     """POST ``body`` and consume the SSE stream into ``res``; stamps ``res.send`` itself.
+
+    ``interpret`` reads the stream's messages (default :func:`interpret_openai`; SGLang's
+    native ``/generate`` uses :func:`interpret_sglang_generate`).
 
     Never raises except :class:`asyncio.CancelledError`, which is recorded as ``cancelled``
     before it propagates.
     """
     st = _StreamState()
+    interp = interpret or interpret_openai
     got_response = False
     now = clock.now
     try:
@@ -289,7 +343,7 @@ async def stream_request(
                     continue  # drain to EOF so the connection returns to the pool
                 payloads = feed(data)
                 if payloads:
-                    interpret_openai(payloads, t, res, st)
+                    interp(payloads, t, res, st)
             if not res.chunk_t:
                 res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
             elif not (st.done or st.finished_choices):

@@ -10,10 +10,14 @@ A dialect decides the request *extras*; the streaming format (OpenAI SSE chunks)
   ``SamplingParams.extra_args``, so no null values are sent).
 - ``sglang``: + ``ignore_eos``, continuous usage, ``priority`` and ``custom_params`` with the
   same keys (anchors-engines.md §3.4: ``sampling_params.custom_params`` survives IPC and is
-  readable in the scheduler; SGLang's OpenAI ``CompletionRequest`` declares ``custom_params``).
-  SGLang's native ``/generate`` endpoint is a later addition: a dialect that supports it adds
-  an :class:`Endpoint` member and overrides :meth:`Dialect.path`/:meth:`Dialect.body` (and the
-  client's message interpretation, ``harness.loadgen.client.interpret_openai``).
+  readable in the scheduler; SGLang's OpenAI ``CompletionRequest`` and
+  ``ChatCompletionRequest`` declare ``custom_params``, ``priority``, ``ignore_eos`` and
+  ``stream_options.continuous_usage_stats``: verified in sglang 0.5.23
+  ``srt/entrypoints/openai/protocol.py``). Only ``sglang`` also speaks SGLang's native
+  ``/generate`` (``Endpoint.GENERATE``, :func:`generate_body`; its stream is read by
+  ``harness.loadgen.client.interpret_sglang_generate``). SGLang's *own* priority scheduling
+  (``--enable-priority-scheduling``) treats higher values as more important unless started
+  with ``--schedule-low-priority-values-first``; the harness sends vLLM's polarity.
 - ``builtin``: the built-in engine server (``harness serve``): ``vllm`` + the exact length hint
   ``"harness": {"prompt_len": N, "output_len": M}``, which only that server reads.
 
@@ -33,9 +37,14 @@ from harness.workload.tiers import Tier
 class Endpoint(StrEnum):
     COMPLETIONS = "completions"
     CHAT = "chat"
+    GENERATE = "generate"  # SGLang's native streaming API (sglang dialect only)
 
 
-PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
+PATHS = {
+    Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.GENERATE: "/generate",
+}
 
 # Keys: kv_usage (0..1 gauge), running, waiting (gauges), preemptions (counter, exported name).
 METRIC_NAMES: dict[str, dict[str, str]] = {
@@ -69,7 +78,18 @@ class Dialect:
     length_hint: bool = False
 
     def path(self, endpoint: Endpoint) -> str:
+        if endpoint is Endpoint.GENERATE and self.name != "sglang":
+            raise ValueError("--endpoint generate is SGLang's native API: use --engine sglang")
         return PATHS[endpoint]
+
+    def interpreter(self, endpoint: Endpoint) -> Any:
+        """The client's stream interpreter for ``endpoint`` (OpenAI chunks or SGLang's
+        native ``/generate`` messages)."""
+        from harness.loadgen import client
+
+        if endpoint is Endpoint.GENERATE:
+            return client.interpret_sglang_generate
+        return client.interpret_openai
 
     def body(
         self,
@@ -82,6 +102,11 @@ class Dialect:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The JSON body for one request (anchors-harness.md §6.1 field for field)."""
+        if endpoint is Endpoint.GENERATE:
+            self.path(endpoint)  # sglang only
+            return generate_body(
+                prompt, output_len, tier, self.ignore_eos, self.send_priority, extra
+            )
         stream_options: dict[str, Any] = {"include_usage": True}
         if self.continuous_usage:
             stream_options["continuous_usage_stats"] = True
@@ -116,6 +141,36 @@ def tier_extras(tier: Tier) -> dict[str, str | float]:
     if tier.tbt_slo_s is not None:
         out["tbt_slo_ms"] = round(tier.tbt_slo_s * 1000.0, 6)
     return out
+
+
+def generate_body(
+    prompt: str,
+    output_len: int,
+    tier: Tier | None,
+    ignore_eos: bool = True,
+    send_priority: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """SGLang ``/generate`` body: ``{text, sampling_params: {max_new_tokens, ignore_eos,
+    custom_params}, stream: true, priority}`` (sglang 0.5.23 ``GenerateReqInput`` and
+    ``sglang/api/v1/api_types.py`` ``SamplingParams``, which rejects unknown keys, so only
+    those three are sent). ``extra`` merges at the top level; an ``extra["sampling_params"]``
+    dict merges into the sampling parameters."""
+    sp: dict[str, Any] = {"max_new_tokens": int(output_len)}
+    if ignore_eos:
+        sp["ignore_eos"] = True
+    body: dict[str, Any] = {"text": prompt, "sampling_params": sp, "stream": True}
+    if tier is not None:
+        sp["custom_params"] = tier_extras(tier)
+        if send_priority:
+            body["priority"] = int(tier.priority)
+    if extra:
+        extra = dict(extra)
+        more_sp = extra.pop("sampling_params", None)
+        if isinstance(more_sp, dict):
+            sp.update(more_sp)
+        body.update(extra)
+    return body
 
 
 DIALECTS = ("openai", "vllm", "sglang", "builtin")

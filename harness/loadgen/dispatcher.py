@@ -114,6 +114,7 @@ class Dispatcher:
         self.jobs = jobs
         self.session = session
         self.url = base_url.rstrip("/") + dialect.path(endpoint)
+        self.interpret = dialect.interpreter(endpoint)
         self.model = model
         self.dialect = dialect
         self.endpoint = endpoint
@@ -175,10 +176,10 @@ class Dispatcher:
             if self.sem is not None:
                 async with self.sem:
                     st.sent += 1
-                    await stream_request(self.session, self.url, data, headers, res)
+                    await stream_request(self.session, self.url, data, headers, res, self.interpret)
             else:
                 st.sent += 1
-                await stream_request(self.session, self.url, data, headers, res)
+                await stream_request(self.session, self.url, data, headers, res, self.interpret)
         except asyncio.CancelledError:
             if res.error_kind is None:  # cancelled before the POST (e.g. in the semaphore)
                 res.fail(schema.ERROR_CANCELLED, "cancelled before it was sent")

@@ -60,7 +60,9 @@ class ReplayConfig(BaseModel):
     engine: Literal["openai", "vllm", "sglang", "builtin"] | None = Field(
         None, description="request dialect; None = builtin without a target, else vllm"
     )
-    endpoint: Endpoint = Field(Endpoint.COMPLETIONS, description="completions or chat")
+    endpoint: Endpoint = Field(
+        Endpoint.COMPLETIONS, description="completions, chat, or generate (SGLang's native API)"
+    )
     arrival: Literal["poisson", "gamma", "constant", "trace"] = Field(
         "poisson", description="arrival process; 'trace' = the trace's timestamps"
     )
@@ -134,6 +136,8 @@ class ReplayConfig(BaseModel):
             if given:
                 flags = ", ".join("--" + k.replace("_", "-") for k in given)
                 raise ValueError(f"{flags} only apply to the built-in engine (drop --target)")
+        if self.endpoint is Endpoint.GENERATE and self.dialect_name != "sglang":
+            raise ValueError("--endpoint generate is SGLang's native API: use --engine sglang")
         if self.arrival == "trace" and self.rate is not None:
             raise ValueError("--arrival trace replays the trace's timestamps; drop --rate")
         if self.arrival != "trace" and self.rate is None:
