@@ -190,14 +190,18 @@ def fidelity(args: argparse.Namespace) -> None:
                 kv_tokens=args.kv_tokens, speed=args.speed, separate_process=True,
             )
         )  # fmt: skip
-    print(f"{'metric':<16}{'sim(nominal)':>14}{'sim(realised)':>15}{'replay':>10}{'err':>9}")
+    print(
+        f"{'metric':<16}{'sim(nominal)':>13}{'sim(sent)':>11}{'sim(recv)':>11}{'replay':>9}"
+        f"{'err(sent)':>11}{'err(recv)':>11}"
+    )
     for k, ref in res["sim_realised"].items():
         if not k.endswith("_ms"):
             continue
         got = res["replay"][k]
+        at = res["sim_server_arrivals"][k]
         print(
-            f"{k:<16}{res['sim_nominal'][k]:>14.2f}{ref:>15.2f}{got:>10.2f}"
-            f"{100 * (got - ref) / ref:>8.1f}%"
+            f"{k:<16}{res['sim_nominal'][k]:>13.2f}{ref:>11.2f}{at:>11.2f}{got:>9.2f}"
+            f"{100 * (got - ref) / ref:>10.1f}%{100 * (got - at) / at:>10.1f}%"
         )
     em = res["engine_match"]
     print(

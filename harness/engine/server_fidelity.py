@@ -4,12 +4,16 @@ Why: the server is the simulator's engine core in wall-clock time (server.py), s
 against it must give the simulator's TTFT and TBT distributions up to what wall-clock
 execution adds (loopback latency, wake-up lateness). This module runs both and compares.
 
-Two simulations are compared with the replay:
+Three simulations are compared with the replay:
 
 - ``nominal``: the trace's own arrival times. Differences then mix the load generator's
   send lag (measured separately in every replay's summary) with the server's fidelity.
 - ``realised``: the same requests at the times the load generator actually sent them
-  (``send_s`` of the replay): the fair comparison of what a client measures.
+  (``send_s`` of the replay).
+- ``server_arrivals``: the same requests at the instants the server received them. Same
+  engine decisions as the replay (see below), so the replay differs only by each request's
+  delivery time and the emission/receipt lateness of its chunks: the fair comparison of what
+  a client measures, free of the batching cascades a shifted arrival causes.
 
 and, separately, the engine host alone (:func:`engine_match`): the requests simulated at the
 exact model times the server stamped on their arrival must get the simulator's token times.
@@ -72,7 +76,7 @@ def rel_errors(got: dict[str, float], ref: dict[str, float]) -> dict[str, float]
     }
 
 
-def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> dict[str, float]:
+def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> tuple[dict[str, float], Path]:
     """The engine host alone: simulate the requests at the model times the server stamped
     on arrival and compare each request's first/last token model times with the server's.
 
@@ -97,7 +101,7 @@ def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> dict[str, 
         "requests": float(len(both)),
         "identical_share": float((both < 1e-6).mean()) if len(both) else float("nan"),
         "max_abs_diff_ms": float(both.max() * 1e3) if len(both) else float("nan"),
-    }
+    }, sim_dir
 
 
 @contextlib.asynccontextmanager
@@ -140,7 +144,8 @@ async def compare(
     separate_process: bool = False,
 ) -> dict[str, Any]:
     """Simulate and replay ``trace`` (a :class:`~harness.workload.trace.Trace`); return the
-    three stat blocks and the replay's relative errors against each simulation."""
+    stat blocks, the replay's relative errors against the simulations, the engine-host
+    match and the server's lateness statistics."""
     from harness.engine.simulate import SimulateConfig, run_simulation
     from harness.loadgen.replay import ReplayConfig, run_replay_async
     from harness.workload.trace import Trace
@@ -191,9 +196,12 @@ async def compare(
     nominal = latency_stats(simulate(trace, "sim-nominal"))
     realised = latency_stats(simulate(Trace.from_frame(real, trace.tiers, trace.meta), "sim-real"))
     replay = latency_stats(rep_dir, scale=speed)
-    engine = engine_match(records, trace, simulate)
+    engine, server_sim_dir = engine_match(records, trace, simulate)
+    at_server = latency_stats(server_sim_dir)
     return {
         "engine_match": engine,
+        "sim_server_arrivals": at_server,
+        "err_vs_server_arrivals": rel_errors(replay, at_server),
         "sim_nominal": nominal,
         "sim_realised": realised,
         "replay": replay,

@@ -48,16 +48,19 @@ async def test_simulate_and_replay_agree(tmp_path: Path):
             break
     else:
         pytest.skip(f"machine too contended: server step lateness p99 {late:.1f} ms")
-    sim, rep = res["sim_realised"], res["replay"]
+    sim, rep = res["sim_server_arrivals"], res["replay"]
     assert sim["completed"] == rep["completed"] == 200
     assert res["server"]["resyncs"] == 0
-    # What a client measures adds the load generator's own delays (send stamp -> server
-    # receipt: median ~1 ms, p95 ~9 ms on this loaded 2-core machine) and emission/receipt
-    # lateness. TPOT (a per-request mean) within 3%; TTFT and ITL quantiles within 10% plus
-    # 8 ms (TTFT: delivery + first-token lateness) / 3 ms (ITL: jitter smearing the
-    # simulator's point masses at exact step times).
+    # Against the simulation at the server's arrival stamps (same engine decisions), what a
+    # client measures adds each request's delivery (send stamp -> server receipt: median
+    # ~1 ms, p95 ~9 ms on this loaded 2-core machine) and emission/receipt lateness.
+    # TPOT (a per-request mean) within 3%; TTFT and ITL medians within 10% plus 8 ms (TTFT:
+    # delivery + first-token lateness) / 3 ms (ITL: jitter smearing the simulator's point
+    # masses at exact step times); tails additionally by the server's own measured
+    # step-lateness p99 (a late wake-up lands in the tail one for one).
     assert rep["tpot_median_ms"] == pytest.approx(sim["tpot_median_ms"], rel=0.03)
     for m, slack in (("ttft", 8.0), ("itl", 3.0)):
         for q in ("median", "p90", "p99"):
             k = f"{m}_{q}_ms"
-            assert rep[k] == pytest.approx(sim[k], rel=0.10, abs=slack), (k, res)
+            tol = slack if q == "median" else slack + late
+            assert rep[k] == pytest.approx(sim[k], rel=0.10, abs=tol), (k, res)
