@@ -51,7 +51,7 @@ from typing import Any
 import vllm
 from adapters.vllm import SUPPORTED_VLLM_VERSION
 from adapters.vllm.config import PolicyChoice, build_policy, resolve_policy
-from adapters.vllm.steplog import StepLog
+from adapters.vllm.steplog import StepLog, request_row
 from adapters.vllm.view import VllmRequestView
 from harness.policies.base import KVView, Plan, StepReport, View
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -321,7 +321,9 @@ class HarnessScheduler(Scheduler):
         finished.extend(a for a in self._aborted if a not in finished)
         self._aborted.clear()
         for rid in finished:
-            self._views.pop(rid, None)
+            view = self._views.pop(rid, None)
+            if view is not None and self._steplog.enabled:
+                self._steplog.write(request_row(view, end))
         kv = self.kv_view()
         duration = max(0.0, end - pend.start_s)
         self._last_step_s = duration
@@ -342,6 +344,7 @@ class HarnessScheduler(Scheduler):
         if self._steplog.enabled:
             self._steplog.write(
                 {
+                    "kind": "step",
                     "t_s": round(pend.start_s, 6),
                     "duration_s": round(duration, 6),
                     "prefill_tokens": pend.prefill_tokens,

@@ -12,6 +12,10 @@ One line per executed step, keys::
     batch_tokens   prefill_tokens + decode_tokens
     kv_used_blocks, num_running, num_waiting, preempted, admitted, finished (counts)
 
+Each finished request adds one ``{"kind": "request", ...}`` line (engine-side arrival, first
+and last token times, token counts, tier): latencies as the engine saw them, free of HTTP and
+client-side delays. Step lines carry ``"kind": "step"``.
+
 Written line-buffered so a killed server leaves every finished step on disk.
 """
 
@@ -46,6 +50,32 @@ class StepLog:
             self._fh = None
 
 
+def request_row(view: Any, end_s: float) -> dict[str, Any]:
+    """The log line of a finished request (host-clock seconds)."""
+    return {
+        "kind": "request",
+        "request_id": view.request_id,
+        "tier": view.tier,
+        "arrival_s": round(view.arrival_s, 6),
+        "first_token_s": view.first_token_s,
+        "last_token_s": view.last_token_s,
+        "end_s": round(end_s, 6),
+        "prompt_tokens": view.num_prompt_tokens,
+        "output_tokens": view.num_output_tokens,
+        "num_preemptions": view.num_preemptions,
+    }
+
+
+def steps_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step lines of a log (lines without ``kind`` are steps too)."""
+    return [r for r in rows if r.get("kind", "step") == "step"]
+
+
+def requests_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The finished-request lines of a log."""
+    return [r for r in rows if r.get("kind") == "request"]
+
+
 def read_step_log(path: str | Path) -> list[dict[str, Any]]:
     """Read a step log back (blank or truncated trailing lines are skipped)."""
     rows: list[dict[str, Any]] = []
@@ -76,5 +106,5 @@ def step_log_samples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "decode_tokens": r["decode_tokens"],
             "kv_used_tokens": r["kv_tokens"],
         }
-        for r in rows
+        for r in steps_only(rows)
     ]

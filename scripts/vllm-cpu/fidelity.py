@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from adapters.vllm.launch import DEFAULT_MODEL, VllmServerConfig, running_vllm  # noqa: E402
-from adapters.vllm.steplog import read_step_log, step_log_samples  # noqa: E402
+from adapters.vllm.steplog import read_step_log, requests_only, step_log_samples  # noqa: E402
 
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
 
@@ -83,16 +83,19 @@ def real_metrics(run_dir: Path) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot, "itl": np.asarray(itl)}
 
 
-def sim_metrics(run_dir: Path, cost: Any, kv_blocks: int, budget: int, seqs: int) -> dict:
-    """Simulate the run's own requests (its arrival times) with the fitted cost model."""
-    from harness.engine.config import EngineConfig
-    from harness.engine.simulate import simulate
-    from harness.policies.registry import make_policy
-    from harness.workload.tiers import parse_tiers
-    from harness.workload.trace import Trace
+def engine_metrics(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """TTFT and TPOT as the engine saw them (the adapter's request lines): no HTTP, no client."""
+    df = pd.DataFrame(requests_only(rows))
+    n = df["output_tokens"].to_numpy()
+    ttft = (df["first_token_s"] - df["arrival_s"]).to_numpy()
+    tpot = ((df["last_token_s"] - df["first_token_s"]).to_numpy() / np.maximum(n - 1, 1))[n > 1]
+    return {"ttft": ttft, "tpot": tpot}
 
+
+def client_trace_frame(run_dir: Path) -> pd.DataFrame:
+    """The run's requests with the arrival times the server actually saw (send_s)."""
     req = pd.read_parquet(run_dir / "requests.parquet").sort_values("send_s")
-    df = pd.DataFrame(
+    return pd.DataFrame(
         {
             "request_id": req["request_id"].astype(str),
             "arrival_s": req["send_s"].to_numpy() - float(req["send_s"].min()),
@@ -101,6 +104,30 @@ def sim_metrics(run_dir: Path, cost: Any, kv_blocks: int, budget: int, seqs: int
             "tier": req["tier"].astype(str),
         }
     )
+
+
+def engine_trace_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The engine-side arrivals and lengths of the adapter's finished requests."""
+    df = pd.DataFrame(requests_only(rows)).sort_values("arrival_s")
+    return pd.DataFrame(
+        {
+            "request_id": df["request_id"].astype(str),
+            "arrival_s": df["arrival_s"].to_numpy() - float(df["arrival_s"].min()),
+            "prompt_len": df["prompt_tokens"].astype(int),
+            "output_len": df["output_tokens"].astype(int),
+            "tier": df["tier"].astype(str),
+        }
+    )
+
+
+def sim_metrics(df: pd.DataFrame, cost: Any, kv_blocks: int, budget: int, seqs: int) -> dict:
+    """Simulate these requests (their arrival times) with the fitted cost model."""
+    from harness.engine.config import EngineConfig
+    from harness.engine.simulate import simulate
+    from harness.policies.registry import make_policy
+    from harness.workload.tiers import parse_tiers
+    from harness.workload.trace import Trace
+
     trace = Trace.from_frame(df.reset_index(drop=True), parse_tiers(TIERS))
     cfg = EngineConfig(
         block_size=32, num_blocks=kv_blocks - 1, token_budget=budget, max_num_seqs=seqs
@@ -123,7 +150,7 @@ def compare(real: dict, sim: dict) -> dict[str, Any]:
     from scipy.stats import ks_2samp
 
     out: dict[str, Any] = {}
-    for key in ("ttft", "tpot", "itl"):
+    for key in real:
         a, b = real[key], sim[key]
         row = {"n_real": int(len(a)), "n_sim": int(len(b))}
         for q in (50, 90, 99):
@@ -169,25 +196,32 @@ def main() -> int:
 
     from harness.engine.costmodel import fit_cost_model
 
-    rows = read_step_log(step_log)[:n_cal]
+    all_rows = read_step_log(step_log)
+    rows, eval_rows = all_rows[:n_cal], all_rows[n_cal:]
     fit = fit_cost_model(step_log_samples(rows), name="vllm-cpu-tiny-fit", with_floor=True)
     (out / "costmodel.json").write_text(json.dumps(fit.model.to_dict(), indent=2))
     shape = (args.kv_blocks, args.budget, args.max_num_seqs)
     result = {
         "fit": {"r2": fit.r2, "rmse_ms": fit.rmse_s * 1e3, "n_steps": fit.n, **fit.model.to_dict()},
-        "stock_vs_sim": compare(
+        # client-side: what harness replay measured (HTTP, API server, busy client included)
+        "stock_client_vs_sim": compare(
             real_metrics(out / "stock-evaluation"),
-            sim_metrics(out / "stock-evaluation", fit.model, *shape),
+            sim_metrics(client_trace_frame(out / "stock-evaluation"), fit.model, *shape),
         ),
-        "adapter_vllm_vs_sim": compare(
+        "adapter_client_vs_sim": compare(
             real_metrics(out / "adapter-evaluation"),
-            sim_metrics(out / "adapter-evaluation", fit.model, *shape),
+            sim_metrics(client_trace_frame(out / "adapter-evaluation"), fit.model, *shape),
+        ),
+        # engine-side: the adapter's own request lines vs the simulator on the same arrivals
+        "adapter_engine_vs_sim": compare(
+            engine_metrics(eval_rows),
+            sim_metrics(engine_trace_frame(eval_rows), fit.model, *shape),
         ),
         "config": vars(args) | {"out": str(out)},
     }
     (out / "fidelity.json").write_text(json.dumps(result, indent=2))
     print(f"fit: r2={fit.r2:.3f} rmse={fit.rmse_s * 1e3:.2f} ms over {fit.n} steps")
-    for name in ("stock_vs_sim", "adapter_vllm_vs_sim"):
+    for name in ("stock_client_vs_sim", "adapter_client_vs_sim", "adapter_engine_vs_sim"):
         print(f"\n{name}\n| metric | p50 real/sim ms | p90 real/sim ms | p99 real/sim ms | KS |")
         print("|---|---|---|---|---|")
         for key, r in result[name].items():

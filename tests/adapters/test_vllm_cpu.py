@@ -51,7 +51,7 @@ def _serve_and_replay(
     tmp: Path, harness_cli: list[str], trace: Path, policy: str | None, params: dict[str, Any]
 ) -> tuple[Path, list[dict[str, Any]], str]:
     from adapters.vllm.launch import VllmServerConfig, running_vllm
-    from adapters.vllm.steplog import read_step_log
+    from adapters.vllm.steplog import read_step_log, steps_only
 
     step_log = tmp / "steps.jsonl"
     cfg = VllmServerConfig(
@@ -93,7 +93,7 @@ def _serve_and_replay(
         )
         log_text = server.log_path.read_text(errors="replace")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    steps = read_step_log(step_log) if step_log.exists() else []
+    steps = steps_only(read_step_log(step_log)) if step_log.exists() else []
     return run_dir, steps, log_text
 
 

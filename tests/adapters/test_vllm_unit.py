@@ -129,3 +129,27 @@ def test_launch_without_setup_says_what_to_run(tmp_path: Path) -> None:
 
     with pytest.raises(LaunchError, match="scripts/vllm-cpu/setup.sh"):
         VllmServerConfig(venv=tmp_path / "none").command(1)
+
+
+def test_request_lines_are_kept_apart_from_steps(tmp_path: Path) -> None:
+    from adapters.vllm.steplog import request_row, requests_only, steps_only
+
+    view = VllmRequestView(_fake_request(num_output_tokens=4, num_computed_tokens=13), 1000.0)
+    view.first_token_s, view.last_token_s = 0.7, 0.9
+    log = StepLog(tmp_path / "log.jsonl")
+    log.write(
+        {
+            "kind": "step",
+            "duration_s": 0.01,
+            "prefill_tokens": 1,
+            "decode_tokens": 0,
+            "kv_tokens": 1,
+        }
+    )
+    log.write(request_row(view, 0.95))
+    log.close()
+    rows = read_step_log(tmp_path / "log.jsonl")
+    assert len(steps_only(rows)) == 1 and len(step_log_samples(rows)) == 1
+    (req,) = requests_only(rows)
+    assert (req["arrival_s"], req["first_token_s"], req["output_tokens"]) == (0.5, 0.7, 4)
+    assert req["tier"] == "paid"
