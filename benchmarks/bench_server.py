@@ -218,8 +218,8 @@ def fidelity(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--step-ms", default="5", help="constant modeled step time(s), ms")
-    ap.add_argument("--conc", default="10,20,40,60,80,100", help="concurrency levels")
+    ap.add_argument("--step-ms", default="2,5", help="constant modeled step time(s), ms")
+    ap.add_argument("--conc", default="10,20,40,60", help="concurrency levels")
     ap.add_argument("--seconds", type=float, default=3.0, help="stream length per level")
     ap.add_argument("--budget-ms", type=float, default=2.0, help="p99 lateness budget")
     ap.add_argument("--fidelity", action="store_true", help="run the sim-vs-replay comparison")
