@@ -14,7 +14,8 @@ The host lives on the scheduler object (one per scheduler process, created on fi
 Start-up refuses overlap scheduling (``--disable-overlap-schedule`` is required: with overlap,
 step k+1 is chosen before step k's tokens are processed, so the policy would plan on stale
 counts; the same reason the vLLM adapter needs ``--no-async-scheduling``) and an unpinned
-SGLang version (``HARNESS_SGLANG_ANY_VERSION=1`` overrides).
+SGLang version (``HARNESS_SGLANG_ANY_VERSION=1`` overrides). ``HARNESS_POLICY=stock``
+registers nothing, so the same container runs SGLang's own scheduler as the baseline.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from adapters.vllm.config import build_policy, resolve_policy
 logger = logging.getLogger("harness.adapters.sglang")
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+STOCK = "stock"  # HARNESS_POLICY=stock: load no hooks (SGLang's own scheduler, for baselines)
 HOOKED = ("get_new_batch_prefill", "get_next_batch_to_run", "_add_request_to_queue")
 
 
@@ -91,6 +93,9 @@ def register() -> None:
     import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    if os.environ.get("HARNESS_POLICY") == STOCK:
+        logger.warning("adapters.sglang: HARNESS_POLICY=stock, SGLang's own scheduler runs")
+        return
     check_version(sglang.__version__)
     hooks = (_around_prefill, _around_next_batch, _around_add)
     for name, hook in zip(HOOKED, hooks, strict=True):
