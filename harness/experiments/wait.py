@@ -152,8 +152,10 @@ def run(
             out_dir, f"{name} (KV = M^π = {tight})", trace, cm, configs, B_SYN, kv_tokens=tight
         )
         eq_load = d1 * sum(t[2] * (t[1] + 1) * (t[0] + t[1] / 2) for t in types)
+        regime = "overloaded, Remark 1" if eq_load >= 1 else "fluid-stable"
         notes.append(
-            f"{name}: fluid load d1·A = {eq_load:.0f} (>= 1: overloaded, Remark 1), "
+            f"{name}: fluid load d1·A = {eq_load:.2f} ({regime}; d0 = {d0 * 1e3:.1f} ms, "
+            f"d1 = {d1 * 1e6:.2f} us/token fitted to {cost_model}), "
             f"M^π = {th.memory_tokens:.0f} tokens of {capacity} KV."
         )
     lengths = load_lengths("lmsys_sample_lengths.csv")
