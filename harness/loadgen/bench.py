@@ -236,11 +236,25 @@ def vllm_bench(
             "--result-dir", tmp, "--result-filename", "r.json",
             "--percentile-metrics", "ttft,itl,e2el", "--metric-percentiles", "50,99",
         ]  # fmt: skip
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+        # CPU of the benchmark phase only (not its imports / dataset sampling): read the
+        # process's utime+stime when it announces the main run and when it prints results.
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        assert proc.stdout is not None
+        cpu_start = cpu_end = float("nan")
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = (tail + [line])[-20:]
+            if "Starting main benchmark run" in line:
+                cpu_start = _proc_cpu(proc.pid)
+            elif "Serving Benchmark Result" in line:
+                cpu_end = _proc_cpu(proc.pid)
+        proc.wait(timeout=900)
         res = Path(tmp) / "r.json"
         if not res.is_file():
-            raise RuntimeError(f"vllm bench serve failed: {proc.stderr[-500:]}")
+            raise RuntimeError(f"vllm bench serve failed: {''.join(tail)[-500:]}")
         d = json.loads(res.read_text())
     return {
         "offered_rps": rate,
@@ -249,7 +263,17 @@ def vllm_bench(
         "achieved_rps": d["request_throughput"],
         "chunks_per_s": d["completed"] * output_len / d["duration"],
         "ttft_p99_ms": d.get("p99_ttft_ms", float("nan")),
+        "cpu_ms_per_req": (cpu_end - cpu_start) / max(1, n) * 1000.0,
     }
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime of a live process, seconds (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(
@@ -276,7 +300,8 @@ def main(
                 print(
                     f"{v['offered_rps']:>8.0f} {v['achieved_rps']:>9.1f} "
                     f"{v['chunks_per_s']:>9.0f}  TTFT p99 {v['ttft_p99_ms']:.1f} ms  "
-                    f"completed {v['completed']}"
+                    f"completed {v['completed']}  cpu ms/req {v['cpu_ms_per_req']:.3f} "
+                    f"(1-core cap {1000.0 / v['cpu_ms_per_req']:.0f})"
                 )
     if accuracy:
         acc = timestamp_accuracy()
