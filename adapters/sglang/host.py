@@ -131,15 +131,25 @@ class SGLangHost:
         budget = getattr(sched, "max_prefill_tokens", None) or getattr(
             sched, "chunked_prefill_size", None
         )
+        # SGLang re-queues a retracted request at the back; the contract lists preempted
+        # requests first (base.py View.waiting), so they are moved to the front here.
+        waiting = [self.view_of(r) for r in sched.waiting_queue]
+        waiting = [v for v in waiting if self._retracted(v)] + [
+            v for v in waiting if not self._retracted(v)
+        ]
         return View(
             now=now,
-            waiting=[self.view_of(r) for r in sched.waiting_queue],
+            waiting=waiting,
             running=[self.view_of(r) for r in self.running_reqs(sched, running_batch)],
             kv=self.kv_view(sched),
             token_budget=int(budget or 0),
             max_num_seqs=int(sched.max_running_requests),
             last_step_s=self._last_step_s,
         )
+
+    @staticmethod
+    def _retracted(v: SglRequestView) -> bool:
+        return v.num_preemptions > 0 and v.num_computed_tokens == 0
 
     # ------------------------------------------------------------ the hooks
     def around_prefill(self, orig: Callable[..., Any], sched: Any, running_batch: Any) -> Any:

@@ -83,8 +83,10 @@ def _around_next_batch(orig: Any, sched: Any, *a: Any, **kw: Any) -> Any:
 
 def _around_add(orig: Any, sched: Any, req: Any, *a: Any, **kw: Any) -> Any:
     out = orig(sched, req, *a, **kw)
-    retracted = bool(kw.get("is_retracted", a[0] if a else False))
-    host_of(sched).on_add(req, is_retracted=retracted)
+    queue = getattr(sched, "waiting_queue", None)
+    if queue and queue[-1] is req:  # queued, not refused (priority/queue-limit aborts)
+        retracted = bool(kw.get("is_retracted", a[0] if a else False))
+        host_of(sched).on_add(req, is_retracted=retracted)
     return out
 
 

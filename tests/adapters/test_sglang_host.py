@@ -248,15 +248,28 @@ def test_plugin_guards_and_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     sched.enable_overlap = False
     host = plugin.host_of(sched)
     assert plugin.host_of(sched) is host and host.policy.name == "vllm"
-    calls: list[tuple[Any, ...]] = []
-    plugin._around_add(lambda s, r, *a, **k: calls.append((r.rid, a, k)), sched, FakeReq("x", 2, 2))
-    plugin._around_add(
-        lambda s, r, *a, **k: calls.append((r.rid, a, k)),
-        sched,
-        FakeReq("y", 2, 2),
-        is_retracted=True,
-    )
-    assert [c[0] for c in calls] == ["x", "y"] and list(host.views) == ["x"]
+    calls: list[str] = []
+
+    def add(s: Any, r: Any, is_retracted: bool = False) -> None:  # SGLang's contract
+        calls.append(r.rid)
+        if r.rid != "refused":
+            s.waiting_queue.append(r)
+
+    plugin._around_add(add, sched, FakeReq("x", 2, 2))
+    plugin._around_add(add, sched, FakeReq("y", 2, 2), is_retracted=True)
+    plugin._around_add(add, sched, FakeReq("refused", 2, 2))
+    assert calls == ["x", "y", "refused"] and list(host.views) == ["x"]
+
+
+def test_retracted_requests_are_listed_first_in_the_view() -> None:
+    a, b = FakeReq("a", 10, 3), FakeReq("b", 5, 3)
+    b.retraction_count = 1
+    b.output_ids = [1, 2]  # kept; recompute covers prompt + output
+    pol = Scripted()
+    host = SGLangHost(pol, next_batch_plan=plan_factory)
+    host.around_prefill(fake_prefill, make_sched([a, b]), running_batch([]))
+    w = pol.views[0].waiting
+    assert [v.request_id for v in w] == ["b", "a"] and w[0].num_preemptions == 1
 
 
 @pytest.mark.parametrize("name", ["vllm", "wait", "slai"])
