@@ -18,6 +18,7 @@ Rejection mirrors vLLM's OpenAI front end: a request whose prompt + max_tokens e
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -36,7 +37,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = ROOT / ".cache" / "tiny-llama"
+DEFAULT_MODEL = Path(os.environ.get("TINY_MODEL_DIR") or ROOT / ".cache" / "tiny-llama")
 SAMPLED_TOKEN = 7
 
 

