@@ -18,8 +18,8 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   accounting is the memory check (option b).
 * #12 memory: run order is "latest stage first, partial prefills last", so a KV shortage
   evicts the most recently admitted prompt (LIFO, §1.4); evictions are the host's metric.
-* #14 FIFO by arrival inside every queue. #17 end of run: as in WAIT, once nothing has
-  arrived for ``flush_after_s`` seconds all thresholds relax to ``min(n_i, available)``.
+* #14 FIFO by arrival inside every queue. #17 end of run and ``on_idle``: as in WAIT
+  (``trace_end_s``, ``flush_after_s``; ``on_idle="wait"`` is the paper, ``"flush"`` never stalls).
 * The policy never reads ``predicted_output_len`` or ``max_tokens`` (non-predictive, §1.2).
 """
 
@@ -56,7 +56,13 @@ class NestedWaitPolicy(BasePolicy):
         thresholds: Sequence[float] = (66, 43, 32, 24, 17, 11, 7, 4, 2, 1),
         *,
         flush_after_s: float | None = 1.0,
+        on_idle: str = "flush",
+        trace_end_s: float | None = None,
     ) -> None:
+        if on_idle not in ("flush", "wait"):
+            raise ValueError("on_idle must be 'flush' or 'wait'")
+        self.on_idle = on_idle
+        self.trace_end_s = trace_end_s
         if len(edges) != len(thresholds) or not edges:
             raise ValueError("nested-wait: edges and thresholds need the same non-zero length")
         if list(edges) != sorted(edges) or len(set(edges)) != len(edges) or edges[0] < 1:
@@ -76,10 +82,19 @@ class NestedWaitPolicy(BasePolicy):
         return 0 if i == 0 else self.edges[i - 1]
 
     def schedule(self, view: View) -> Plan:
-        if not self._stuck(view):
-            return self._plan(view, flush=False)
-        self.flushes += 1
-        return self._plan(view, flush=True)
+        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
+        plan = self._plan(view, flush=flush)
+        if (
+            not flush
+            and self.on_idle == "flush"
+            and not plan.run
+            and not plan.admit
+            and (view.waiting or view.running)
+        ):
+            flush = True
+            plan = self._plan(view, flush=True)
+        self.flushes += int(flush)
+        return plan
 
     def _stuck(self, view: View) -> bool:
         return stuck(view, self.flush_after_s, self._last_arrival)
@@ -129,4 +144,6 @@ class NestedWaitPolicy(BasePolicy):
             "edges": self.edges,
             "thresholds": self.thresholds,
             "flush_after_s": self.flush_after_s,
+            "on_idle": self.on_idle,
+            "trace_end_s": self.trace_end_s,
         }

@@ -17,10 +17,13 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
 * #6 integer thresholds: ``n_j = max(1, round(x))`` at construction (option a).
 * #12 memory: no memory test in the policy; run order is "latest stage first, partial
   prefills last", so when KV runs out the host evicts the most recently admitted (LIFO, §1.4).
-* #17 end of run: the policy cannot see the end of a trace, so once nothing has arrived for
-  ``flush_after_s`` seconds every type runs with ``min(n_j, available)`` (the spec's flush
-  after the last arrival; requests are never dropped). ``None`` = paper-pure (may idle
-  forever at the end of a finite trace).
+* #17 end of run: the policy cannot see the end of a trace. It flushes (every type runs
+  with ``min(n_j, available)``; requests are never dropped) once ``now >= trace_end_s`` when
+  the host knows the last arrival, or once nothing has arrived for ``flush_after_s`` seconds.
+  ``on_idle``: what to do when the strict rule gives an empty batch. ``"wait"`` is the paper
+  (idle until arrivals; the simulator jumps to the next arrival, so pair it with
+  ``trace_end_s``); ``"flush"`` (default) runs the relaxed batch instead, so a host never
+  stalls, at the price of batching less at low load.
 * ``gating``: ``"type"`` is the paper's Algorithm 1; ``"admission"`` is the authors' Vidur
   code (Appendix A): all decodes run every step and only stage-0 admission is gated, with a
   per-type in-flight cap ``L_j = n_j (l'_j + 1)``.
@@ -95,7 +98,13 @@ class WaitPolicy(BasePolicy):
         *,
         gating: str = "type",
         flush_after_s: float | None = 1.0,
+        on_idle: str = "flush",
+        trace_end_s: float | None = None,
     ) -> None:
+        if on_idle not in ("flush", "wait"):
+            raise ValueError("on_idle must be 'flush' or 'wait'")
+        self.on_idle = on_idle
+        self.trace_end_s = trace_end_s
         if len(output_lens) != len(thresholds) or not output_lens:
             raise ValueError("wait: output_lens and thresholds need the same non-zero length")
         if list(output_lens) != sorted(output_lens) or len(set(output_lens)) != len(output_lens):
@@ -116,10 +125,19 @@ class WaitPolicy(BasePolicy):
 
     # -- planning ---------------------------------------------------------------------
     def schedule(self, view: View) -> Plan:
-        if not self._stuck(view):
-            return self._plan(view, flush=False)
-        self.flushes += 1
-        return self._plan(view, flush=True)
+        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
+        plan = self._plan(view, flush=flush)
+        if (
+            not flush
+            and self.on_idle == "flush"
+            and not plan.run
+            and not plan.admit
+            and (view.waiting or view.running)
+        ):
+            flush = True
+            plan = self._plan(view, flush=True)
+        self.flushes += int(flush)
+        return plan
 
     def _stuck(self, view: View) -> bool:
         return stuck(view, self.flush_after_s, self._last_arrival)
@@ -197,4 +215,6 @@ class WaitPolicy(BasePolicy):
             "thresholds": self.thresholds,
             "gating": self.gating,
             "flush_after_s": self.flush_after_s,
+            "on_idle": self.on_idle,
+            "trace_end_s": self.trace_end_s,
         }

@@ -37,7 +37,9 @@ def test_prefix_rule_pauses_later_segments():
 
 
 def test_idle_until_segment_one_ready():
-    pol = make_policy("nested-wait", edges=[20, 40], thresholds=[3, 2], flush_after_s=None)
+    pol = make_policy(
+        "nested-wait", edges=[20, 40], thresholds=[3, 2], flush_after_s=None, on_idle="wait"
+    )
     plan = pol.schedule(make_view([FakeReq("a", 10, 30), FakeReq("b", 10, 30)], now=5.0))
     assert not plan.admit and not plan.run
 
@@ -102,7 +104,7 @@ def test_end_to_end_completes_within_eq14_memory():
         for i, k in enumerate(kinds)
     ]
     cap = int(res.required_memory_tokens)
-    pol = make_policy("nested-wait", **res.params(), flush_after_s=0.5)
+    pol = make_policy("nested-wait", **res.params(), flush_after_s=0.5, on_idle="wait")
     core, times = drive(pol, reqs, kv_tokens=cap, known_output_lengths=False)
     assert core.num_finished == 400
     assert core.preemptions_total == 0

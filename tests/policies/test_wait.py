@@ -28,7 +28,7 @@ def _poisson(types, rates, n, seed):
 
 
 def test_type_gating_and_stage_quota():
-    pol = make_policy("wait", output_lens=[10, 20], thresholds=[2, 3])
+    pol = make_policy("wait", output_lens=[10, 20], thresholds=[2, 3], on_idle="wait")
     waiting = [FakeReq(f"a{i}", 10, 10, arrival_s=i) for i in range(1)]  # type 0: 1 < 2
     waiting += [FakeReq(f"b{i}", 10, 20, arrival_s=i) for i in range(4)]  # type 1: 4 >= 3
     running = [decoding(f"c{i}", 10, 3, 10) for i in range(2)]  # type 0, stage 3: paused
@@ -41,13 +41,13 @@ def test_type_gating_and_stage_quota():
 
 
 def test_idle_when_no_type_eligible_then_flush():
-    pol = make_policy("wait", output_lens=[10], thresholds=[4], flush_after_s=1.0)
+    pol = make_policy("wait", output_lens=[10], thresholds=[4], flush_after_s=1.0, on_idle="wait")
     waiting = [FakeReq("a", 10, 10, arrival_s=0.0)]
     assert not pol.schedule(make_view(waiting, now=0.5)).admit  # wait for the threshold
     plan = pol.schedule(make_view(waiting, now=1.5))  # waited 1.5 s > flush_after_s
     assert plan.admit == [("a", 10)]
     assert pol.flushes == 1
-    pure = make_policy("wait", output_lens=[10], thresholds=[4], flush_after_s=None)
+    pure = make_policy("wait", output_lens=[10], thresholds=[4], flush_after_s=None, on_idle="wait")
     assert not pure.schedule(make_view(waiting, now=1e6)).admit
 
 
@@ -64,7 +64,9 @@ def test_never_exceeds_threshold_memory_and_cohorts_lockstep(seed):
     types = [(10, 10), (10, 20)]
     th = [4, 2]
     m_pi = int(wait_memory([FluidType(10, 10, 1), FluidType(10, 20, 1)], th))
-    pol = make_policy("wait", output_lens=[10, 20], thresholds=th, flush_after_s=0.5)
+    pol = make_policy(
+        "wait", output_lens=[10, 20], thresholds=th, flush_after_s=0.5, on_idle="wait"
+    )
     peak = []
 
     def check(core, out):
@@ -113,3 +115,19 @@ def test_bad_parameters():
         make_policy("wait", output_lens=[20, 10], thresholds=[1, 1])
     with pytest.raises(ValueError):
         make_policy("wait", output_lens=[10], thresholds=[1, 2])
+
+
+def test_on_idle_flush_and_trace_end():
+    waiting = [FakeReq("a", 10, 10, arrival_s=0.0)]
+    eager = make_policy("wait", output_lens=[10], thresholds=[4])  # on_idle="flush" default
+    assert eager.schedule(make_view(waiting, now=0.0)).admit == [("a", 10)]
+    ended = make_policy(
+        "wait",
+        output_lens=[10],
+        thresholds=[4],
+        on_idle="wait",
+        trace_end_s=2.0,
+        flush_after_s=None,
+    )
+    assert not ended.schedule(make_view(waiting, now=1.0)).admit
+    assert ended.schedule(make_view(waiting, now=2.0)).admit == [("a", 10)]
