@@ -233,10 +233,11 @@ def _print_result(run_dir: Path, goodput: dict[str, float] | None, interrupted: 
         print_summary(summary, console=console)
     except ImportError:
         pass
+    # soft_wrap: the path stays on one line (copyable) whatever the terminal width.
     if interrupted:
-        console.print(f"[bold yellow]interrupted:[/] partial run in {run_dir}")
+        console.print(f"[bold yellow]interrupted:[/] partial run in {run_dir}", soft_wrap=True)
     else:
-        console.print(f"run directory: {run_dir}")
+        console.print(f"run directory: {run_dir}", soft_wrap=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
