@@ -23,9 +23,10 @@ from pathlib import Path
 from harness.engine.costmodel import get_cost_model
 from harness.engine.simulate import SimulateConfig, simulate, write_run
 from harness.policies import make_policy
+from harness.shared_data import shared_data_dir
 from harness.workload import build_trace
 
-DATA = "/work/shared/data/lmsys_sample_lengths.csv"
+DATA = str(shared_data_dir() / "lmsys_sample_lengths.csv")
 
 
 def main() -> None:

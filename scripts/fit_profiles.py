@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import ks_2samp, spearmanr
 
+from harness.shared_data import shared_data_dir
 from harness.workload.profile import fit_profile
 
 SOURCES = {
@@ -50,7 +51,7 @@ def real_pairs(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
+    ap.add_argument("--data", type=Path, default=shared_data_dir())
     ap.add_argument("--out", type=Path, default=Path("harness/workload/profiles"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

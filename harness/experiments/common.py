@@ -22,15 +22,12 @@ import pandas as pd
 from harness.workload.tiers import Tier, parse_tiers
 from harness.workload.trace import Trace
 
-DATA_DIR = Path("/work/shared/data")
-
 
 def data_file(name: str) -> Path:
     """A length CSV from the shared data folder (``HARNESS_DATA_DIR`` overrides it)."""
-    import os
+    from harness.shared_data import shared_data_dir
 
-    base = Path(os.environ.get("HARNESS_DATA_DIR", str(DATA_DIR)))
-    path = base / name
+    path = shared_data_dir() / name
     if not path.is_file():
         from harness.cli.errors import HarnessError
 

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 from scipy.stats import ks_2samp, spearmanr
 
+from harness.shared_data import shared_data_dir
 from harness.workload.profile import available_profiles, fit_profile, load_profile
 from harness.workload.trace import TraceError
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_dir()
 FILES = {
     "lmsys": "lmsys_sample_lengths.csv",
     "sharegpt": "sharegpt4_lengths_llama2.csv",
