@@ -75,8 +75,12 @@ def replay(
         str, typer.Option(help="completions, chat, or generate (SGLang native; --engine sglang).")
     ] = "completions",
     arrival: Annotated[
-        str, typer.Option(help="poisson, gamma, constant, or trace (the trace's own timestamps).")
-    ] = "poisson",
+        str | None,
+        typer.Option(
+            help="poisson, gamma, constant, or trace (the trace's own timestamps). "
+            "Default: poisson with --rate, trace without."
+        ),
+    ] = None,
     burstiness: Annotated[
         float, typer.Option(help="Gamma shape (vLLM --burstiness); 1 = Poisson.")
     ] = 1.0,
@@ -139,8 +143,13 @@ def replay(
     source_option: Annotated[
         list[str] | None, typer.Option(help="key=value passed to the trace source (repeat).")
     ] = None,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="Write report.html into the run dir.")
+    ] = True,
 ) -> None:
     """Replay a trace open-loop (absolute schedule) and record every streamed chunk."""
+    if arrival is None:
+        arrival = "poisson" if rate is not None else "trace"
     from pydantic import ValidationError
 
     from harness.loadgen.replay import ReplayConfig, default_run_dir, run_replay
@@ -206,6 +215,10 @@ def replay(
     except KeyboardInterrupt:
         interrupted = True
     _print_result(run_dir, cfg.goodput, interrupted)
+    if report and (run_dir / "run.json").is_file():
+        from harness.report import write_report
+
+        typer.echo(f"report: {write_report([run_dir])}")
     if interrupted:
         raise typer.Exit(130)
 

@@ -32,7 +32,8 @@ def _cli(*args: str) -> tuple[int, str]:
         (["--trace", "synthetic", "--rate", "5", "--tiers", "paid:0.5"], "--tiers"),
         (["--trace", "nosuchtrace", "--rate", "5"], "unknown trace 'nosuchtrace'"),
         (["--trace", "synthetic", "--rate", "-1"], "--rate"),
-        (["--trace", "synthetic"], "needs --rate"),
+        (["--trace", "synthetic"], "give a rate"),
+        (["--trace", "synthetic", "--arrival", "poisson"], "needs --rate"),
         (["--trace", "synthetic", "--rate", "5", "--engine", "tgi"], "--engine"),
         (["--trace", "synthetic", "--rate", "5", "--goodput", "ttft:abc"], "--goodput"),
         (
