@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.cli.errors import HarnessError, fail
+from harness.engine.costmodel import DEFAULT_COST_MODEL
 
 _FLAGS = {"policies": "policy", "arrival_window_s": "duration", "stop_at_s": "stop-at"}
 
@@ -64,7 +65,7 @@ def simulate(
     cost_model: Annotated[
         str,
         typer.Option(help="Preset (a100-llama2-7b, h100-llama2-7b, ...), preset:k=v, or file."),
-    ] = "a100-llama2-7b",
+    ] = DEFAULT_COST_MODEL,
     kv_tokens: Annotated[
         int | None, typer.Option(help="KV capacity in tokens (default: from the preset).")
     ] = None,

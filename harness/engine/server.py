@@ -66,6 +66,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness import clock
+from harness.engine.costmodel import DEFAULT_COST_MODEL
 from harness.engine.server_faults import (
     FaultLog,
     FaultPlan,
@@ -87,7 +88,6 @@ from harness.workload.tiers import Tier, default_tiers, parse_tiers
 log = logging.getLogger("harness.serve")
 
 DEFAULT_MODEL = "harness-builtin"
-DEFAULT_COST_MODEL = "a100-llama2-7b"
 
 
 class ServerConfig(BaseModel):
@@ -860,9 +860,17 @@ def embedded(
     kv_tokens: int | None = None,
     speed: float = 1.0,
     faults: str | None = None,
+    *,
+    process: bool = False,
     **kw: Any,
 ) -> contextlib.AbstractAsyncContextManager[str]:
-    """Run the built-in server in this event loop on a free 127.0.0.1 port; yield its base URL.
+    """Run the built-in server on a free 127.0.0.1 port; yield its base URL.
+
+    ``process=False`` serves from this event loop (tests reach into the app). ``process=True``
+    serves from a spawned child process, so that a load generator in this process and the
+    engine loop never delay each other: measured with `harness replay --trace lmsys --rate 50`
+    on 2 cores, the in-loop server pushed the client's send lag p99 to 256 ms, which marks the
+    run invalid. Only built-in (importable) policies work in a child process.
 
     Extra keywords are :class:`ServerConfig` fields (``model``, ``api_key``, ``fault_log``,
     ``tiers``, ``engine``, ``policy_params``...). The server stops when the block exits.
@@ -871,7 +879,60 @@ def embedded(
     cfg = make_config(
         policy=policy, cost_model=cost_model, kv_tokens=kv_tokens, speed=speed, faults=faults, **kw
     )
-    return _embedded(cfg)
+    return _embedded_process(cfg) if process else _embedded(cfg)
+
+
+def _child_main(cfg_json: str, conn: Any) -> None:
+    """Entry point of the server child process: start, report the URL, serve until SIGTERM."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    cfg = ServerConfig.model_validate_json(cfg_json)
+
+    async def main() -> None:
+        runner, url = await start_server(cfg, "127.0.0.1", 0)
+        conn.send(url)
+        conn.close()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(SystemExit):
+        asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def _embedded_process(cfg: ServerConfig) -> AsyncIterator[str]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_child_main, args=(cfg.model_dump_json(), child), name="harness-serve", daemon=True
+    )
+    proc.start()
+    child.close()
+    loop = asyncio.get_running_loop()
+    try:
+        if not await loop.run_in_executor(None, parent.poll, 120):
+            raise RuntimeError("the built-in server did not start within 120 s")
+        try:
+            url = parent.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the built-in server exited during start-up (exit code {proc.exitcode})"
+            ) from None
+        yield url
+    finally:
+        parent.close()
+        proc.terminate()
+        await loop.run_in_executor(None, proc.join, 10)
+        if proc.is_alive():
+            proc.kill()
+            await loop.run_in_executor(None, proc.join, 5)
 
 
 def make_config(**kw: Any) -> ServerConfig:

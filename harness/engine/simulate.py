@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
-from harness.engine.costmodel import HARDWARE, CostModel, get_cost_model
+from harness.engine.costmodel import DEFAULT_COST_MODEL, HARDWARE, CostModel, get_cost_model
 from harness.policies.base import Policy
 from harness.policies.registry import make_policy, policy_class
 from harness.results import schema
@@ -408,7 +408,7 @@ class SimulateConfig(BaseModel):
     policy_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-policy constructor keywords"
     )
-    cost_model: str = Field("a100-llama2-7b", description="preset, preset:k=v,.. or file")
+    cost_model: str = Field(DEFAULT_COST_MODEL, description="preset, preset:k=v,.. or file")
     block_size: int = Field(16, ge=1, description="KV block size, tokens")
     kv_tokens: int | None = Field(None, ge=1, description="KV capacity, tokens")
     num_blocks: int | None = Field(None, ge=1, description="KV capacity, blocks")

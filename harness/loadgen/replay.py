@@ -237,11 +237,22 @@ async def _target(cfg: ReplayConfig) -> AsyncIterator[tuple[str, dict[str, Any]]
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
     try:
-        cm = embedded(**kw)
+        from harness.engine.server import make_config
+
+        info = make_config(**kw).model_dump(
+            mode="json", include={"policy", "policy_params", "cost_model", "kv_tokens", "speed"}
+        )
+        info["faults"] = kw.get("faults")
+        # A child process keeps the engine loop and the load generator from delaying each
+        # other (see harness.engine.server.embedded).
+        cm = embedded(**kw, process=True)
     except (ValueError, KeyError) as exc:
         raise HarnessError(f"built-in engine: {exc}") from None
-    async with cm as url:
-        yield str(url).rstrip("/"), {"kind": "builtin", **kw}
+    try:
+        async with cm as url:
+            yield str(url).rstrip("/"), {"kind": "builtin", **info}
+    except RuntimeError as exc:
+        raise HarnessError(f"built-in engine: {exc}") from None
 
 
 # -- run --------------------------------------------------------------------------------------

@@ -159,6 +159,7 @@ def test_engine_simulator_runs_below_and_above_capacity(
         policies=["vllm"],
         out_dir=tmp_path,
         kv_tokens=100_000,
+        cost_model="a100-llama2-7b",
     )
     (run_dir,) = sim.run_simulation(cfg)
     s = analyze_stability(read_run(run_dir))

@@ -210,7 +210,7 @@ async def test_token_times_follow_the_cost_model_schedule(session):
     step durations / speed; the stream carries each token's due time (debug_timing)."""
     cm = get_cost_model("a100-llama2-7b")
     speed = 2.0
-    async with embedded(policy=TEST_POLICY, speed=speed) as url:
+    async with embedded(policy=TEST_POLICY, speed=speed, cost_model="a100-llama2-7b") as url:
         t_send = clock.now()
         async with session.post(
             url + "/v1/completions",
