@@ -58,6 +58,11 @@ def sampling_rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(None if seed is None else [seed, 2])
 
 
+DEFAULT_NUM_REQUESTS = 1000
+"""Requests drawn from a generated source when neither a count nor a duration is given
+(``vllm bench serve --num-prompts`` defaults to the same)."""
+
+
 def build_trace(
     source: str,
     *,
@@ -104,6 +109,14 @@ def build_trace(
 
     src = load_source(source, source_options, seed=seed)
     notes = list(src.notes)
+    if num_requests is None and duration_s is None and src.sampler is not None:
+        # A generated source (length profile, synthetic) has no natural size: use vLLM bench
+        # serve's --num-prompts default so `harness replay --trace lmsys --rate 50` just works.
+        num_requests = DEFAULT_NUM_REQUESTS
+        notes.append(
+            f"{source}: {DEFAULT_NUM_REQUESTS} requests (the default; set num_requests or a "
+            "duration to change it)"
+        )
     if isinstance(tiers, str):
         tier_list = parse_tiers(tiers)
     elif tiers is not None:

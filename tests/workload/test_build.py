@@ -163,7 +163,6 @@ def test_rate_schedule_in_build() -> None:
         ({"num_requests": 3, "rate": 1.0, "time_scale": 2.0}, "time_scale applies"),
         ({"num_requests": 3, "rate": 1.0, "arrival": "weibull"}, "unknown arrival"),
         ({"num_requests": 3, "rate": 1.0, "sample": "random"}, "sample must be"),
-        ({"rate": 1.0}, "give num_requests or a duration"),
         ({"num_requests": 3, "arrival": "trace"}, "no timestamps"),
         ({"num_requests": 3, "rate": 1.0, "input_len": 0}, "must be >= 1"),
     ],
@@ -171,6 +170,14 @@ def test_rate_schedule_in_build() -> None:
 def test_bad_build_arguments(kw: dict, msg: str) -> None:
     with pytest.raises(TraceError, match=msg):
         build_trace("synthetic", quiet=True, **kw)
+
+
+def test_generated_source_defaults_to_vllm_num_prompts() -> None:
+    from harness.workload.build import DEFAULT_NUM_REQUESTS
+
+    t = build_trace("synthetic", rate=50.0, quiet=True)
+    assert len(t) == DEFAULT_NUM_REQUESTS == 1000
+    assert any("1000 requests (the default" in n for n in t.meta["notes"])
 
 
 def test_profile_with_own_timing() -> None:
