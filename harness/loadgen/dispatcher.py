@@ -265,7 +265,15 @@ class Dispatcher:
             if not results and not samples:
                 return
             if in_thread:
-                await asyncio.to_thread(self._write, results, samples)
+                # The rows are already taken: the hand-over must finish even if this task is
+                # cancelled (the end of the run cancels the periodic flusher), or they are lost
+                # and the writer may be closed under the still-running thread.
+                fut = asyncio.ensure_future(asyncio.to_thread(self._write, results, samples))
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    await fut
+                    raise
             else:
                 self._write(results, samples)
 
