@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NoReturn
 
 import typer
@@ -18,3 +19,23 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` in red and exit with ``code``."""
     _err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:
+    """An error as one readable line; a pydantic ValidationError names the offending flag.
+
+    ``flags`` maps config field names to the CLI flag that sets them, where they differ
+    (e.g. ``{"policies": "policy"}``).
+    """
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()) if x != "__root__")
+            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+            flag = (flags or {}).get(loc, loc.replace("_", "-"))
+            return f"--{flag}: {msg}" if loc else msg
+        except (IndexError, TypeError, KeyError):
+            pass
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -12,21 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli.errors import HarnessError, fail
-
-
-def _one_line(exc: Exception) -> str:
-    """A pydantic ValidationError (or any error) as one readable line."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()) if x != "__root__")
-            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
-            return f"--{loc.replace('_', '-')}: {msg}" if loc else msg
-        except (IndexError, TypeError, KeyError):
-            pass
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+from harness.cli.errors import HarnessError, fail, one_line
 
 
 def _kv_options(items: list[str] | None) -> dict[str, Any]:
@@ -202,7 +188,7 @@ def replay(
             trace_options=_kv_options(source_option),
         )
     except ValidationError as exc:
-        fail(_one_line(exc))
+        fail(one_line(exc))
     if cfg.out is None:
         cfg = cfg.model_copy(update={"out": default_run_dir(cfg, trace)})
     run_dir = cfg.out

@@ -13,26 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli.errors import HarnessError, fail
+from harness.cli.errors import HarnessError, fail, one_line
 from harness.engine.costmodel import DEFAULT_COST_MODEL
 
 _FLAGS = {"policies": "policy", "arrival_window_s": "duration", "stop_at_s": "stop-at"}
-
-
-def _one_line(exc: Exception) -> str:
-    """A pydantic ValidationError (or any error) as one readable line."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()) if x != "__root__")
-            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
-            flag = _FLAGS.get(loc, loc.replace("_", "-"))
-            return f"--{flag}: {msg}" if loc else msg
-        except (IndexError, TypeError, KeyError):
-            pass
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -147,7 +131,7 @@ def simulate(
             label=label,
         )
     except (ValidationError, ValueError) as e:
-        fail(_one_line(e))
+        fail(one_line(e, _FLAGS))
     try:
         from harness.results.console import print_summary
         from harness.results.rundir import read_run
@@ -163,7 +147,7 @@ def simulate(
         ValueError,
         TypeError,
     ) as e:
-        fail(_one_line(e))
+        fail(one_line(e, _FLAGS))
     for d in dirs:
         run = read_run(d, chunks=False, samples=False)
         typer.echo(f"\n== {run.meta.get('policy')} ==")

@@ -13,24 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli.errors import HarnessError, fail
+from harness.cli.errors import HarnessError, fail, one_line
 
 _FLAGS = {"policies": "policy", "arrival_window_s": "duration", "duration_s": "duration"}
-
-
-def _one_line(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()))
-            msg = str(first.get("msg", exc)).removeprefix("Value error, ")
-            flag = _FLAGS.get(loc, loc.replace("_", "-"))
-            return f"--{flag}: {msg}" if loc else msg
-        except (IndexError, TypeError, KeyError):
-            pass
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def sweep(
@@ -104,7 +89,7 @@ def sweep(
 
             SimulateConfig(**base, rate=rate_list[0], policies=policies, out_dir=out)
         except (ValidationError, ValueError) as e:
-            fail(_one_line(e))
+            fail(one_line(e, _FLAGS))
     else:
         base["duration_s"] = duration
         if target is not None:
@@ -123,7 +108,7 @@ def sweep(
                 probe["policy"] = policies[0]
             ReplayConfig(**probe)
         except (ValidationError, ValueError) as e:
-            fail(_one_line(e))
+            fail(one_line(e, _FLAGS))
     try:
         cfg = SweepConfig(
             rates=rate_list,
@@ -135,7 +120,7 @@ def sweep(
             report=report,
         )
     except (ValidationError, ValueError) as e:
-        fail(_one_line(e))
+        fail(one_line(e, _FLAGS))
 
     def show(p: dict[str, Any]) -> None:
         mark = "PASS" if p["passes"] else "fail"
@@ -147,7 +132,7 @@ def sweep(
     try:
         out_dir = run_sweep(cfg, on_point=show)
     except (HarnessError, FileNotFoundError, ValueError, OSError) as e:
-        fail(_one_line(e))
+        fail(one_line(e, _FLAGS))
     import json
 
     data = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8"))
