@@ -37,6 +37,7 @@ from harness.loadgen.dispatcher import (
     jobs_from_frame,
     synthetic_prompt,
 )
+from harness.results.schema import FAULTS_FILE
 from harness.workload.tiers import Tier, TierSpecError, parse_tiers
 from harness.workload.trace import Trace, TraceError
 
@@ -223,7 +224,7 @@ async def check_ready(
 
 
 @contextlib.asynccontextmanager
-async def _target(cfg: ReplayConfig) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def _target(cfg: ReplayConfig, run_dir: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Yield (base URL, engine info): the given target, or the in-process built-in server."""
     if cfg.target is not None:
         yield cfg.target, {"kind": "external"}
@@ -243,6 +244,11 @@ async def _target(cfg: ReplayConfig) -> AsyncIterator[tuple[str, dict[str, Any]]
             mode="json", include={"policy", "policy_params", "cost_model", "kv_tokens", "speed"}
         )
         info["faults"] = kw.get("faults")
+        if cfg.faults:
+            # The server's own record of every injected fault lands beside the requests, so a
+            # reader can match failed requests to faults one by one.
+            run_dir.mkdir(parents=True, exist_ok=True)
+            kw["fault_log"] = info["fault_log"] = str(run_dir / FAULTS_FILE)
         # A child process keeps the engine loop and the load generator from delaying each
         # other (see harness.engine.server.embedded).
         cm = embedded(**kw, process=True)
@@ -344,9 +350,9 @@ async def run_replay_async(
     dialect = get_dialect(cfg.dialect_name, send_priority=cfg.send_priority)
     tiers = {t.name: t for t in trace.tiers}
 
-    async with _target(cfg) as (base_url, engine_info):
+    run_dir = cfg.out or default_run_dir(cfg, trace.content_hash())
+    async with _target(cfg, run_dir) as (base_url, engine_info):
         model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
-        run_dir = cfg.out or default_run_dir(cfg, trace.content_hash())
         meta = _meta(cfg, trace, base_url, model, len(jobs))
         meta["engine_info"] = engine_info
         try:

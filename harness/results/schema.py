@@ -26,6 +26,7 @@ CHUNKS_FILE = "chunks.parquet"
 SAMPLES_FILE = "samples.parquet"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
+FAULTS_FILE = "faults.jsonl"  # built-in server's log of injected faults (replays with --faults)
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"

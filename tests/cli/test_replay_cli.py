@@ -164,3 +164,30 @@ def test_sigint_leaves_partial_run(tmp_path: Path) -> None:
     assert len(cancelled) >= 1  # what was in flight at Ctrl-C is recorded, not lost
     assert len(r) < 4000 and r["req"].is_unique
     assert (out / schema.SUMMARY_JSON).is_file()
+
+
+def test_builtin_faults_match_the_servers_log(tmp_path: Path) -> None:
+    """`harness replay --faults` on the built-in engine: every injected fault (the server's
+    own log, written into the run directory) is one failed request with the matching kind."""
+    import collections
+
+    import pandas as pd
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli.main", "replay", "--trace", "synthetic",
+         "--rate", "40", "--num-requests", "80", "--speed", "4", "--no-progress",
+         "--faults", "error=0.1,drop=0.1,malformed=0.1,seed=3", "--out", str(out)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    faults = [json.loads(line) for line in (out / "faults.jsonl").read_text().splitlines()]
+    req = pd.read_parquet(out / "requests.parquet")
+    kind_of = {"error": "http_status", "drop": "stream_cut", "malformed": "bad_payload"}
+    expected = {(f["request_id"], kind_of[f["kind"]]) for f in faults}
+    failed = req.loc[~req["success"]]
+    assert faults and len(faults) == len(failed)
+    assert set(zip(failed["request_id"], failed["error_kind"], strict=True)) == expected
+    assert collections.Counter(kind_of[f["kind"]] for f in faults) == collections.Counter(
+        failed["error_kind"]
+    )
