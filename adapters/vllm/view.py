@@ -16,17 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness.workload.tiers import DEFAULT_TIERS_SPEC, Tier, parse_tiers
-
-DEFAULT_TIER = "default"
-_DEFAULT_TIERS: dict[str, Tier] = {t.name: t for t in parse_tiers(DEFAULT_TIERS_SPEC)}
-
-
-def _float_or_none(v: Any) -> float | None:
-    try:
-        return None if v is None else float(v)
-    except (TypeError, ValueError):
-        return None
+from harness.workload.tiers import request_tags
 
 
 def request_xargs(request: Any) -> Mapping[str, Any]:
@@ -61,21 +51,12 @@ class VllmRequestView:
         self.request_id: str = request.request_id
         self.arrival_s: float = float(request.arrival_time) - origin
         xa = request_xargs(request)
-        tier = xa.get("tier")
-        self.tier: str = str(tier) if tier not in (None, "") else DEFAULT_TIER
-        known = _DEFAULT_TIERS.get(self.tier)
-        ttft = _float_or_none(xa.get("ttft_slo_ms"))
-        tbt = _float_or_none(xa.get("tbt_slo_ms"))
-        # Request-level SLOs win; else the project's default tier table (tiers.py); else none.
-        self.ttft_slo_s: float | None = (
-            ttft / 1000.0 if ttft is not None else (known.ttft_slo_s if known else None)
-        )
-        self.tbt_slo_s: float | None = (
-            tbt / 1000.0 if tbt is not None else (known.tbt_slo_s if known else None)
-        )
+        tags = request_tags(xa)
+        self.tier: str = tags.tier
+        self.ttft_slo_s: float | None = tags.ttft_slo_s
+        self.tbt_slo_s: float | None = tags.tbt_slo_s
         self.priority: int = int(getattr(request, "priority", 0) or 0)
-        pred = xa.get("predicted_output_len", xa.get("output_len"))
-        self.predicted_output_len: int | None = int(pred) if pred is not None else None
+        self.predicted_output_len: int | None = tags.predicted_output_len
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
 

@@ -11,6 +11,7 @@ with 0.5 s. The paper sets no TTFT SLO per tier; 2 s / 10 s are this project's d
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -205,3 +206,46 @@ def assign_tiers_at(
     cdf /= cdf[:, -1:]
     idx = np.minimum((u[:, None] >= cdf).sum(axis=1), len(tiers) - 1)
     return np.array([t.name for t in tiers], dtype=object)[idx]
+
+
+DEFAULT_TIER = "default"
+"""Tier of a request that arrives at an engine without one."""
+
+_DEFAULT_TIER_TABLE: dict[str, Tier] = {t.name: t for t in default_tiers()}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTags:
+    """Tier, SLOs and length hint of one request, as an engine adapter sees them."""
+
+    tier: str
+    ttft_slo_s: float | None
+    tbt_slo_s: float | None
+    predicted_output_len: int | None
+
+
+def _float_or_none(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def request_tags(extras: Mapping[str, Any]) -> RequestTags:
+    """Read the tags the load generator sends (vLLM ``vllm_xargs`` / SGLang ``custom_params``:
+    ``tier``, ``ttft_slo_ms``, ``tbt_slo_ms``, optional ``predicted_output_len``/``output_len``).
+
+    Request-level SLOs win; else the default tier table's SLOs for that tier name; else none.
+    """
+    tier = extras.get("tier")
+    name = str(tier) if tier not in (None, "") else DEFAULT_TIER
+    known = _DEFAULT_TIER_TABLE.get(name)
+    ttft = _float_or_none(extras.get("ttft_slo_ms"))
+    tbt = _float_or_none(extras.get("tbt_slo_ms"))
+    pred = extras.get("predicted_output_len", extras.get("output_len"))
+    return RequestTags(
+        tier=name,
+        ttft_slo_s=ttft / 1000.0 if ttft is not None else (known.ttft_slo_s if known else None),
+        tbt_slo_s=tbt / 1000.0 if tbt is not None else (known.tbt_slo_s if known else None),
+        predicted_output_len=int(pred) if pred is not None else None,
+    )
