@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.policies.base import (
-    BasePolicy,
     Plan,
     RequestView,
     View,
@@ -39,11 +38,11 @@ from harness.policies.base import (
     remaining_tokens,
 )
 from harness.policies.registry import register
-from harness.policies.wait import _age_key, int_thresholds, stuck
+from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
 
 
 @register("nested-wait")
-class NestedWaitPolicy(BasePolicy):
+class NestedWaitPolicy(ThresholdFlushing):
     """Nested WAIT (seed-wait.md §4.3, Algorithm 2).
 
     ``edges``: ascending cumulative segment boundaries ``l'_1 < ... < l'_m`` in output tokens.
@@ -80,27 +79,6 @@ class NestedWaitPolicy(BasePolicy):
     def first_stage(self, i: int) -> int:
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
         return 0 if i == 0 else self.edges[i - 1]
-
-    def schedule(self, view: View) -> Plan:
-        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
-        plan = self._plan(view, flush=flush)
-        if (
-            not flush
-            and self.on_idle == "flush"
-            and not plan.run
-            and not plan.admit
-            and (view.waiting or view.running)
-        ):
-            flush = True
-            plan = self._plan(view, flush=True)
-        self.flushes += int(flush)
-        return plan
-
-    def _stuck(self, view: View) -> bool:
-        return stuck(view, self.flush_after_s, self._last_arrival)
-
-    def on_arrival(self, request: RequestView, now: float) -> None:
-        self._last_arrival = max(self._last_arrival, request.arrival_s)
 
     def _plan(self, view: View, *, flush: bool) -> Plan:
         m = len(self.edges)

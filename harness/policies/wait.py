@@ -83,8 +83,45 @@ def int_thresholds(values: Sequence[float]) -> list[int]:
     return [max(1, int(round(float(v)))) for v in values]
 
 
+class ThresholdFlushing(BasePolicy):
+    """The end-of-trace rule WAIT and Nested WAIT share: plan normally; when stuck (no arrival
+    for ``flush_after_s``, or past ``trace_end_s``), or when ``on_idle="flush"`` and the plan is
+    empty with work left, plan again ignoring thresholds. Subclasses set ``flush_after_s``,
+    ``trace_end_s``, ``on_idle``, ``flushes`` and ``_last_arrival`` and implement ``_plan``."""
+
+    flush_after_s: float | None
+    trace_end_s: float | None
+    on_idle: str
+    flushes: int
+    _last_arrival: float
+
+    def _plan(self, view: View, *, flush: bool) -> Plan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def schedule(self, view: View) -> Plan:
+        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
+        plan = self._plan(view, flush=flush)
+        if (
+            not flush
+            and self.on_idle == "flush"
+            and not plan.run
+            and not plan.admit
+            and (view.waiting or view.running)
+        ):
+            flush = True
+            plan = self._plan(view, flush=True)
+        self.flushes += int(flush)
+        return plan
+
+    def _stuck(self, view: View) -> bool:
+        return stuck(view, self.flush_after_s, self._last_arrival)
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        self._last_arrival = max(self._last_arrival, request.arrival_s)
+
+
 @register("wait")
-class WaitPolicy(BasePolicy):
+class WaitPolicy(ThresholdFlushing):
     """WAIT (seed-wait.md §3.3, Algorithm 1) with per-type per-stage thresholds ``n_j``.
 
     ``output_lens``: ascending type output lengths ``l'_j`` (a request of length ``o`` is the
@@ -124,27 +161,6 @@ class WaitPolicy(BasePolicy):
         return min(j, len(self.output_lens) - 1)
 
     # -- planning ---------------------------------------------------------------------
-    def schedule(self, view: View) -> Plan:
-        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
-        plan = self._plan(view, flush=flush)
-        if (
-            not flush
-            and self.on_idle == "flush"
-            and not plan.run
-            and not plan.admit
-            and (view.waiting or view.running)
-        ):
-            flush = True
-            plan = self._plan(view, flush=True)
-        self.flushes += int(flush)
-        return plan
-
-    def _stuck(self, view: View) -> bool:
-        return stuck(view, self.flush_after_s, self._last_arrival)
-
-    def on_arrival(self, request: RequestView, now: float) -> None:
-        self._last_arrival = max(self._last_arrival, request.arrival_s)
-
     def _plan(self, view: View, *, flush: bool) -> Plan:
         m = len(self.output_lens)
         waiting: list[list[RequestView]] = [[] for _ in range(m)]
