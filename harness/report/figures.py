@@ -12,7 +12,7 @@ into a figure (plotly renders a subset of HTML in labels).
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -413,10 +413,13 @@ def timeline(rv: RunView) -> go.Figure | None:
 
 
 # ---------------------------------------------------------------- several runs
-def overlay_ttft(runs: Sequence[RunView]) -> go.Figure | None:
+def _overlay_cdf(
+    runs: Sequence[RunView], values_ms: Callable[[RunView], np.ndarray], title: str, xtitle: str
+) -> go.Figure | None:
+    """One CDF line per run (log x axis); None when no run has values."""
     fig = go.Figure()
     for i, rv in enumerate(runs):
-        x, p = cdf_points(rv.rm["ttft_s"].to_numpy(float) * 1000)
+        x, p = cdf_points(values_ms(rv))
         if x.size:
             fig.add_trace(
                 go.Scatter(x=x, y=p, mode="lines", name=esc(rv.label), line={"color": _color(i)})
@@ -425,28 +428,23 @@ def overlay_ttft(runs: Sequence[RunView]) -> go.Figure | None:
         return None
     return _layout(
         fig,
-        "TTFT CDF, all tiers, per run",
-        xaxis={"type": "log", "title": "TTFT (ms)"},
+        title,
+        xaxis={"type": "log", "title": xtitle},
         yaxis={"title": "fraction", "range": [0, 1.01]},
+    )
+
+
+def overlay_ttft(runs: Sequence[RunView]) -> go.Figure | None:
+    return _overlay_cdf(
+        runs,
+        lambda rv: rv.rm["ttft_s"].to_numpy(float) * 1000,
+        "TTFT CDF, all tiers, per run",
+        "TTFT (ms)",
     )
 
 
 def overlay_itl(runs: Sequence[RunView]) -> go.Figure | None:
-    fig = go.Figure()
-    for i, rv in enumerate(runs):
-        x, p = cdf_points(rv.itl_s * 1000)
-        if x.size:
-            fig.add_trace(
-                go.Scatter(x=x, y=p, mode="lines", name=esc(rv.label), line={"color": _color(i)})
-            )
-    if not fig.data:
-        return None
-    return _layout(
-        fig,
-        "ITL CDF per run",
-        xaxis={"type": "log", "title": "ITL (ms)"},
-        yaxis={"title": "fraction", "range": [0, 1.01]},
-    )
+    return _overlay_cdf(runs, lambda rv: rv.itl_s * 1000, "ITL CDF per run", "ITL (ms)")
 
 
 def overlay_throughput(runs: Sequence[RunView]) -> go.Figure | None:
