@@ -244,7 +244,9 @@ class RunWriter:
         self._requests = _TableSink(self.run_dir, schema.REQUESTS_FILE, schema.REQUESTS)
         self._chunks = _TableSink(self.run_dir, schema.CHUNKS_FILE, schema.CHUNKS)
         self._samples = _TableSink(self.run_dir, schema.SAMPLES_FILE, schema.SAMPLES)
-        self._sinks = (self._requests, self._chunks, self._samples)
+        # Chunks and samples are written before requests, so a kill between two part files
+        # never leaves a request row whose chunks are missing (it would read as failed).
+        self._sinks = (self._chunks, self._samples, self._requests)
         self._last_flush = clock.now()
         self.closed = False
         # Every public method holds this lock, so a producer may flush from a worker thread
