@@ -71,3 +71,48 @@ print("VIEW-JSON " + json.dumps(seen))
     # no SLOs in the request: the project's default tier table (tiers.py) fills them in
     assert seen["f"] == ["free", 1, 10.0, 0.5, 3, 2, None]
     assert seen["n"] == ["default", 0, None, None, 4, 2, None]
+
+
+def test_a_policy_holding_every_request_waits_instead_of_spinning() -> None:
+    """vLLM's engine loop never blocks while it has requests, so an empty plan (a WAIT-style
+    hold) must cost a bounded wait, one step's worth of time, not a spinning core; a step
+    that runs something never waits."""
+    code = """
+import json
+from adapters.vllm.inproc import VllmDriver, make_scheduler
+from harness.policies.base import Plan
+class Hold:
+    name = "hold"
+    release = False
+    def on_arrival(self, r, now): pass
+    def schedule(self, v):
+        if not self.release:
+            return Plan()
+        return Plan(run=[(r.request_id, 1) for r in v.running],
+                    admit=[(r.request_id, r.num_prompt_tokens) for r in v.waiting])
+    def on_step(self, rep): pass
+pol = Hold()
+s = make_scheduler(pol, block_size=16, num_blocks=32, token_budget=64, max_num_seqs=4)
+waits = []
+s._idle_sleep = waits.append
+d = VllmDriver(s)
+d.step()                       # no requests: vLLM would block on its input queue, no wait
+d.add_request("a", 8, 3)
+for _ in range(3):
+    d.step()                   # held back three times
+held = list(waits)
+pol.release = True
+steps = 0
+while s.requests and steps < 10:
+    d.step(); steps += 1
+print("IDLE-JSON " + json.dumps({"held": held, "after": waits[len(held):], "steps": steps,
+                                 "left": len(s.requests), "idle_waits": s.idle_waits,
+                                 "last_step_s": s._last_step_s}))
+"""
+    proc = run_in_vllm_venv(code)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("IDLE-JSON ")]
+    assert line, proc.stderr[-3000:]
+    got = json.loads(line[-1].removeprefix("IDLE-JSON "))
+    assert got["held"] == [0.001, 0.001, 0.001]  # no step measured yet: the 1 ms floor
+    assert got["after"] == [] and got["left"] == 0 and got["idle_waits"] == 3
+    assert 1 <= got["steps"] <= 4
