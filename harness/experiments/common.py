@@ -22,29 +22,54 @@ import pandas as pd
 from harness.workload.tiers import Tier, parse_tiers
 from harness.workload.trace import Trace
 
-
-def data_file(name: str) -> Path:
-    """A length CSV from the shared data folder (``HARNESS_DATA_DIR`` overrides it)."""
-    from harness.shared_data import shared_data_dir
-
-    path = shared_data_dir() / name
-    if not path.is_file():
-        from harness.cli.errors import HarnessError
-
-        raise HarnessError(f"data file {path} not found (set HARNESS_DATA_DIR to its folder)")
-    return path
+# The bundled length profile fitted to each shared sample (scripts/fit_profiles.py).
+PROFILE_OF_FILE = {
+    "lmsys_sample_lengths.csv": "lmsys",
+    "sharegpt4_lengths_llama2.csv": "sharegpt",
+    "azure_conv_2023.csv": "azure-conv",
+}
 
 
 def load_lengths(name: str) -> pd.DataFrame:
-    """``prompt_len``/``output_len`` columns from a Vidur-style length CSV."""
-    df = pd.read_csv(data_file(name))
-    out = pd.DataFrame(
-        {
-            "prompt_len": df["num_prefill_tokens"].astype(np.int64),
-            "output_len": df["num_decode_tokens"].astype(np.int64),
-        }
+    """``prompt_len``/``output_len`` columns from a Vidur-style length CSV of the shared data
+    folder (``HARNESS_DATA_DIR`` overrides it).
+
+    Where the file is absent (an installed package, a checkout without ``../shared``), the
+    experiment still runs on as many rows drawn from the bundled profile fitted to that file,
+    announced on stderr; ``attrs["source"]`` says which was used, for the experiment's notes.
+    """
+    from harness.shared_data import shared_data_dir
+
+    path = shared_data_dir() / name
+    if path.is_file():
+        df = pd.read_csv(path)
+        out = pd.DataFrame(
+            {
+                "prompt_len": df["num_prefill_tokens"].astype(np.int64),
+                "output_len": df["num_decode_tokens"].astype(np.int64),
+            }
+        )
+        out = out[(out.prompt_len >= 1) & (out.output_len >= 1)].reset_index(drop=True)
+        out.attrs["source"] = f"{name} ({len(out)} rows, the real sample)"
+        return out
+    profile = PROFILE_OF_FILE.get(name)
+    if profile is None:
+        from harness.cli.errors import HarnessError
+
+        raise HarnessError(f"data file {path} not found (set HARNESS_DATA_DIR to its folder)")
+    from harness.workload.profile import load_profile
+    from harness.workload.sources.base import announce
+
+    prof = load_profile(profile)
+    n = int((prof.stats or {}).get("n", 20_000))
+    p, o = prof.sample(n, np.random.default_rng([0, 7]))  # fixed: the same rows every run
+    out = pd.DataFrame({"prompt_len": p, "output_len": o})
+    out.attrs["source"] = (
+        f"{n} rows drawn from the bundled profile {profile!r}, because {path} was not found "
+        f"(set HARNESS_DATA_DIR to use the real sample)"
     )
-    return out[(out.prompt_len >= 1) & (out.output_len >= 1)].reset_index(drop=True)
+    announce(f"experiment lengths: {out.attrs['source']}")
+    return out
 
 
 def make_trace(

@@ -66,6 +66,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 0) -> ExperimentResult
 
     cm = get_cost_model(COST)
     lengths = load_lengths("lmsys_sample_lengths.csv")
+    lengths_source = lengths.attrs["source"]
     demands = {"high (50/s)": 50.0, "low (10/s)": 10.0} if full else {"high (50/s)": 50.0}
     counts = [1000, 2500, 5000, 7500, 10000] if full else [250, 500, 750, 1000]
     rows: list[dict[str, Any]] = []
@@ -125,6 +126,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 0) -> ExperimentResult
             }
         )
     notes = [
+        f"Lengths: {lengths_source}.",
         f"N in {counts}: the first N arrivals of one trace, each run to completion (A10).",
         "Requests whose prompt + output - 1 exceeds M are rejected by the host (A6) and left "
         "out of AEL; cleared requests keep their generated tokens under recompute preemption, "

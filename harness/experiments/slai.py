@@ -90,6 +90,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
     from harness.engine.costmodel import get_cost_model
 
     lengths = load_lengths("sharegpt4_lengths_llama2.csv")
+    lengths_source = lengths.attrs["source"]
     cm = get_cost_model("rtx6000ada-mistral-7b")
     if full:
         rates = [round(x, 2) for x in np.arange(0.4, 2.01, 0.1)]
@@ -139,6 +140,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
     for name, cap in caps.items():
         rows.append({"config": name, "rate_rps": "capacity", "capacity_rps": cap})
     notes = [
+        f"Lengths: {lengths_source}.",
         f"{n} requests per rate (seed {seed}); Poisson arrivals; TTFT over requests that got a "
         "token; TBT pooled per tier, first token excluded (seed-rad-slai.md §7 #15).",
         "Cost model rtx6000ada-mistral-7b is this project's fit to the SLAI repo's Fig. 5a data "

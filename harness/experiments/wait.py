@@ -159,6 +159,7 @@ def run(
             f"M^π = {th.memory_tokens:.0f} tokens of {capacity} KV."
         )
     lengths = load_lengths("lmsys_sample_lengths.csv")
+    notes.append(f"LMSYS lengths: {lengths.attrs['source']}.")
     lengths = lengths[lengths.output_len <= EDGES[-1]].reset_index(drop=True)
     n_real = 20000 if full else 2000
     trace = make_trace(lengths, n_real, LMSYS_RATE, seed=seed, meta={"workload": "LMSYS"})
