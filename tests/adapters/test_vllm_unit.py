@@ -102,6 +102,21 @@ def test_step_log_round_trip_and_fit_rows(tmp_path: Path) -> None:
     assert not StepLog(None).enabled
 
 
+def test_fit_rows_charge_the_gap_between_back_to_back_steps() -> None:
+    """The simulator has no time between steps, so a step followed at once by the next one
+    costs its period; one followed by idle time costs only its own duration."""
+    step = {"prefill_tokens": 0, "decode_tokens": 1, "kv_tokens": 10}
+    rows = [
+        step | {"t_s": 1.000, "duration_s": 0.0020},
+        step | {"t_s": 1.0023, "duration_s": 0.0020},  # 0.3 ms host gap, then this step
+        {"kind": "request", "request_id": "a"},  # request lines are not steps
+        step | {"t_s": 2.0, "duration_s": 0.0030},  # after a second of idle
+        step | {"t_s": 2.003, "duration_s": 0.0040},  # clock skew: period < duration
+    ]
+    costs = [r["step_duration_s"] for r in step_log_samples(rows)]
+    assert costs == pytest.approx([0.0023, 0.0020, 0.0030, 0.0040])
+
+
 def _fake_venv(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
