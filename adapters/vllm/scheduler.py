@@ -183,6 +183,7 @@ class HarnessScheduler(Scheduler):
         super().add_request(request)
         if is_new and request.request_id in self.requests:
             view = VllmRequestView(request, self._origin)
+            view.engine_arrival_s = self._now()
             self._views[request.request_id] = view
             self.harness_policy.on_arrival(view, self._now())
 

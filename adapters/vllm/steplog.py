@@ -12,9 +12,10 @@ One line per executed step, keys::
     batch_tokens   prefill_tokens + decode_tokens
     kv_used_blocks, num_running, num_waiting, preempted, admitted, finished (counts)
 
-Each finished request adds one ``{"kind": "request", ...}`` line (engine-side arrival, first
-and last token times, token counts, tier): latencies as the engine saw them, free of HTTP and
-client-side delays. Step lines carry ``"kind": "step"``.
+Each finished request adds one ``{"kind": "request", ...}`` line (``arrival_s``, vLLM's
+API-server stamp; ``engine_arrival_s``, when the engine core received it; first and last token
+times, token counts, tier): latencies as the engine saw them, free of HTTP and client-side
+delays. Step lines carry ``"kind": "step"``.
 
 Written line-buffered so a killed server leaves every finished step on disk.
 """
@@ -57,6 +58,7 @@ def request_row(view: Any, end_s: float) -> dict[str, Any]:
         "request_id": view.request_id,
         "tier": view.tier,
         "arrival_s": round(view.arrival_s, 6),
+        "engine_arrival_s": view.engine_arrival_s,
         "first_token_s": view.first_token_s,
         "last_token_s": view.last_token_s,
         "end_s": round(end_s, 6),

@@ -44,6 +44,7 @@ class VllmRequestView:
         "predicted_output_len",
         "first_token_s",
         "last_token_s",
+        "engine_arrival_s",
     )
 
     def __init__(self, request: Any, origin: float) -> None:
@@ -59,6 +60,9 @@ class VllmRequestView:
         self.predicted_output_len: int | None = tags.predicted_output_len
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
+        # when the engine core received it (arrival_s is the API server's stamp; the gap is
+        # vLLM's front end: processing plus the hop to the engine process)
+        self.engine_arrival_s: float | None = None
 
     @property
     def request(self) -> Any:

@@ -151,6 +151,7 @@ def test_request_lines_are_kept_apart_from_steps(tmp_path: Path) -> None:
 
     view = VllmRequestView(_fake_request(num_output_tokens=4, num_computed_tokens=13), 1000.0)
     view.first_token_s, view.last_token_s = 0.7, 0.9
+    view.engine_arrival_s = 0.503  # the engine core got it 3 ms after the API server's stamp
     log = StepLog(tmp_path / "log.jsonl")
     log.write(
         {
@@ -167,4 +168,5 @@ def test_request_lines_are_kept_apart_from_steps(tmp_path: Path) -> None:
     assert len(steps_only(rows)) == 1 and len(step_log_samples(rows)) == 1
     (req,) = requests_only(rows)
     assert (req["arrival_s"], req["first_token_s"], req["output_tokens"]) == (0.5, 0.7, 4)
+    assert req["engine_arrival_s"] == 0.503
     assert req["tier"] == "paid"
