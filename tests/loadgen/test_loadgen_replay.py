@@ -47,11 +47,14 @@ async def test_chunk_timestamps_match_server_writes(sse_server: FakeServer, tmp_
         t, tok = chunks_of(run, i)
         assert list(tok) == [1] * 5
         assert t[0] == r.loc[i, "first_chunk_s"] and t[-1] == r.loc[i, "last_chunk_s"]
-        assert (np.diff(t) > 0.015).all()  # the server's 20 ms spacing is visible
-        # Server write log (same clock, other origin): the gaps the client saw are the gaps
-        # the server wrote (the 1 ms p99 figure is measured in benchmarks/bench_client.py).
+        # The server's 20 ms spacing is visible, and the gaps the client saw are the gaps the
+        # server wrote (its write log: same clock, other origin). Medians, because one
+        # preemption of this process between a write and its read shifts a single gap on a
+        # loaded CI machine; the 1 ms p99 figure is measured in benchmarks/bench_client.py.
         writes = np.array(sse_server.writes[f"r{i}"])
-        assert np.abs(np.diff(t) - np.diff(writes)).max() < 0.01
+        assert np.median(np.diff(t)) > 0.015
+        assert np.median(np.abs(np.diff(t) - np.diff(writes))) < 0.005
+        assert np.abs(np.diff(t) - np.diff(writes)).max() < 0.05
 
 
 async def test_multi_token_chunks_with_continuous_usage(
@@ -207,7 +210,8 @@ async def test_failures_are_classified_and_nothing_else_is_lost(
 
 async def test_read_timeout_is_classified(sse_server: FakeServer, tmp_path: Path) -> None:
     trace = make_trace(2, output_len=2, prompts=["mode=hang", None])
-    run = await replay(sse_server, trace, tmp_path / "run", timeout_s=0.3)
+    # 1 s of silence: the healthy request (same process) never comes near it under load
+    run = await replay(sse_server, trace, tmp_path / "run", timeout_s=1.0)
     r = run.requests.set_index("req").sort_index()
     assert r.loc[0, "error_kind"] == schema.ERROR_TIMEOUT and not r.loc[0, "success"]
     assert r.loc[1, "success"]
@@ -218,14 +222,15 @@ async def test_duration_bound_stops_sending_and_cancels_after_drain(
 ) -> None:
     prompts: list[str | None] = [None, "mode=hang", None, None, None, None]
     trace = make_trace(6, gap_s=0.1, output_len=2, prompts=prompts)
-    run = await replay(sse_server, trace, tmp_path / "run", duration_s=0.25, drain_timeout_s=0.2)
+    # request 2 goes out at 0.2 s and needs ~0.05 s; a 1 s drain leaves room on a loaded box
+    run = await replay(sse_server, trace, tmp_path / "run", duration_s=0.25, drain_timeout_s=1.0)
     r = run.requests.set_index("req").sort_index()
     assert list(r.index) == [0, 1, 2]  # arrivals 0.3 s and later were never sent
     assert r.loc[1, "error_kind"] == schema.ERROR_CANCELLED
     assert r.loc[0, "success"] and r.loc[2, "success"]
     d = run.meta["dispatch"]
     assert d["not_sent"] == 3 and d["cancelled"] == 1
-    assert 0.45 - 0.05 < d["end_s"] < 1.5  # duration + drain, not the 30 s hang
+    assert 1.25 - 0.05 < d["end_s"] < 3.0  # duration + drain, not the 30 s hang
 
 
 async def test_connect_errors_recorded(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pandas as pd
 import pytest
 from server_testlib import TEST_POLICY
@@ -100,8 +101,10 @@ async def test_stall_pauses_mid_stream(session):
     at = log[0]["at_token"]
     times = [t for t, _ in events]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert gaps[at - 1] >= 0.3  # the pause sits right before token #at
-    assert max(g for i, g in enumerate(gaps) if i != at - 1) < 0.3
+    # The 300 ms pause sits right before token #at: the longest gap by far. (A late read of
+    # token #at-1 on a loaded machine shortens the gap the client sees, hence 0.25 s.)
+    assert gaps[at - 1] >= 0.25 and int(np.argmax(gaps)) == at - 1
+    assert max(g for i, g in enumerate(gaps) if i != at - 1) < 0.25
     toks = [json.loads(p) for _, p in events[:-1] if json.loads(p)["choices"]]
     assert sum(len(c["choices"][0]["text"].split()) for c in toks) == 8
 
@@ -139,14 +142,15 @@ async def test_replay_failures_match_the_fault_log_exactly(tmp_path: Path):
         range_ratio=0.5,
     )
     log_path = tmp_path / "faults.jsonl"
-    spec = "error=0.06,drop=0.06,stall=0.04:2s,malformed=0.06,slow_first=0.04:2s,seed=5"
+    spec = "error=0.06,drop=0.06,stall=0.04:5s,malformed=0.06,slow_first=0.04:5s,seed=5"
     async with embedded(policy="vllm", speed=4.0, faults=spec, fault_log=log_path) as url:
         cfg = ReplayConfig(
             trace="synthetic",
             rate=60.0,
             target=url,
             engine="builtin",
-            timeout_s=0.5,  # shorter than the 2 s stalls: they become timeouts
+            timeout_s=1.5,  # shorter than the 5 s stalls: they become timeouts; long enough
+            # that a healthy request never times out on a loaded machine (same process)
             out=tmp_path / "run",
             sample_interval_s=None,
             progress=False,

