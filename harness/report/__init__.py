@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 
 from harness.report import figures as F
-from harness.report.data import RunView, fmt_value, load_run_view, setup_rows
+from harness.report.data import RunView, fmt_drift, fmt_value, load_run_view, setup_rows
 
 __all__ = ["write_report", "render_report", "SWEEP_JSON"]
 
@@ -75,6 +75,10 @@ STABILITY_KEYS = (
     "completion_rate_rps",
     "mean_backlog",
     "max_backlog",
+    "token_backlog_slope_tps",
+    "token_backlog_slope_ci",
+    "token_backlog_mean",
+    "conditional_drift",
     "queue_mean",
     "queue_max",
     "rho",
@@ -281,6 +285,7 @@ def render_report(
         stability_keys=STABILITY_KEYS,
         nav=nav,
         fmt=fmt_value,
+        fmt_drift=fmt_drift,
         pct=_pct,
         met=_met,
         figure_json=store.json(),

@@ -203,6 +203,17 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
     )
 
 
+def fmt_drift(bins: Any) -> str:
+    """The conditional drift (stability.conditional_drift) as one line: level range -> dW/dt."""
+    if not bins:
+        return "–"
+    return " · ".join(
+        f"{fmt_value(b['level_lo'])}–{fmt_value(b['level_hi'])}: "
+        f"{'+' if (b['drift_per_s'] or 0) > 0 else ''}{fmt_value(b['drift_per_s'])}/s"
+        for b in bins
+    )
+
+
 def fmt_value(v: Any) -> str:
     """Compact, human text for a table cell (numbers rounded, None as '–')."""
     if v is None:

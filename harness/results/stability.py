@@ -28,6 +28,14 @@ Rules (each cites its source; "REC" = the spec's recommendation, "ours" = our ch
   an exact capacity is given (``capacity_rps``), and with fewer than 30 arrivals after the
   cut. The cost-model fluid rate is only a necessary condition (above it no policy is
   stable), so it is reported (``rho``, ``fluid_slope_rps``) but never vetoes a verdict.
+- Token backlog ``W(t)`` (seed-stability §4.2, the paper's own measure |X|): unprocessed
+  prompt + output tokens of the requests in the system, from the chunk log: an arrival adds
+  ``prompt_len + output_len`` (the requested ``max_tokens``), the first chunk removes the
+  prompt, each chunk its tokens, a departure the rest. Its OLS/Newey–West trend
+  (``token_backlog_slope_tps``) and the **conditional drift** (§4.3: mean dW/dt per backlog
+  level, four quantile bins of the window; negative drift in the top bin is Foster-style
+  evidence of stability) are reported beside the verdict; they do not change it (ours: the
+  request backlog needs no chunk log, so every run gets the same verdict rule).
 - Little's law (anchors §5.3): ``little_law_ratio`` = mean B / (λ̂ · mean sojourn) over the
   window (sojourns of requests still in the system are censored at the end of observation);
   ≈ 1 in steady state. ``little_law_ratio_server`` uses the engine's running + waiting
@@ -118,6 +126,72 @@ def backlog_series(requests: pd.DataFrame, grid_points: int = 1000) -> BacklogSe
     dep_sorted = np.sort(dep[~np.isnan(dep)])
     b = np.searchsorted(arr, t, side="right") - np.searchsorted(dep_sorted, t, side="right")
     return BacklogSeries(t, b.astype(float), arr, dep, t_end, t_obs)
+
+
+def token_backlog(requests: pd.DataFrame, chunks: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """W(t): unprocessed prompt + output tokens in the system at each grid time (module rules).
+
+    Event sums, vectorised: arrivals add each request's tokens at ``target_s``, the first chunk
+    removes its prompt, every chunk its tokens, the departure (``departure_times``) the rest;
+    a request that never departs keeps its remainder."""
+    n = len(requests)
+
+    def col(name: str) -> np.ndarray:
+        if name not in requests:
+            return np.full(n, np.nan)
+        return pd.to_numeric(requests[name], errors="coerce").to_numpy(dtype=float)
+
+    arr, first = col("target_s"), col("first_chunk_s")
+    prompt = np.nan_to_num(col("prompt_len"))
+    total = prompt + np.nan_to_num(col("output_len"))
+    dep = departure_times(requests)
+    req_ids = requests["req"].to_numpy() if "req" in requests else np.arange(n)
+    ok = ~np.isnan(arr)
+    pos = pd.Index(req_ids).get_indexer(chunks["req"].to_numpy()) if len(chunks) else []
+    pos = np.asarray(pos, dtype=np.int64)
+    ct = chunks["t_s"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
+    ck = chunks["tokens"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
+    keep = pos >= 0  # chunks of requests in this frame with a known arrival
+    keep[keep] = ok[pos[keep]]
+    pos, ct, ck = pos[keep], ct[keep], ck[keep]
+    delivered = np.bincount(pos, weights=ck, minlength=n) + np.where(np.isnan(first), 0, prompt)
+    has_first = ok & ~np.isnan(first)
+    has_dep = ok & ~np.isnan(dep)
+    times = np.concatenate([arr[ok], first[has_first], ct, dep[has_dep]])
+    deltas = np.concatenate(
+        [
+            total[ok],
+            -prompt[has_first],
+            -ck,
+            -np.maximum(total[has_dep] - delivered[has_dep], 0.0),
+        ]
+    )
+    order = np.argsort(times, kind="stable")
+    level = np.cumsum(deltas[order])
+    idx = np.searchsorted(times[order], t, side="right") - 1
+    return np.where(idx >= 0, level[np.maximum(idx, 0)], 0.0)
+
+
+def conditional_drift(t: np.ndarray, w: np.ndarray, bins: int = 4) -> list[dict[str, Any]]:
+    """Mean dW/dt per backlog level (quantile bins of ``w``), seed-stability §4.3."""
+    if len(t) < 2 * bins:
+        return []
+    rate = np.diff(w) / np.diff(t)
+    level = w[:-1]
+    edges = np.unique(np.quantile(level, np.linspace(0, 1, bins + 1)))
+    out = []
+    for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        m = (level >= lo) & ((level < hi) if k < len(edges) - 2 else (level <= hi))
+        if m.any():
+            out.append(
+                {
+                    "level_lo": _f(float(lo), 1),
+                    "level_hi": _f(float(hi), 1),
+                    "drift_per_s": _f(float(rate[m].mean()), 3),
+                    "points": int(m.sum()),
+                }
+            )
+    return out
 
 
 def mser_cut(x: np.ndarray, batch: int = 5) -> int:
@@ -241,6 +315,11 @@ def analyze_stability(
         "final_backlog": None,
         "max_backlog": None,
         "mean_sojourn_s": None,
+        "token_backlog_slope_tps": None,
+        "token_backlog_slope_ci": None,
+        "token_backlog_mean": None,
+        "token_backlog_final": None,
+        "conditional_drift": None,
         "queue_slope_rps": None,
         "queue_mean": None,
         "queue_max": None,
@@ -281,6 +360,19 @@ def analyze_stability(
     out["mean_sojourn_s"] = _f(w_mean, 4)
     if n_arr and w_mean > 0:
         out["little_law_ratio"] = _f(float(bw.mean()) / (lam * w_mean), 4)
+
+    # token backlog W(t) and its conditional drift (needs the chunk log)
+    chunks: pd.DataFrame | None = getattr(run, "chunks", None)
+    if chunks is not None and {"prompt_len", "output_len"} <= set(req.columns):
+        w = token_backlog(req, chunks, bs.t)
+        ww = w[cut_idx:]
+        out["token_backlog_mean"] = _f(float(ww.mean()), 1)
+        out["token_backlog_final"] = _f(float(ww[-1]), 1)
+        ttr = hac_trend(tw, ww)
+        if ttr is not None:
+            out["token_backlog_slope_tps"] = _f(ttr.slope, 3)
+            out["token_backlog_slope_ci"] = [_f(ttr.ci[0], 3), _f(ttr.ci[1], 3)]
+        out["conditional_drift"] = conditional_drift(tw, ww)
 
     # engine queue (samples): engine rows first, else Prometheus
     if samples is not None and len(samples) and "num_waiting" in samples:

@@ -17,6 +17,7 @@ from harness.results.stability import (
     departure_times,
     hac_trend,
     mser_cut,
+    token_backlog,
 )
 
 CAP = synthetic_capacity_rps(8, 200, 100, 2e-4, 0.02)  # ≈ 3.96 req/s for the defaults
@@ -42,6 +43,12 @@ def test_below_capacity_is_stable(tmp_path: Path, seed: int) -> None:
     assert s["little_law_ratio_server"] == pytest.approx(1.0, abs=0.05)
     # arrivals are completed at the rate they come
     assert s["completion_rate_rps"] == pytest.approx(s["arrival_rate_rps"], rel=0.1)
+    # the token backlog (the paper's |X|) has no trend either, and its conditional drift is
+    # Foster-like: up at low backlog, down at high backlog (seed-stability.md §4.3)
+    tokens = float((run.requests["prompt_len"] + run.requests["output_len"]).mean())
+    assert abs(s["token_backlog_slope_tps"]) < 0.02 * s["arrival_rate_rps"] * tokens
+    drift = s["conditional_drift"]
+    assert len(drift) == 4 and drift[0]["drift_per_s"] > 0 > drift[-1]["drift_per_s"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -57,6 +64,11 @@ def test_above_capacity_is_unstable_with_fluid_growth_rate(tmp_path: Path, seed:
     assert s["ttft_slope_ms_per_s"] > 0  # waiting time grows with arrival time
     assert s["completion_rate_rps"] < s["arrival_rate_rps"]
     assert s["queue_slope_rps"] > 0  # the engine's waiting gauge grows too
+    # the token backlog grows at the request rate times the tokens each request brings, and
+    # drifts up at every backlog level
+    tokens = float((run.requests["prompt_len"] + run.requests["output_len"]).mean())
+    assert s["token_backlog_slope_tps"] == pytest.approx(s["backlog_slope_rps"] * tokens, rel=0.2)
+    assert all(d["drift_per_s"] > 0 for d in s["conditional_drift"])
 
 
 def test_critical_band_is_inconclusive(tmp_path: Path) -> None:
@@ -169,3 +181,28 @@ def test_engine_simulator_runs_below_and_above_capacity(
         assert s["rho"] > 1.5 and s["backlog_slope_rps"] >= s["fluid_slope_rps"] > 0
     else:
         assert s["rho"] < 0.2 and s["fluid_slope_rps"] == 0.0
+
+
+def test_token_backlog_by_hand() -> None:
+    """W(t) from events: arrival +prompt+output, first chunk -prompt, each chunk -tokens, a
+    departure -the rest; a cancelled request keeps its remainder."""
+    requests = pd.DataFrame(
+        {
+            "req": [0, 1, 2],
+            "target_s": [0.0, 0.5, 3.5],
+            "prompt_len": [10, 5, 7],
+            "output_len": [4, 3, 2],
+            "first_chunk_s": [1.0, 2.5, np.nan],
+            "last_chunk_s": [4.0, 2.5, np.nan],
+            "success": [True, False, False],
+            "error_kind": [None, "stream_cut", "cancelled"],
+        }
+    )
+    chunks = pd.DataFrame(
+        {"req": [0, 0, 0, 0, 1], "t_s": [1.0, 2.0, 3.0, 4.0, 2.5], "tokens": [1, 1, 1, 1, 1]}
+    )
+    t = np.array([0.0, 0.5, 1.0, 2.0, 2.5, 3.0, 3.6, 4.0])
+    w = token_backlog(requests, chunks, t)
+    # r0: 14 -> 3 at its first chunk, then -1 per chunk; r1: 8 until 2.5, where its prompt
+    # and one token are done and the cut stream takes the other 2 away; r2 (cancelled): 9.
+    assert w.tolist() == [14, 22, 11, 10, 2, 1, 10, 9]
