@@ -363,7 +363,9 @@ def analyze_stability(
 
     # token backlog W(t) and its conditional drift (needs the chunk log)
     chunks: pd.DataFrame | None = getattr(run, "chunks", None)
-    if chunks is not None and {"prompt_len", "output_len"} <= set(req.columns):
+    streamed = "first_chunk_s" in req and bool(req["first_chunk_s"].notna().any())
+    chunks_loaded = chunks is not None and (len(chunks) > 0 or not streamed)  # not skipped
+    if chunks_loaded and {"prompt_len", "output_len"} <= set(req.columns):
         w = token_backlog(req, chunks, bs.t)
         ww = w[cut_idx:]
         out["token_backlog_mean"] = _f(float(ww.mean()), 1)

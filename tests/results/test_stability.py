@@ -206,3 +206,14 @@ def test_token_backlog_by_hand() -> None:
     # r0: 14 -> 3 at its first chunk, then -1 per chunk; r1: 8 until 2.5, where its prompt
     # and one token are done and the cut stream takes the other 2 away; r2 (cancelled): 9.
     assert w.tolist() == [14, 22, 11, 10, 2, 1, 10, 9]
+
+
+def test_token_backlog_needs_the_chunk_log(tmp_path: Path) -> None:
+    """A run read without its chunks (read_run(chunks=False)) gets no token backlog rather
+    than one that only drops at departures; the request verdict is the same."""
+    rd = write_synthetic_run(tmp_path / "r", num_requests=400, rate=0.6 * CAP, seed=0)
+    full = analyze_stability(read_run(rd))
+    bare = analyze_stability(read_run(rd, chunks=False))
+    assert full["token_backlog_slope_tps"] is not None and full["conditional_drift"]
+    assert bare["token_backlog_slope_tps"] is None and bare["conditional_drift"] is None
+    assert bare["verdict"] == full["verdict"]
