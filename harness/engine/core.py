@@ -174,6 +174,28 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def decode_steps_that_fit(comp: np.ndarray, k_max: int, block_size: int, free: int) -> int:
+    """The most identical decode steps (<= ``k_max``) whose KV blocks fit: requests with
+    ``comp`` computed tokens hold step 1's blocks already; steps 2..k may take ``free`` more
+    (binary search; the fast-forward bound of both simulator kernels)."""
+    bs = block_size
+    held = (comp + bs) // bs  # blocks for comp + 1 tokens
+
+    def extra_blocks(k: int) -> int:
+        return int(((comp + k + bs - 1) // bs - held).sum())
+
+    if extra_blocks(k_max) <= free:
+        return k_max
+    lo, hi = 1, k_max  # extra_blocks(lo) == 0 <= free, extra_blocks(hi) > free
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if extra_blocks(mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def fit_problem(prompt_len: int, max_tokens: int, block_size: int, total_blocks: int) -> str | None:
     """Why a request can never run in a KV cache of ``total_blocks``, or None if it can.
 
@@ -583,19 +605,7 @@ class EngineCore:
         # Step 1's blocks (for comp + 1 tokens) are already allocated; ``free`` is what is left.
         free = self.total_blocks - self.used_blocks
 
-        def extra_blocks(k: int) -> int:
-            # blocks needed for steps 2..k beyond what step 1 holds
-            return int((((comp + k) + bs - 1) // bs - (comp + 1 + bs - 1) // bs).sum())
-
-        if extra_blocks(k_max) > free:
-            lo, hi = 1, k_max  # extra_blocks(lo) == 0 <= free, extra_blocks(hi) > free
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if extra_blocks(mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid
-            k_max = lo
+        k_max = decode_steps_that_fit(comp, k_max, bs, free)
         if k_max <= 1:
             return 1, np.array([now + first])
         i = np.arange(k_max)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from harness.engine.config import EngineConfig
-from harness.engine.core import fit_problem
+from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
 from harness.policies.base import Policy
 from harness.workload.trace import Trace
@@ -317,21 +317,7 @@ def fast_simulate(
                 Mv = Mr[:R]
                 k_max = int((Mv - Or[:R]).min())
                 if k_max > 1:
-                    c0 = Cr[:R]
-                    base_blocks = (c0 + bs) // bs  # blocks for c0 + 1 tokens (already allocated)
-
-                    def extra(kk: int, c0: np.ndarray = c0, base: np.ndarray = base_blocks) -> int:
-                        return int(((c0 + (kk + bs - 1)) // bs - base).sum())
-
-                    if extra(k_max) > free:
-                        lo, hi = 1, k_max
-                        while hi - lo > 1:
-                            mid = (lo + hi) // 2
-                            if extra(mid) <= free:
-                                lo = mid
-                            else:
-                                hi = mid
-                        k_max = lo
+                    k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
                     if k_max > 1:
                         steps = np.arange(k_max)
                         durs = cost_model.step_times(
