@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness.workload.tiers import request_tags
+from adapters.request_view import HostRequestView
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # sglang SamplingParams default
 
@@ -34,44 +34,17 @@ def custom_params(req: Any) -> Mapping[str, Any]:
     return cp if isinstance(cp, Mapping) else {}
 
 
-class SglRequestView:
+class SglRequestView(HostRequestView):
     """A live, read-only :class:`~harness.policies.base.RequestView` over an SGLang ``Req``.
 
     ``arrival_s`` is the host clock when the scheduler queued the request; ``first_token_s``
     and ``last_token_s`` are set by the host after each step.
     """
 
-    __slots__ = (
-        "_req",
-        "request_id",
-        "arrival_s",
-        "tier",
-        "priority",
-        "ttft_slo_s",
-        "tbt_slo_s",
-        "predicted_output_len",
-        "first_token_s",
-        "last_token_s",
-    )
+    __slots__ = ()
 
     def __init__(self, req: Any, arrival_s: float) -> None:
-        self._req = req
-        self.request_id: str = str(req.rid)
-        self.arrival_s: float = float(arrival_s)
-        cp = custom_params(req)
-        tags = request_tags(cp)
-        self.tier: str = tags.tier
-        self.ttft_slo_s: float | None = tags.ttft_slo_s
-        self.tbt_slo_s: float | None = tags.tbt_slo_s
-        self.priority: int = int(getattr(req, "priority", 0) or 0)
-        self.predicted_output_len: int | None = tags.predicted_output_len
-        self.first_token_s: float | None = None
-        self.last_token_s: float | None = None
-
-    @property
-    def request(self) -> Any:
-        """The wrapped SGLang request (hosts only; policies must not touch it)."""
-        return self._req
+        super().__init__(req, str(req.rid), arrival_s, custom_params(req))
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,10 +53,6 @@ class SglRequestView:
     @property
     def num_output_tokens(self) -> int:
         return len(self._req.output_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def num_computed_tokens(self) -> int:
@@ -99,10 +68,3 @@ class SglRequestView:
     @property
     def num_preemptions(self) -> int:
         return int(getattr(self._req, "retraction_count", 0) or 0)
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return (
-            f"SglRequestView({self.request_id!r}, tier={self.tier},"
-            f" prompt={self.num_prompt_tokens}, out={self.num_output_tokens}/{self.max_tokens},"
-            f" computed={self.num_computed_tokens})"
-        )

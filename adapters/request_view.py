@@ -1,0 +1,63 @@
+"""The part of an engine adapter's :class:`~harness.policies.base.RequestView` that does not
+depend on the engine: the request's tags (tier, SLOs, length hint; ``request_tags``) resolved
+once from whatever dict carries them, its priority, and the token times the host sets after
+each step. ``adapters.vllm.view`` and ``adapters.sglang.view`` add the live token accounting
+read from their engine's request object.
+
+Nothing here imports an engine, so both adapters' venvs (and the harness's) can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.workload.tiers import request_tags
+
+
+class HostRequestView:
+    """Static fields of a live request view; subclasses supply the token counts."""
+
+    __slots__ = (
+        "_req",
+        "request_id",
+        "arrival_s",
+        "tier",
+        "priority",
+        "ttft_slo_s",
+        "tbt_slo_s",
+        "predicted_output_len",
+        "first_token_s",
+        "last_token_s",
+    )
+
+    def __init__(
+        self, req: Any, request_id: str, arrival_s: float, tags: Mapping[str, Any]
+    ) -> None:
+        self._req = req
+        self.request_id: str = request_id
+        self.arrival_s: float = float(arrival_s)
+        t = request_tags(tags)
+        self.tier: str = t.tier
+        self.ttft_slo_s: float | None = t.ttft_slo_s
+        self.tbt_slo_s: float | None = t.tbt_slo_s
+        self.priority: int = int(getattr(req, "priority", 0) or 0)
+        self.predicted_output_len: int | None = t.predicted_output_len
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+
+    @property
+    def request(self) -> Any:
+        """The wrapped engine request (hosts only; policies must not touch it)."""
+        return self._req
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return (
+            f"{type(self).__name__}({self.request_id!r}, tier={self.tier},"
+            f" prompt={self.num_prompt_tokens}, out={self.num_output_tokens}/{self.max_tokens},"
+            f" computed={self.num_computed_tokens})"
+        )
