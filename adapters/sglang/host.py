@@ -40,25 +40,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.host_base import StepTally
 from adapters.sglang.view import SglRequestView
-from harness.policies.base import KVView, Plan, StepReport, View
+from harness.policies.base import KVView, Plan, View
 
 logger = logging.getLogger("harness.adapters.sglang")
 
 
 @dataclass(slots=True)
-class _Pending:
+class _Pending(StepTally):
     """What the host remembers between choosing a batch and the next loop iteration."""
 
-    start_s: float
     reqs: list[Any]
     out_before: list[int]
-    prefill_tokens: int
-    decode_tokens: int
-    num_prefill_seqs: int
-    num_decode_seqs: int
-    admitted: tuple[str, ...]
-    preempted: tuple[str, ...]
 
 
 def _default_next_batch_plan(batch_to_run: Any, running_batch: Any) -> Any:
@@ -245,27 +239,11 @@ class SGLangHost:
         for r, before in zip(pend.reqs, pend.out_before, strict=True):
             v = self.views.get(r.rid)
             if v is not None and len(r.output_ids) > before:
-                if v.first_token_s is None:
-                    v.first_token_s = end
-                v.last_token_s = end
+                v.saw_token(end)
         finished = tuple(rid for rid, v in self.views.items() if v.request.finished())
         for rid in finished:
             self.views.pop(rid, None)
-        duration = max(0.0, end - pend.start_s)
-        self._last_step_s = duration
+        report = pend.report(end, self.kv_view(sched).used_blocks, finished)
+        self._last_step_s = report.duration_s
         self.steps += 1
-        self.policy.on_step(
-            StepReport(
-                start_s=pend.start_s,
-                duration_s=duration,
-                num_steps=1,
-                prefill_tokens=pend.prefill_tokens,
-                decode_tokens=pend.decode_tokens,
-                num_prefill_seqs=pend.num_prefill_seqs,
-                num_decode_seqs=pend.num_decode_seqs,
-                kv_used_blocks=self.kv_view(sched).used_blocks,
-                preempted=pend.preempted,
-                admitted=pend.admitted,
-                finished=finished,
-            )
-        )
+        self.policy.on_step(report)

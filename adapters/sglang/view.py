@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.request_view import HostRequestView
+from adapters.host_base import HostRequestView
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # sglang SamplingParams default
 

@@ -57,11 +57,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import vllm
+from adapters.host_base import StepTally
 from adapters.vllm import SUPPORTED_VLLM_VERSION
 from adapters.vllm.config import PolicyChoice, build_policy, resolve_policy
 from adapters.vllm.steplog import StepLog, request_row
 from adapters.vllm.view import VllmRequestView
-from harness.policies.base import KVView, Plan, StepReport, View
+from harness.policies.base import KVView, Plan, View
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -80,20 +81,13 @@ def idle_wait_s(last_step_s: float | None) -> float:
 
 
 @dataclass(slots=True)
-class _Pending:
+class _Pending(StepTally):
     """What the host remembers between ``schedule()`` and ``update_from_output()``."""
 
     output_id: int
-    start_s: float
     scheduled: dict[str, int]
     out_before: dict[str, int]
-    prefill_tokens: int
-    decode_tokens: int
-    num_prefill_seqs: int
-    num_decode_seqs: int
     kv_tokens: int
-    admitted: tuple[str, ...]
-    preempted: tuple[str, ...]
 
 
 def _check_version() -> None:
@@ -335,9 +329,7 @@ class HarnessScheduler(Scheduler):
                 and req is not None
                 and req.num_output_tokens > pend.out_before[rid]
             ):
-                if view.first_token_s is None:
-                    view.first_token_s = end
-                view.last_token_s = end
+                view.saw_token(end)
             if req is None or req.is_finished():
                 finished.append(rid)
         finished.extend(a for a in self._aborted if a not in finished)
@@ -347,21 +339,8 @@ class HarnessScheduler(Scheduler):
             if view is not None and self._steplog.enabled:
                 self._steplog.write(request_row(view, end))
         kv = self.kv_view()
-        duration = max(0.0, end - pend.start_s)
-        self._last_step_s = duration
-        report = StepReport(
-            start_s=pend.start_s,
-            duration_s=duration,
-            num_steps=1,
-            prefill_tokens=pend.prefill_tokens,
-            decode_tokens=pend.decode_tokens,
-            num_prefill_seqs=pend.num_prefill_seqs,
-            num_decode_seqs=pend.num_decode_seqs,
-            kv_used_blocks=kv.used_blocks,
-            preempted=pend.preempted,
-            admitted=pend.admitted,
-            finished=tuple(finished),
-        )
+        report = pend.report(end, kv.used_blocks, tuple(finished))
+        duration = self._last_step_s = report.duration_s
         self.harness_policy.on_step(report)
         if self._steplog.enabled:
             self._steplog.write(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.request_view import HostRequestView
+from adapters.host_base import HostRequestView
 
 
 def request_xargs(request: Any) -> Mapping[str, Any]:
