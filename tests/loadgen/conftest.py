@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from fakesse import FakeServer
+from fakesse import FakeServer, start_app
 
 
 @pytest.fixture
@@ -17,12 +17,7 @@ async def sse_server() -> AsyncIterator[FakeServer]:
     app.router.add_post("/v1/chat/completions", srv.handle)
     app.router.add_get("/v1/models", srv.models)
     app.router.add_get("/metrics", srv.metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    srv.url = f"http://127.0.0.1:{port}"
+    runner, srv.url = await start_app(app)
     try:
         yield srv
     finally:

@@ -182,3 +182,13 @@ def make_trace(
         }
     )
     return Trace.from_frame(df, tiers, meta={"source": "test"})
+
+
+async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serve ``app`` on 127.0.0.1 at an ephemeral port: (runner to clean up, base URL)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"

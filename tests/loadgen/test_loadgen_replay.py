@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakesse import FakeServer, make_trace
+from fakesse import FakeServer, make_trace, start_app
 
 from harness.cli.errors import HarnessError
 from harness.loadgen.replay import ReplayConfig, check_ready, run_replay_async
@@ -242,11 +242,7 @@ async def test_connect_errors_recorded(tmp_path: Path) -> None:
     from harness.loadgen.dispatcher import Dispatcher, jobs_from_frame
     from harness.results.rundir import RunWriter
 
-    runner = web.AppRunner(web.Application())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, base_url = await start_app(web.Application())
     await runner.cleanup()
     trace = make_trace(2, output_len=2)
     with RunWriter(tmp_path / "run", {"kind": "replay"}) as w:
@@ -254,7 +250,7 @@ async def test_connect_errors_recorded(tmp_path: Path) -> None:
             disp = Dispatcher(
                 jobs_from_frame(trace.df),
                 session=session,
-                base_url=f"http://127.0.0.1:{port}",
+                base_url=base_url,
                 model="m",
                 dialect=get_dialect("vllm"),
                 endpoint=Endpoint.COMPLETIONS,

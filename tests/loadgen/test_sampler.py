@@ -7,6 +7,7 @@ import socket
 
 import pytest
 from aiohttp import web
+from fakesse import start_app
 
 from harness import clock
 from harness.loadgen.sampler import Sampler, metrics_url, parse_metrics
@@ -69,12 +70,7 @@ def test_metrics_url() -> None:
 async def _serve(handler) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
+    return await start_app(app)
 
 
 async def test_sampler_scrapes_live_server_on_run_clock() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from fakesse import make_trace
+from fakesse import make_trace, start_app
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -154,12 +154,7 @@ async def sgl_server() -> AsyncIterator[SGLangServer]:
     app_.router.add_post("/v1/chat/completions", srv.openai)
     app_.router.add_get("/v1/models", srv.models)
     app_.router.add_get("/metrics", srv.metrics)
-    runner = web.AppRunner(app_, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    srv.url = f"http://127.0.0.1:{port}"
+    runner, srv.url = await start_app(app_)
     try:
         yield srv
     finally:
