@@ -41,7 +41,10 @@ def _engine() -> Any:
     return EngineConfig(block_size=16, kv_tokens=1 << 26, token_budget=BUDGET, max_num_seqs=1 << 16)
 
 
-def _trace(rate: float, horizon_s: float, seed: int) -> Trace:
+def poisson_trace(
+    rate: float, horizon_s: float, seed: int, prompt: int = PROMPT, output: int = OUTPUT
+) -> Trace:
+    """Poisson arrivals up to ``horizon_s`` of identical (``prompt``, ``output``) requests."""
     rng = np.random.default_rng([seed, 5])
     t = np.cumsum(rng.exponential(1.0 / rate, int(rate * horizon_s * 1.5) + 10))
     t = t[t <= horizon_s]
@@ -50,8 +53,8 @@ def _trace(rate: float, horizon_s: float, seed: int) -> Trace:
         {
             "request_id": [f"r{i}" for i in range(n)],
             "arrival_s": t,
-            "prompt_len": PROMPT,
-            "output_len": OUTPUT,
+            "prompt_len": prompt,
+            "output_len": output,
             "tier": "default",
         }
     )
@@ -79,7 +82,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 3) -> ExperimentResult
     verdicts: dict[tuple[str, float], str] = {}
     for rho in loads:
         rate = rho * lam_star
-        trace = _trace(rate, horizon, seed)
+        trace = poisson_trace(rate, horizon, seed)
         for cfg in POLICIES:
             label = f"rho={rho:g} {cfg.label}"
             run_dir, m = run_config(

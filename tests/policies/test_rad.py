@@ -74,9 +74,7 @@ def _rad_backlog(rho: float, horizon_s: float = 600.0) -> tuple[float, float, fl
     from harness.engine.config import EngineConfig
     from harness.engine.costmodel import get_cost_model
     from harness.engine.simulate import simulate
-    from harness.experiments.stability import backlog_slope
-    from harness.workload.tiers import parse_tiers
-    from harness.workload.trace import Trace
+    from harness.experiments.stability import backlog_slope, poisson_trace
 
     # The staircase batch time t = c + a*ceil(tokens/128) is the tiling model with t_col* =
     # 128: a decode batch of 128 and a 256-token prefill chunk are perfectly tiled. Prompts
@@ -89,18 +87,8 @@ def _rad_backlog(rho: float, horizon_s: float = 600.0) -> tuple[float, float, fl
         0, t_col, 0
     ) / t_col
     rate = rho / t_bar
-    t = np.cumsum(np.random.default_rng([3, 5]).exponential(1 / rate, int(rate * horizon_s * 2)))
-    t = t[t <= horizon_s]
-    df = pd.DataFrame(
-        {
-            "request_id": [f"r{i}" for i in range(len(t))],
-            "arrival_s": t,
-            "prompt_len": prompt,
-            "output_len": output,
-            "tier": "default",
-        }
-    )
-    trace = Trace.from_frame(df, parse_tiers("default:1.0"))
+    trace = poisson_trace(rate, horizon_s, seed=3, prompt=prompt, output=output)
+    t = trace.df["arrival_s"].to_numpy()
     cfg = EngineConfig(block_size=16, kv_tokens=1 << 26, token_budget=512, max_num_seqs=1 << 16)
     pol = make_policy("rad", n=1024, t_col=t_col, t_row=256, t_red=32)
     res = simulate(trace, pol, cm, cfg, stop_at_s=horizon_s)
