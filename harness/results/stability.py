@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -76,17 +77,20 @@ class BacklogSeries:
     t_obs: float  # end of observation (last timestamp seen)
 
 
+def numeric_column(requests: pd.DataFrame, name: str) -> np.ndarray:
+    """A column as floats (unparseable -> NaN), or all NaN when the run lacks it."""
+    if name not in requests:
+        return np.full(len(requests), np.nan)
+    return pd.to_numeric(requests[name], errors="coerce").to_numpy(dtype=float)
+
+
 def departure_times(requests: pd.DataFrame) -> np.ndarray:
     """Departure time per row of ``requests`` (NaN: still in the system); see module rules."""
     n = len(requests)
     if n == 0:
         return np.zeros(0)
 
-    def col(name: str) -> np.ndarray:
-        if name not in requests:
-            return np.full(n, np.nan)
-        return pd.to_numeric(requests[name], errors="coerce").to_numpy(dtype=float)
-
+    col = partial(numeric_column, requests)
     dep = col("last_chunk_s")
     for fallback in ("first_chunk_s", "send_s", "target_s"):
         dep = np.where(np.isnan(dep), col(fallback), dep)
@@ -106,7 +110,7 @@ def departure_times(requests: pd.DataFrame) -> np.ndarray:
 
 def backlog_series(requests: pd.DataFrame, grid_points: int = 1000) -> BacklogSeries:
     """B(t) = arrivals(≤ t) − departures(≤ t) on a regular grid over [0, t_end]."""
-    arr = pd.to_numeric(requests.get("target_s"), errors="coerce").to_numpy(dtype=float)
+    arr = numeric_column(requests, "target_s")
     dep = departure_times(requests)
     keep = ~np.isnan(arr)
     arr, dep = arr[keep], dep[keep]
@@ -114,10 +118,9 @@ def backlog_series(requests: pd.DataFrame, grid_points: int = 1000) -> BacklogSe
     arr, dep = arr[order], dep[order]
     observed = [x for x in (arr, dep[~np.isnan(dep)]) if len(x)]
     for c in ("send_s", "first_chunk_s", "last_chunk_s"):
-        if c in requests:
-            v = pd.to_numeric(requests[c], errors="coerce").to_numpy(dtype=float)
-            if np.isfinite(v).any():
-                observed.append(v[np.isfinite(v)])
+        v = numeric_column(requests, c)
+        if np.isfinite(v).any():
+            observed.append(v[np.isfinite(v)])
     t_obs = float(max(np.max(x) for x in observed)) if observed else 0.0
     t_end = float(min(arr[-1], t_obs)) if len(arr) else 0.0
     if t_end <= 0:
@@ -136,11 +139,7 @@ def token_backlog(requests: pd.DataFrame, chunks: pd.DataFrame, t: np.ndarray) -
     (``departure_times``) the rest; a request that never departs keeps its remainder."""
     n = len(requests)
 
-    def col(name: str) -> np.ndarray:
-        if name not in requests:
-            return np.full(n, np.nan)
-        return pd.to_numeric(requests[name], errors="coerce").to_numpy(dtype=float)
-
+    col = partial(numeric_column, requests)
     arr, first = col("target_s"), col("first_chunk_s")
     prompt = np.nan_to_num(col("prompt_len"))
     total = prompt + np.nan_to_num(col("output_len"))
