@@ -171,11 +171,11 @@ def rate_sweep(args: argparse.Namespace) -> None:
 
 
 def fidelity(args: argparse.Namespace) -> None:
-    """Same trace through the simulator and a replay against the server (server_fidelity)."""
+    """Same trace through the simulator and a replay against the server (server.fidelity)."""
     import tempfile
     from pathlib import Path
 
-    from harness.engine.server_fidelity import compare
+    from harness.server.fidelity import compare
     from harness.workload import build_trace
 
     trace = build_trace(

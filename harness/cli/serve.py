@@ -50,7 +50,7 @@ def serve(
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     import asyncio
 
-    from harness.engine import server as srv
+    import harness.server as srv
 
     engine: dict[str, int] = {}
     for key, val in (

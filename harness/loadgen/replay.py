@@ -4,7 +4,7 @@ Flow (design.md "One flow"): ``build_trace`` (engineer W) → readiness check (h
 by ``ready_timeout_s``) → :class:`~harness.results.rundir.RunWriter` → optional
 :class:`~harness.loadgen.sampler.Sampler` → :class:`~harness.loadgen.dispatcher.Dispatcher`
 → ``write_summary`` (engineer R). With no ``target`` the built-in engine server is started
-in-process (``harness.engine.server.embedded``, engineer S).
+in-process (``harness.server.embedded``, engineer S).
 
 User errors raise :class:`~harness.cli.errors.HarnessError` with one line; the CLI prints it.
 """
@@ -230,7 +230,7 @@ async def _target(cfg: ReplayConfig, run_dir: Path) -> AsyncIterator[tuple[str, 
         yield cfg.target, {"kind": "external"}
         return
     try:
-        from harness.engine.server import embedded  # type: ignore[attr-defined]
+        from harness.server import embedded  # type: ignore[attr-defined]
     except ImportError:
         raise HarnessError("the built-in engine is not available yet; pass --target URL") from None
     kw: dict[str, Any] = {"policy": cfg.policy or "vllm"}
@@ -238,7 +238,7 @@ async def _target(cfg: ReplayConfig, run_dir: Path) -> AsyncIterator[tuple[str, 
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
     try:
-        from harness.engine.server import make_config
+        from harness.server import make_config
 
         info = make_config(**kw).model_dump(
             mode="json", include={"policy", "policy_params", "cost_model", "kv_tokens", "speed"}
@@ -250,7 +250,7 @@ async def _target(cfg: ReplayConfig, run_dir: Path) -> AsyncIterator[tuple[str, 
             run_dir.mkdir(parents=True, exist_ok=True)
             kw["fault_log"] = info["fault_log"] = str(run_dir / FAULTS_FILE)
         # A child process keeps the engine loop and the load generator from delaying each
-        # other (see harness.engine.server.embedded).
+        # other (see harness.server.embedded).
         cm = embedded(**kw, process=True)
     except (ValueError, KeyError) as exc:
         raise HarnessError(f"built-in engine: {exc}") from None

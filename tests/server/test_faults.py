@@ -1,10 +1,10 @@
-"""Fault spec parsing and the deterministic per-request fault draw (server_faults)."""
+"""Fault spec parsing and the deterministic per-request fault draw (harness.server.faults)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.engine.server_faults import (
+from harness.server.faults import (
     FaultLog,
     FaultSpecError,
     choose_fault,

@@ -13,8 +13,8 @@ import pytest
 from server_testlib import TEST_POLICY
 
 from harness import clock
-from harness.engine.server import embedded
-from harness.engine.server_faults import read_fault_log
+from harness.server import embedded
+from harness.server.faults import read_fault_log
 
 pytestmark = pytest.mark.timeout(60)
 

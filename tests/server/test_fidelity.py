@@ -1,6 +1,6 @@
 """Must-show (a): one trace through ``harness simulate`` (virtual time) and through a replay
 against the built-in server (wall clock, real HTTP) gives matching TTFT and TBT
-distributions, same policy, same cost model, same KV (harness.engine.server_fidelity)."""
+distributions, same policy, same cost model, same KV (harness.server.fidelity)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ MAX_STEP_LATENESS_P99_MS = 10.0
 
 
 async def test_simulate_and_replay_agree(tmp_path: Path):
-    from harness.engine.server_fidelity import compare
+    from harness.server.fidelity import compare
     from harness.workload import build_trace
 
     trace = build_trace(

@@ -1,4 +1,4 @@
-"""Request validation, the prompt token rule and the vLLM chunk format (server_protocol)."""
+"""Request validation, the prompt token rule and the vLLM chunk format (harness.server.protocol)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.engine.server_protocol import (
+from harness.server.protocol import (
     DONE,
     RequestError,
     StreamEncoder,

@@ -14,7 +14,7 @@ from server_testlib import TEST_POLICY
 
 from harness import clock
 from harness.engine.costmodel import get_cost_model
-from harness.engine.server import embedded
+from harness.server import embedded
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -109,7 +109,7 @@ async def _server(separate: bool, **kw: Any) -> AsyncIterator[str]:
     """The built-in server in this event loop, or in a child ``harness serve`` process (so
     the load generator's work cannot delay the engine loop)."""
     if not separate:
-        from harness.engine.server import embedded
+        from harness.server import embedded
 
         async with embedded(**kw) as url:
             yield url
