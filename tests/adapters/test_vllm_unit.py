@@ -170,3 +170,15 @@ def test_request_lines_are_kept_apart_from_steps(tmp_path: Path) -> None:
     assert (req["arrival_s"], req["first_token_s"], req["output_tokens"]) == (0.5, 0.7, 4)
     assert req["engine_arrival_s"] == 0.503
     assert req["tier"] == "paid"
+
+
+def test_vllm_venv_subprocess_keeps_documented_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TINY_MODEL_DIR / VLLM_VENV (scripts/vllm-cpu/setup.sh) reach the vLLM-venv process."""
+    from vllm_testlib import ROOT, vllm_venv_env
+
+    monkeypatch.setenv("TINY_MODEL_DIR", "/elsewhere/tiny")
+    monkeypatch.setenv("VLLM_VENV", "/elsewhere/venv")
+    monkeypatch.setenv("SOME_SECRET", "x")
+    env = vllm_venv_env()
+    assert env["TINY_MODEL_DIR"] == "/elsewhere/tiny" and env["VLLM_VENV"] == "/elsewhere/venv"
+    assert env["PYTHONPATH"] == str(ROOT) and "SOME_SECRET" not in env

@@ -29,12 +29,26 @@ requires_vllm = pytest.mark.skipif(
 )
 
 
+# The settings documented in scripts/vllm-cpu/setup.sh (and the ones the process needs to
+# find its tools and temp space): passed through so a model or venv elsewhere is still found.
+PASSED_ENV = ("TINY_MODEL_DIR", "VLLM_VENV", "VLLM_CPU_KVCACHE_SPACE", "HOME", "TMPDIR", "LANG")
+
+
+def vllm_venv_env() -> dict[str, str]:
+    """The environment of a vLLM-venv subprocess: a clean one plus :data:`PASSED_ENV`."""
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env.update({"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    env.setdefault("TINY_MODEL_DIR", str(TINY_MODEL))
+    env.setdefault("VLLM_VENV", str(VLLM_VENV))
+    return env
+
+
 def run_in_vllm_venv(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet with the vLLM venv's interpreter (repo root on the path)."""
     return subprocess.run(
         [str(VLLM_PY), "-c", code],
         cwd=str(ROOT),
-        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        env=vllm_venv_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
