@@ -77,6 +77,13 @@ def replay(
         typer.Option(help="Send no request after S seconds; in-flight ones get --drain-timeout."),
     ] = None,
     max_concurrency: Annotated[int | None, typer.Option(help="Cap on requests in flight.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Load-generator processes, the schedule sharded by session "
+            "(default: automatic from the peak rate and the cores; 1 = in-process)."
+        ),
+    ] = None,
     tiers: Annotated[
         str | None,
         typer.Option(
@@ -167,6 +174,7 @@ def replay(
             num_requests=num_requests,
             duration_s=duration,
             max_concurrency=max_concurrency,
+            workers=workers,
             tiers=tiers,
             goodput=gp,
             seed=seed,

@@ -33,6 +33,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
+from harness.engine.simresult import ChunkLog, SimResult, SimulationStalled, new_samples
 from harness.policies.base import Policy
 from harness.workload.trace import Trace
 
@@ -71,8 +72,6 @@ def fast_simulate(
     on_interrupt: str = "raise",
 ) -> Any:
     """Same contract and result as :func:`harness.engine.simulate.simulate`."""
-    from harness.engine.simulate import SAMPLE_COLS, SimResult, _Chunks
-
     budget_cap = fast_budget(policy, config)
     if budget_cap is None:
         raise ValueError(f"no fast kernel for policy {getattr(policy, 'name', policy)!r}")
@@ -125,8 +124,8 @@ def fast_simulate(
         FA[:, :k] = FA[:, idx]
         return k
 
-    chunks = _Chunks(chunk_sink, chunk_flush_rows)
-    samples: dict[str, list[Any]] = {c: [] for c in SAMPLE_COLS}
+    chunks = ChunkLog(chunk_sink, chunk_flush_rows)
+    samples = new_samples()
     s_t, s_k, s_d = samples["t_s"], samples["num_steps"], samples["step_duration_s"]
     s_p, s_dec, s_kv = (
         samples["prefill_tokens"],
@@ -304,8 +303,6 @@ def fast_simulate(
                 if i < n:
                     t = max(t, nxt)
                     continue
-                from harness.engine.simulate import SimulationStalled
-
                 raise SimulationStalled(
                     f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
                 )

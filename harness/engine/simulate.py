@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.costmodel import DEFAULT_COST_MODEL, HARDWARE, CostModel, get_cost_model
+from harness.engine.fastsim import fast_budget, fast_simulate
+from harness.engine.simresult import (
+    SAMPLE_COLS,
+    ChunkLog,
+    SimResult,
+    SimulationStalled,
+    new_samples,
+)
 from harness.policies.base import Policy
 from harness.policies.registry import make_policy, policy_class
 from harness.results import schema
@@ -41,102 +48,6 @@ from harness.workload.trace import Trace
 ARRIVAL = 0
 STEP_START = 1
 UNBOUNDED_KV_TOKENS = 1 << 26  # "memory-free" model (seed-stability.md §7 REC 11)
-
-
-class SimulationStalled(RuntimeError):
-    """The policy scheduled nothing while work waits and no arrival can change that."""
-
-
-@dataclass
-class SimResult:
-    """Everything one simulated run produced (in memory unless a chunk sink was given)."""
-
-    policy: str
-    first_s: np.ndarray  # per trace row, NaN if no token
-    last_s: np.ndarray
-    out_tokens: np.ndarray  # tokens produced (== chunks)
-    status: np.ndarray  # 0 pending/cancelled, 1 finished, 2 rejected
-    errors: dict[int, str]
-    preemptions: np.ndarray
-    samples: dict[str, list[Any]]
-    chunk_req: np.ndarray | None
-    chunk_t: np.ndarray | None
-    end_s: float
-    num_steps: int
-    num_calls: int
-    wall_s: float
-    counters: dict[str, Any] = field(default_factory=dict)
-
-
-class _Chunks:
-    """Token-time accumulator: per step one time + the sampled rows, numpy at flush."""
-
-    def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
-        self.sink = sink
-        self.every = every
-        self.rows: list[Any] = []
-        self.step_t: list[float] = []
-        self.step_n: list[int] = []
-        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
-        self.pending = 0
-
-    def add_step(self, t: float, rows: Any) -> None:
-        """One step's sampled trace rows (a list or an int array), all at time ``t``."""
-        self.rows.append(rows)
-        self.step_t.append(t)
-        self.step_n.append(len(rows))
-        self.pending += len(rows)
-        if self.pending >= self.every:
-            self.flush()
-
-    def add_run(self, ends: np.ndarray, rows: Any) -> None:
-        """A fast-forwarded run: every row gets one token at each of ``ends``."""
-        self._seal()
-        r = np.asarray(rows, dtype=np.int64)
-        k = len(ends)
-        self._emit(np.tile(r, k), np.repeat(ends, len(r)))
-        self.pending += k * len(r)
-        if self.pending >= self.every:
-            self.flush()
-
-    def _seal(self) -> None:
-        if self.rows:
-            req = np.concatenate([np.asarray(x, dtype=np.int64) for x in self.rows])
-            t = np.repeat(np.asarray(self.step_t), np.asarray(self.step_n))
-            self._emit(req, t)
-        self.rows, self.step_t, self.step_n = [], [], []
-
-    def _emit(self, req: np.ndarray, t: np.ndarray) -> None:
-        if self.sink is not None:
-            self.sink(req, t)
-        else:
-            self.parts.append((req, t))
-
-    def flush(self) -> None:
-        self._seal()
-        self.pending = 0
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        self.flush()
-        if not self.parts:
-            return np.empty(0, np.int64), np.empty(0)
-        req = np.concatenate([p[0] for p in self.parts])
-        t = np.concatenate([p[1] for p in self.parts])
-        return req, t
-
-
-SAMPLE_COLS = (
-    "t_s",
-    "num_steps",
-    "step_duration_s",
-    "prefill_tokens",
-    "decode_tokens",
-    "kv_used_tokens",
-    "kv_usage",
-    "num_waiting",
-    "num_running",
-    "preemptions_total",
-)
 
 
 def simulate(
@@ -165,21 +76,18 @@ def simulate(
     """
     if kernel not in ("auto", "reference"):
         raise ValueError(f"kernel must be 'auto' or 'reference', not {kernel!r}")
-    if kernel == "auto":
-        from harness.engine.fastsim import fast_budget, fast_simulate
-
-        if fast_budget(policy, config) is not None:
-            return fast_simulate(
-                trace,
-                policy,
-                cost_model,
-                config,
-                stop_at_s=stop_at_s,
-                chunk_sink=chunk_sink,
-                chunk_flush_rows=chunk_flush_rows,
-                fast_forward=fast_forward,
-                on_interrupt=on_interrupt,
-            )
+    if kernel == "auto" and fast_budget(policy, config) is not None:
+        return fast_simulate(
+            trace,
+            policy,
+            cost_model,
+            config,
+            stop_at_s=stop_at_s,
+            chunk_sink=chunk_sink,
+            chunk_flush_rows=chunk_flush_rows,
+            fast_forward=fast_forward,
+            on_interrupt=on_interrupt,
+        )
     wall0 = time.perf_counter()
     df = trace.df
     n = len(df)
@@ -198,8 +106,8 @@ def simulate(
     status = np.zeros(n, dtype=np.int8)
     preempts = np.zeros(n, dtype=np.int64)
     errors: dict[int, str] = {}
-    chunks = _Chunks(chunk_sink, chunk_flush_rows)
-    samples: dict[str, list[Any]] = {c: [] for c in SAMPLE_COLS}
+    chunks = ChunkLog(chunk_sink, chunk_flush_rows)
+    samples = new_samples()
     s_t = samples["t_s"]
     s_k = samples["num_steps"]
     s_d = samples["step_duration_s"]
@@ -598,3 +506,15 @@ def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path
         write_summary(run_dir)
         out.append(run_dir)
     return out
+
+
+__all__ = [
+    "SAMPLE_COLS",
+    "SimResult",
+    "SimulateConfig",
+    "SimulationStalled",
+    "UNBOUNDED_KV_TOKENS",
+    "run_simulation",
+    "simulate",
+    "write_run",
+]

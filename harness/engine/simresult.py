@@ -1,0 +1,134 @@
+"""What a simulated run produces: the result type, its column buffers, and the stall error.
+
+These sit below both simulation kernels (:mod:`harness.engine.simulate`, the engine-core loop,
+and :mod:`harness.engine.fastsim`, the vectorised loop), so neither imports the other.
+
+Memory: a 100k-request run has tens of millions of per-token chunk rows and up to millions of
+telemetry rows, so both are kept columnar and compact (numpy parts for chunks, flushed to a sink
+as they fill; ``array.array`` columns for samples, 8 bytes a value instead of a Python object).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SAMPLE_COLS = (
+    "t_s",
+    "num_steps",
+    "step_duration_s",
+    "prefill_tokens",
+    "decode_tokens",
+    "kv_used_tokens",
+    "kv_usage",
+    "num_waiting",
+    "num_running",
+    "preemptions_total",
+)
+_FLOAT_COLS = frozenset({"t_s", "step_duration_s", "kv_usage"})
+
+
+class SimulationStalled(RuntimeError):
+    """The policy scheduled nothing while work waits and no arrival can change that."""
+
+
+def new_samples() -> dict[str, Any]:
+    """Empty telemetry columns (``array('d')`` for times/ratios, ``array('q')`` for counts);
+    they support ``append`` like lists and convert to numpy without a copy of objects."""
+    return {c: array("d" if c in _FLOAT_COLS else "q") for c in SAMPLE_COLS}
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated run produced (in memory unless a chunk sink was given)."""
+
+    policy: str
+    first_s: np.ndarray  # per trace row, NaN if no token
+    last_s: np.ndarray
+    out_tokens: np.ndarray  # tokens produced (== chunks)
+    status: np.ndarray  # 0 pending/cancelled, 1 finished, 2 rejected
+    errors: dict[int, str]
+    preemptions: np.ndarray
+    samples: dict[str, Any]
+    chunk_req: np.ndarray | None
+    chunk_t: np.ndarray | None
+    end_s: float
+    num_steps: int
+    num_calls: int
+    wall_s: float
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+class ChunkLog:
+    """Token-time accumulator: per step one time + the sampled rows, numpy at flush.
+
+    With a ``sink`` the columns leave memory every ``every`` rows (the run directory writes
+    them as parquet parts); without one they are kept as compact int32/float64 parts.
+    """
+
+    def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
+        self.sink = sink
+        self.every = every
+        self.rows: list[Any] = []
+        self.step_t: list[float] = []
+        self.step_n: list[int] = []
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pending = 0
+
+    def add_step(self, t: float, rows: Any) -> None:
+        """One step's sampled trace rows (a list or an int array), all at time ``t``."""
+        self.rows.append(rows)
+        self.step_t.append(t)
+        self.step_n.append(len(rows))
+        self.pending += len(rows)
+        if self.pending >= self.every:
+            self.flush()
+
+    def add_run(self, ends: np.ndarray, rows: Any) -> None:
+        """A fast-forwarded run: every row gets one token at each of ``ends``."""
+        self._seal()
+        r = np.asarray(rows, dtype=np.int64)
+        k = len(ends)
+        self._emit(np.tile(r, k), np.repeat(ends, len(r)))
+        self.pending += k * len(r)
+        if self.pending >= self.every:
+            self.flush()
+
+    def _seal(self) -> None:
+        if self.rows:
+            req = np.concatenate([np.asarray(x, dtype=np.int64) for x in self.rows])
+            t = np.repeat(np.asarray(self.step_t), np.asarray(self.step_n))
+            self._emit(req, t)
+        self.rows, self.step_t, self.step_n = [], [], []
+
+    def _emit(self, req: np.ndarray, t: np.ndarray) -> None:
+        if self.sink is not None:
+            self.sink(req, t)
+        else:
+            self.parts.append((req.astype(np.int32), t))
+
+    def flush(self) -> None:
+        self._seal()
+        self.pending = 0
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        self.flush()
+        if not self.parts:
+            return np.empty(0, np.int64), np.empty(0)
+        req = np.concatenate([p[0] for p in self.parts]).astype(np.int64)
+        t = np.concatenate([p[1] for p in self.parts])
+        self.parts = []
+        return req, t
+
+
+__all__ = [
+    "SAMPLE_COLS",
+    "ChunkLog",
+    "SimResult",
+    "SimulationStalled",
+    "new_samples",
+]
