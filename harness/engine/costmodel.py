@@ -40,8 +40,11 @@ class CostModel(Protocol):
     """Duration of one engine step in seconds."""
 
     name: str
+    uses_prefill_attn: bool
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float: ...
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float: ...
 
     def step_times(
         self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
@@ -54,6 +57,10 @@ class CostModel(Protocol):
 class _Base:
     name: str = "custom"
     source: str = ""
+
+    # A model that sets this receives ``prefill_attn = Σ chunk·(context_before + chunk/2)`` over
+    # the step's prefill chunks from the simulator (issue 19's interface); others get 0.
+    uses_prefill_attn = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,7 +88,9 @@ class AffineCostModel(_Base):
     def __post_init__(self) -> None:
         self._check()
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float:
         lin = (
             self.base_s
             + self.per_token_s * (prefill_tokens + decode_seqs)
@@ -99,6 +108,63 @@ class AffineCostModel(_Base):
 
 
 @dataclass(frozen=True)
+class ContextCostModel(AffineCostModel):
+    """The affine model plus per-request context terms (issue 19):
+
+    ``t = max(floor_s, base_s + per_token_s*(P+D) + per_decode_s*D) + r(D)*K + attn_s*A``
+    (``attn_s`` = ``per_prefill_attn_s``)
+
+    * ``r(D)``, the KV-read rate, falls from ``per_kv_s`` at one decode to ``per_kv_lo_s`` at
+      ``kv_sat_batch`` decodes and beyond, linearly in ``log2 D``: a batched decode kernel reads
+      KV closer to peak bandwidth (Vidur's A100 Llama-2-7B attention profile: ~0.37 us/token
+      at batch 1, ~0.26-0.28 at batch >= 64). Steps with no decode use ``per_kv_s``.
+    * ``A = Σ chunk·(context_before + chunk/2)`` over the step's prefill chunks: causal
+      attention's query-key products, so a prompt's chunks cost the same sum whatever the
+      chunking, and later chunks of a long prompt cost more than early ones
+      (anchors-engines.md §5.2 "∝ Σ chunk·(kv+chunk)").
+    """
+
+    kind = "context"
+    uses_prefill_attn = True
+    per_kv_lo_s: float = 0.0
+    kv_sat_batch: int = 64
+    per_prefill_attn_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._check()
+        if self.kv_sat_batch < 2:
+            raise CostModelError("context kv_sat_batch must be >= 2")
+
+    def kv_rate(self, decode_seqs: Any) -> Any:
+        """``r(D)`` per KV token (vectorised over ``D``)."""
+        d = np.maximum(np.asarray(decode_seqs, dtype=float), 1.0)
+        w = np.clip(np.log2(d) / math.log2(self.kv_sat_batch), 0.0, 1.0)
+        return self.per_kv_s + (self.per_kv_lo_s - self.per_kv_s) * w
+
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float:
+        lin = (
+            self.base_s
+            + self.per_token_s * (prefill_tokens + decode_seqs)
+            + self.per_decode_s * decode_seqs
+        )
+        return (
+            max(self.floor_s, lin)
+            + float(self.kv_rate(decode_seqs)) * kv_tokens
+            + self.per_prefill_attn_s * prefill_attn
+        )
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        p = np.asarray(prefill_tokens, dtype=float)
+        d = np.asarray(decode_seqs, dtype=float)
+        lin = self.base_s + self.per_token_s * (p + d) + self.per_decode_s * d
+        return np.maximum(self.floor_s, lin) + self.kv_rate(d) * np.asarray(kv_tokens, dtype=float)
+
+
+@dataclass(frozen=True)
 class StaircaseCostModel(_Base):
     """``t = c_s + a_s*ceil((P+D)/b0)`` (seed-stability.md §1.3 / Appendix A.1, v3)."""
 
@@ -112,7 +178,9 @@ class StaircaseCostModel(_Base):
         if self.b0 < 1:
             raise CostModelError("staircase b0 must be >= 1")
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float:
         return self.c_s + self.a_s * math.ceil((prefill_tokens + decode_seqs) / self.b0)
 
     def step_times(
@@ -134,7 +202,9 @@ class PiecewiseCostModel(_Base):
     def __post_init__(self) -> None:
         self._check()
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float:
         return self.c_s + self.a_s * max(0, prefill_tokens + decode_seqs - self.b0)
 
     def step_times(
@@ -147,6 +217,7 @@ class PiecewiseCostModel(_Base):
 KINDS: dict[str, type[_Base]] = {
     "affine": AffineCostModel,
     "linear": AffineCostModel,
+    "context": ContextCostModel,
     "staircase": StaircaseCostModel,
     "piecewise": PiecewiseCostModel,
 }
@@ -227,7 +298,7 @@ def _coerce(model_cls: type[_Base], key: str, value: Any) -> Any:
         allowed = [n for n in names if n not in ("name", "source")]
         raise CostModelError(f"unknown coefficient {key!r} for {model_cls.kind}: {allowed}")
     try:
-        return int(value) if key == "b0" else float(value)
+        return int(value) if key in ("b0", "kv_sat_batch") else float(value)
     except (TypeError, ValueError):
         raise CostModelError(f"coefficient {key}={value!r} is not a number") from None
 

@@ -94,3 +94,38 @@ def test_fit_recovers_known_coefficients() -> None:
     assert fit.model.per_kv_s == pytest.approx(0.37e-6, rel=0.1)
     with pytest.raises(CostModelError):
         fit_cost_model(df.head(2))
+
+
+def test_context_model_terms_and_interface() -> None:
+    """Issue 19: a batch-dependent KV-read rate and a prefill-attention term."""
+    from harness.engine.costmodel import ContextCostModel
+
+    m = get_cost_model(
+        {
+            "kind": "context",
+            "base_s": 2e-3,
+            "per_token_s": 50e-6,
+            "per_kv_s": 0.4e-6,
+            "per_kv_lo_s": 0.2e-6,
+            "kv_sat_batch": 64,
+            "per_prefill_attn_s": 1e-8,
+        }
+    )
+    assert isinstance(m, ContextCostModel) and m.uses_prefill_attn
+    assert m.kv_rate(1) == pytest.approx(0.4e-6)
+    assert m.kv_rate(8) == pytest.approx(0.3e-6)  # halfway in log2 between 1 and 64
+    assert m.kv_rate(256) == pytest.approx(0.2e-6)
+    # prefill-only step: 1000 prompt tokens, no context before -> A = 1000 * 500
+    t = m.step_time(1000, 0, 1000, prefill_attn=1000 * 500.0)
+    assert t == pytest.approx(2e-3 + 50e-6 * 1000 + 0.4e-6 * 1000 + 1e-8 * 500_000)
+    # decode-only vectorised path agrees with the scalar one
+    d = np.array([1, 8, 64, 200])
+    kv = d * 700
+    vec = m.step_times(np.zeros(4), d, kv)
+    assert vec == pytest.approx(
+        [m.step_time(0, int(x), int(k)) for x, k in zip(d, kv, strict=True)]
+    )
+    # the affine model takes and ignores the keyword
+    lin = get_cost_model("linear")
+    assert not lin.uses_prefill_attn
+    assert lin.step_time(10, 2, 300, prefill_attn=1e9) == lin.step_time(10, 2, 300)
