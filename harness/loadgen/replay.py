@@ -72,6 +72,9 @@ class ReplayConfig(BaseModel):
     num_requests: int | None = Field(None, ge=1, description="send at most this many requests")
     duration_s: float | None = Field(None, gt=0, description="send no request after this, s")
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
+    workers: int | None = Field(
+        None, ge=1, description="load-generator processes; None = automatic from rate and cores"
+    )
     tiers: str | None = Field(None, description="tier spec; None = the SLAI paper's defaults")
     goodput: dict[str, float] | None = Field(
         None, description="goodput SLOs in ms, keys ttft/tpot/e2el (vLLM --goodput)"
@@ -340,6 +343,7 @@ async def run_replay_async(
 ) -> Path:
     """Run one replay and return its run directory. ``trace`` overrides ``cfg.trace``
     (tests, sweeps that build the trace once)."""
+    from harness.loadgen.workers import make_dispatcher, session_keys
     from harness.results.rundir import RunWriter
 
     if trace is None:
@@ -364,8 +368,10 @@ async def run_replay_async(
             headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
             progress_cb = on_progress
             async with session:
-                disp = Dispatcher(
+                disp = make_dispatcher(
+                    cfg.workers,
                     jobs,
+                    shard_keys=session_keys(trace.df, len(jobs)),
                     session=session,
                     base_url=base_url,
                     model=model,
@@ -408,9 +414,29 @@ def prompt_synthesiser(seed: int) -> Callable[[int, int], str]:
     try:
         from harness.workload.prompts import synthesize_prompt
     except ImportError:
-        return lambda n, req: synthetic_prompt(n)
+        return _HiPrompt()
     synthesize_prompt(1, seed, 0)  # warm-up before t0: the first call builds its word tape
-    return lambda n, req: synthesize_prompt(n, seed, req)
+    return _SynthPrompt(seed)
+
+
+class _HiPrompt:
+    """" hi" * n; a class, not a lambda, so worker processes can be sent it (pickle)."""
+
+    def __call__(self, n: int, req: int) -> str:
+        return synthetic_prompt(n)
+
+
+class _SynthPrompt:
+    """``synthesize_prompt(n, seed, req)``; picklable for worker processes."""
+
+    def __init__(self, seed: int) -> None:
+        from harness.workload.prompts import synthesize_prompt
+
+        self.seed = seed
+        self.fn = synthesize_prompt  # pickled by reference
+
+    def __call__(self, n: int, req: int) -> str:
+        return self.fn(n, self.seed, req)
 
 
 def _make_sampler(cfg: ReplayConfig, base_url: str, disp: Dispatcher) -> Any:

@@ -100,8 +100,13 @@ def write_json(path: Path, obj: Any) -> None:
 class _TableSink:
     """One table of the run: a row buffer, a list of pending Arrow tables, and part files."""
 
-    def __init__(self, run_dir: Path, filename: str, arrow_schema: pa.Schema) -> None:
+    def __init__(
+        self, run_dir: Path, filename: str, arrow_schema: pa.Schema, part_prefix: str = "part-"
+    ) -> None:
         self.final = run_dir / filename
+        # Other writers of the same run (load-generator worker processes) use their own
+        # prefix, ``part-wNNN-``; finalize merges every ``part-*`` file in name order.
+        self.part_prefix = part_prefix
         self.parts_dir = run_dir / (filename + _PARTS_SUFFIX)
         self.schema = arrow_schema
         self.names = set(arrow_schema.names)
@@ -177,7 +182,7 @@ class _TableSink:
         if tbl is None or tbl.num_rows == 0:
             return
         self.parts_dir.mkdir(exist_ok=True)
-        path = self.parts_dir / f"part-{self.next_part:06d}.parquet"
+        path = self.parts_dir / f"{self.part_prefix}{self.next_part:06d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(tbl, tmp, compression=_COMPRESSION, row_group_size=1 << 20)
         os.replace(tmp, path)
@@ -188,6 +193,8 @@ class _TableSink:
         """Merge the parts into the single final file, then drop the parts folder."""
         self.flush()
         parts = _list_parts(self.parts_dir)
+        # Count every part, this sink's and other writers' (worker processes).
+        self.rows_written = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
         if len(parts) == 1:  # one atomic rename: the rows are always in a part or the file
             os.replace(parts[0], self.final)
         else:
