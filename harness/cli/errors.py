@@ -8,7 +8,8 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 
-_err = Console(stderr=True, highlight=False)
+# emoji=False and an escaped message: ":B:" or "[x]" in user input must print as typed (issue 20)
+_err = Console(stderr=True, highlight=False, emoji=False)
 
 
 class HarnessError(Exception):
@@ -17,8 +18,15 @@ class HarnessError(Exception):
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` in red and exit with ``code``."""
-    _err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    _err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr (the run went on; the user should know why)."""
+    _err.print(f"[bold yellow]warning:[/] {message}", markup=True, soft_wrap=True)
 
 
 def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:

@@ -6,7 +6,12 @@ prints the per-tier summary table and the run directory. Bad input: one line, ex
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -202,22 +207,87 @@ def replay(
     run_dir = cfg.out
     assert run_dir is not None
     interrupted = False
+    received: list[int] = []
+    restore = _stop_signals_like_sigint(received)
     try:
         run_replay(cfg)
     except HarnessError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         interrupted = True
-    _print_result(run_dir, cfg.goodput, interrupted)
+    finally:
+        restore()
+    signum = received[0] if received else int(signal.SIGINT)
+    _print_result(run_dir, cfg.goodput, interrupted, signum)
     if report and (run_dir / "run.json").is_file():
         from harness.report import write_report
 
-        typer.echo(f"report: {write_report([run_dir])}")
+        _echo(f"report: {write_report([run_dir])}")
     if interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(128 + signum)
 
 
-def _print_result(run_dir: Path, goodput: dict[str, float] | None, interrupted: bool) -> None:
+def _stop_signals_like_sigint(received: list[int]) -> Callable[[], None]:
+    """SIGTERM (``timeout``, ``docker stop``, CI cancellation) and SIGHUP (closed terminal)
+    stop a replay exactly like Ctrl-C: whatever SIGINT handler is current (asyncio's, which
+    cancels the run so the writer closes it as partial, or Python's KeyboardInterrupt) is
+    called; the signal is remembered for the exit code 128+signal. Returns the undo."""
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current):
+            current(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    old: dict[int, Any] = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                old[sig] = signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, h in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, h)
+
+    return restore
+
+
+def _echo(text: str) -> None:
+    """stdout line that survives a closed pipe (``harness replay ... | head``): the run's
+    files are already written, so a reader that went away is no error."""
+    try:
+        typer.echo(text)
+    except BrokenPipeError:
+        _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError):
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _print_result(
+    run_dir: Path, goodput: dict[str, float] | None, interrupted: bool, signum: int = 2
+) -> None:
+    try:
+        _print_result_inner(run_dir, goodput, interrupted, signum)
+    except BrokenPipeError:  # `| head`: the reader left; the files are written regardless
+        _silence_stdout()
+        if interrupted or not (run_dir / "summary.json").is_file():
+            from harness.results.summary import write_summary
+
+            with contextlib.suppress(Exception):
+                write_summary(run_dir, goodput=goodput)
+
+
+def _print_result_inner(
+    run_dir: Path, goodput: dict[str, float] | None, interrupted: bool, signum: int
+) -> None:
     from rich.console import Console
 
     from harness.results import schema
@@ -225,7 +295,7 @@ def _print_result(run_dir: Path, goodput: dict[str, float] | None, interrupted: 
     console = Console()
     if not (run_dir / schema.RUN_JSON).is_file():
         if interrupted:
-            fail("interrupted before the run started", code=130)
+            fail("interrupted before the run started", code=128 + signum)
         return
     summary = None
     try:
@@ -240,11 +310,32 @@ def _print_result(run_dir: Path, goodput: dict[str, float] | None, interrupted: 
         print_summary(summary, console=console)
     except ImportError:
         pass
+    _print_warnings(run_dir)
     # soft_wrap: the path stays on one line (copyable) whatever the terminal width.
     if interrupted:
-        console.print(f"[bold yellow]interrupted:[/] partial run in {run_dir}", soft_wrap=True)
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = str(signum)
+        console.print(
+            f"[bold yellow]interrupted ({name}):[/] partial run in {run_dir}",
+            soft_wrap=True,
+        )
     else:
         console.print(f"run directory: {run_dir}", soft_wrap=True, highlight=False)
+
+
+def _print_warnings(run_dir: Path) -> None:
+    """run.json's ``warnings`` (cause and fix, e.g. the open-file limit), one line each."""
+    from harness.cli.errors import warn
+    from harness.results import schema
+
+    try:
+        meta = json.loads((run_dir / schema.RUN_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    for line in meta.get("warnings") or []:
+        warn(str(line))
 
 
 def register(app: typer.Typer) -> None:

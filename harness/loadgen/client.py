@@ -29,12 +29,14 @@ classified with the ``ERROR_*`` kinds of :mod:`harness.results.schema` and never
 ``rejected`` (a 400/413/422 whose message says "rejected" or "context length": refused before
 running), ``timeout`` (no byte for ``timeout_s``), ``stream_cut`` (connection lost, or EOF
 before ``[DONE]``), ``bad_payload`` (invalid JSON, a non-object, or an ``error`` object
-in the stream), ``no_choices`` (200 but no chunk with choices), ``cancelled``.
+in the stream), ``no_choices`` (200 but no chunk with choices), ``cancelled``,
+``client_limit`` (this process ran out of file descriptors: EMFILE/ENFILE).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
 from collections.abc import Callable
@@ -364,14 +366,24 @@ async def stream_request(
         res.fail(schema.ERROR_STREAM_CUT, f"stream cut: {exc}")
     except aiohttp.ClientError as exc:
         kind = schema.ERROR_STREAM_CUT if got_response else schema.ERROR_CONNECT
+        if _out_of_fds(exc):
+            kind = schema.ERROR_CLIENT_LIMIT
         res.fail(kind, f"{type(exc).__name__}: {exc}")
     except OSError as exc:
-        res.fail(schema.ERROR_CONNECT, f"{type(exc).__name__}: {exc}")
+        kind = schema.ERROR_CLIENT_LIMIT if _out_of_fds(exc) else schema.ERROR_CONNECT
+        res.fail(kind, f"{type(exc).__name__}: {exc}")
     finally:
         if res.prompt_tokens is None:
             res.prompt_tokens = st.prompt_tokens if st.prompt_tokens is not None else res.prompt_len
         reconcile(res, st)
     return res
+
+
+def _out_of_fds(exc: BaseException) -> bool:
+    """EMFILE/ENFILE: this process (or the system) ran out of descriptors, a client-side
+    limit, not a connection failure of the target."""
+    errno_ = getattr(exc, "errno", None) or getattr(getattr(exc, "os_error", None), "errno", None)
+    return errno_ in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc)
 
 
 def encode_body(body: dict[str, Any]) -> bytes:

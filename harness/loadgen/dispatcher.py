@@ -15,7 +15,11 @@ Rules (anchors-harness.md §2.1 "Dispatch loop" and §7 "Client engine"):
 - results stream into a :class:`~harness.results.rundir.RunWriter` from a flusher task every
   ``flush_interval_s`` (Parquet work runs in a worker thread so the loop keeps its schedule),
   so Ctrl-C leaves a readable partial run; on cancellation every in-flight request is
-  recorded as ``cancelled`` and flushed before the error propagates.
+  recorded as ``cancelled`` and flushed before the error propagates;
+- the open-file budget (:mod:`harness.loadgen.fdlimit`, ``in_flight_limit``): a request due
+  while that many are already in flight is not sent and is recorded as ``client_limit`` (an
+  open-loop schedule must not silently turn into a queue), never a crash; with
+  ``max_concurrency`` the semaphore is capped at the budget instead.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class Dispatcher:
         on_progress: Callable[[DispatchStats], None] | None = None,
         progress_interval_s: float = 0.25,
         freeze_gc: bool = True,
+        in_flight_limit: int | None = None,
     ) -> None:
         self.jobs = jobs
         self.session = session
@@ -120,7 +125,11 @@ class Dispatcher:
         self.endpoint = endpoint
         self.tiers = tiers
         self.writer = writer
+        if max_concurrency and in_flight_limit:
+            max_concurrency = min(max_concurrency, in_flight_limit)
         self.sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        # Without a semaphore, the most requests that may hold a socket at once (fd budget).
+        self.in_flight_limit = None if self.sem is not None else in_flight_limit
         self.duration_s = duration_s
         self.drain_timeout_s = drain_timeout_s
         self.flush_interval_s = flush_interval_s
@@ -135,6 +144,9 @@ class Dispatcher:
         self._samples: list[dict[str, Any]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
+        self.write_error: str | None = None  # last failed part write (rows kept buffered)
+        # Periodic flushes retry later; the final flush (not in a thread) raises.
+        self.swallow_write_errors = True
         self.t0 = math.nan
         self._frozen = False
 
@@ -156,6 +168,14 @@ class Dispatcher:
         lag = res.arrival - target
         if lag > st.max_lag_s:
             st.max_lag_s = lag
+        limit = self.in_flight_limit
+        if limit is not None and st.in_flight >= limit:
+            res.fail(
+                schema.ERROR_CLIENT_LIMIT,
+                f"not sent: {st.in_flight} requests in flight is this process's open-file budget",
+            )
+            self._record(res)
+            return
         st.in_flight += 1
         try:
             prompt = job.prompt
@@ -245,13 +265,26 @@ class Dispatcher:
 
     def _write(self, results: list[RequestResult], samples: list[dict[str, Any]]) -> None:
         req_tbl, chunk_tbl = self._tables(results)
-        if req_tbl is not None:
-            self.writer.add_requests_table(req_tbl)
+        w = self.writer
+        # Every add buffers its rows before it may flush; a failed flush (OSError) keeps them
+        # buffered, so all tables are handed over first and the error is raised only after.
+        steps: list[Callable[[], None]] = []
         if chunk_tbl is not None:
-            self.writer.add_chunks_table(chunk_tbl)
-        for row in samples:
-            self.writer.add_sample(row)
-        self.writer.flush()
+            steps.append(lambda: w.add_chunks_table(chunk_tbl))
+        steps.extend((lambda r=row: w.add_sample(r)) for row in samples)
+        if req_tbl is not None:
+            steps.append(lambda: w.add_requests_table(req_tbl))
+        steps.append(w.flush)
+        first: OSError | None = None
+        for step in steps:
+            try:
+                step()
+            except OSError as exc:
+                first = first or exc
+        if first is not None:
+            self.write_error = f"{type(first).__name__}: {first}"[:300]
+            if not self.swallow_write_errors:
+                raise first
 
     def _take(self) -> tuple[list[RequestResult], list[dict[str, Any]]]:
         results, self._finished = self._finished, []
@@ -259,7 +292,11 @@ class Dispatcher:
         return results, samples
 
     async def flush(self, *, in_thread: bool = True) -> None:
-        """Hand everything finished so far to the writer (one writer call at a time)."""
+        """Hand everything finished so far to the writer (one writer call at a time).
+
+        A part file that cannot be written (disk full, out of descriptors) leaves its rows in
+        the writer's buffer (``_write`` hands every table over before flushing), so a later
+        flush, at the latest the writer's close, retries them: no measured row is dropped."""
         async with self._write_lock:
             results, samples = self._take()
             if not results and not samples:

@@ -37,7 +37,8 @@ from harness.loadgen.dispatcher import (
     jobs_from_frame,
     synthetic_prompt,
 )
-from harness.results.schema import FAULTS_FILE
+from harness.loadgen.fdlimit import FdBudget, fd_budget
+from harness.results.schema import ERROR_CLIENT_LIMIT, FAULTS_FILE, STATUS_PARTIAL
 from harness.workload.tiers import Tier, TierSpecError, parse_tiers
 from harness.workload.trace import Trace, TraceError
 
@@ -259,7 +260,9 @@ async def _target(cfg: ReplayConfig, run_dir: Path) -> AsyncIterator[tuple[str, 
         raise HarnessError(f"built-in engine: {exc}") from None
     try:
         async with cm as url:
-            yield str(url).rstrip("/"), {"kind": "builtin", **info}
+            # The URL object keeps exit_code() (harness.server.embed.EngineURL): the run
+            # checks at its end whether the engine died under it.
+            yield url, {"kind": "builtin", **info}
     except RuntimeError as exc:
         raise HarnessError(f"built-in engine: {exc}") from None
 
@@ -321,8 +324,8 @@ def _meta(
     }
 
 
-def _stats_meta(stats: DispatchStats) -> dict[str, Any]:
-    return {
+def _stats_meta(stats: DispatchStats, budget: FdBudget | None = None) -> dict[str, Any]:
+    out = {
         "planned": stats.planned,
         "sent": stats.sent,
         "completed": stats.done,
@@ -333,6 +336,15 @@ def _stats_meta(stats: DispatchStats) -> dict[str, Any]:
         "error_kinds": dict(stats.error_kinds),
         "end_s": None if math.isnan(stats.end_s) else stats.end_s,
     }
+    if budget is not None:
+        out["fd_limit"] = {
+            "soft": budget.soft,
+            "hard": budget.hard,
+            "max_in_flight": budget.max_in_flight,
+        }
+        if stats.error_kinds.get(ERROR_CLIENT_LIMIT):
+            out["client_limit_advice"] = budget.advice()
+    return out
 
 
 async def run_replay_async(
@@ -355,6 +367,9 @@ async def run_replay_async(
     tiers = {t.name: t for t in trace.tiers}
 
     run_dir = cfg.out or default_run_dir(cfg, trace.content_hash())
+    # Before the engine child and the writer open theirs: soft limit up to the hard one,
+    # then what is left after the writer's reserve caps the requests in flight.
+    budget = fd_budget()
     async with _target(cfg, run_dir) as (base_url, engine_info):
         model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
         meta = _meta(cfg, trace, base_url, model, len(jobs))
@@ -386,6 +401,7 @@ async def run_replay_async(
                     extra_body=cfg.extra_body,
                     prompt_fn=prompt_synthesiser(cfg.seed),
                     on_progress=progress_cb,
+                    in_flight_limit=budget.max_in_flight,
                 )
                 sampler = _make_sampler(cfg, base_url, disp)
                 try:
@@ -397,15 +413,43 @@ async def run_replay_async(
                         writer.update_meta(t0_unix=time.time() + (t0 - clock.now()))
                         await disp.run(t0)
                 finally:
-                    extra: dict[str, Any] = {"dispatch": _stats_meta(disp.stats)}
+                    extra: dict[str, Any] = {"dispatch": _stats_meta(disp.stats, budget)}
                     if sampler is not None:
                         extra["sampler"] = sampler.meta()
                     if not math.isnan(disp.stats.end_s):
                         extra["duration_s"] = disp.stats.end_s
+                    warnings = run_warnings(disp.stats, budget)
+                    died = _engine_exit(base_url)
+                    if died is not None:
+                        extra["engine_died"] = {"exit_code": died}
+                        warnings.append(
+                            f"the built-in engine process died during the run (exit code "
+                            f"{died}): requests after that failed; the run is marked partial"
+                        )
+                    if warnings:
+                        extra["warnings"] = warnings
                     await disp.flush(in_thread=False)
                     writer.update_meta(**extra)
+                    if died is not None:
+                        writer.close(STATUS_PARTIAL)
     _summarise(run_dir, cfg.goodput)
     return Path(run_dir)
+
+
+def _engine_exit(base_url: str) -> int | None:
+    """Exit code of the built-in engine child if it is gone (None: alive, or external)."""
+    check = getattr(base_url, "exit_code", None)
+    return check() if callable(check) else None
+
+
+def run_warnings(stats: DispatchStats, budget: FdBudget | None) -> list[str]:
+    """Lines the CLI prints as ``warning:`` and run.json keeps: each names a cause and a fix."""
+    out = []
+    n = stats.error_kinds.get(ERROR_CLIENT_LIMIT, 0)
+    if n:
+        fix = budget.advice() if budget is not None else "raise `ulimit -n` or lower --rate"
+        out.append(f"{n} requests were not sent (error kind {ERROR_CLIENT_LIMIT}): {fix}")
+    return out
 
 
 def prompt_synthesiser(seed: int) -> Callable[[int, int], str]:
@@ -420,7 +464,7 @@ def prompt_synthesiser(seed: int) -> Callable[[int, int], str]:
 
 
 class _HiPrompt:
-    """" hi" * n; a class, not a lambda, so worker processes can be sent it (pickle)."""
+    """ " hi" * n; a class, not a lambda, so worker processes can be sent it (pickle)."""
 
     def __call__(self, n: int, req: int) -> str:
         return synthetic_prompt(n)

@@ -181,11 +181,19 @@ class _TableSink:
         tbl = self._drain()
         if tbl is None or tbl.num_rows == 0:
             return
-        self.parts_dir.mkdir(exist_ok=True)
         path = self.parts_dir / f"{self.part_prefix}{self.next_part:06d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(tbl, tmp, compression=_COMPRESSION, row_group_size=1 << 20)
-        os.replace(tmp, path)
+        try:
+            self.parts_dir.mkdir(exist_ok=True)
+            pq.write_table(tbl, tmp, compression=_COMPRESSION, row_group_size=1 << 20)
+            os.replace(tmp, path)
+        except OSError:
+            # Out of descriptors / disk: keep the rows buffered for the next flush (the
+            # caller sees the error), never drop them.
+            self.tables.insert(0, tbl)
+            self.table_rows += tbl.num_rows
+            tmp.unlink(missing_ok=True)
+            raise
         self.next_part += 1
         self.rows_written += tbl.num_rows
 
@@ -248,7 +256,9 @@ class RunWriter:
         self.meta.setdefault("schema_version", SCHEMA_VERSION)
         self.meta.setdefault("created_unix", time.time())
         self.meta["status"] = schema.STATUS_RUNNING
-        self._requests = _TableSink(self.run_dir, schema.REQUESTS_FILE, schema.REQUESTS)
+        # A session run (meta "sessions") adds session_id/call_index/parents/attempt columns.
+        req_schema = schema.REQUESTS_SESSIONS if self.meta.get("sessions") else schema.REQUESTS
+        self._requests = _TableSink(self.run_dir, schema.REQUESTS_FILE, req_schema)
         self._chunks = _TableSink(self.run_dir, schema.CHUNKS_FILE, schema.CHUNKS)
         self._samples = _TableSink(self.run_dir, schema.SAMPLES_FILE, schema.SAMPLES)
         # Chunks and samples are written before requests, so a kill between two part files
@@ -408,9 +418,14 @@ def read_table(
     }[filename]
     cols = list(columns) if columns is not None else None
     final = run_dir / filename
+    parts = [] if final.is_file() else _list_parts(run_dir / (filename + _PARTS_SUFFIX))
+    if filename == schema.REQUESTS_FILE and (final.is_file() or parts):
+        # Session runs carry extra columns; plain runs read exactly as REQUESTS.
+        arrow_schema = schema.requests_schema(
+            pq.read_schema(final if final.is_file() else parts[0]).names
+        )
     if final.is_file():
         return pq.read_table(final, columns=cols, schema=arrow_schema)
-    parts = _list_parts(run_dir / (filename + _PARTS_SUFFIX))
     if parts:
         return pa.concat_tables(
             [pq.read_table(p, columns=cols, schema=arrow_schema) for p in parts]

@@ -41,6 +41,8 @@ ERROR_BAD_PAYLOAD = "bad_payload"  # a chunk that is not valid JSON / not the ex
 ERROR_NO_CHOICES = "no_choices"  # HTTP 200 but no choices-bearing chunk (vLLM counts it failed)
 ERROR_REJECTED = "rejected"  # refused by the engine before running (e.g. longer than KV capacity)
 ERROR_CANCELLED = "cancelled"  # still in flight when the run was stopped (Ctrl-C / duration)
+# not sent: the client's open-file budget was used up by requests in flight (ulimit -n)
+ERROR_CLIENT_LIMIT = "client_limit"
 ERROR_KINDS = (
     ERROR_CONNECT,
     ERROR_HTTP,
@@ -50,6 +52,7 @@ ERROR_KINDS = (
     ERROR_NO_CHOICES,
     ERROR_REJECTED,
     ERROR_CANCELLED,
+    ERROR_CLIENT_LIMIT,
 )
 
 REQUESTS = pa.schema(

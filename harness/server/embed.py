@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,13 +42,50 @@ def embedded(
     return _embedded_process(cfg) if process else _embedded(cfg)
 
 
-def _child_main(cfg_json: str, conn: Any) -> None:
-    """Entry point of the server child process: start, report the URL, serve until SIGTERM."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this child process end when its parent does, however the parent ends (SIGKILL,
+    OOM kill, crash), so no engine is left orphaned and listening (issue 14, point 3).
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGTERM)``, then a re-check of the parent (it may have
+    died before the call). Everywhere: a daemon thread that polls ``os.getppid()`` once a
+    second and ends the process when the parent changed (reparented to init/a subreaper).
+    """
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="harness-parent-watchdog", daemon=True).start()
+
+
+def _child_main(cfg_json: str, conn: Any, parent_pid: int | None = None) -> None:
+    """Entry point of the server child process: start, report the URL, serve until SIGTERM
+    (or until the parent is gone: :func:`_die_with_parent`)."""
     import signal
     import sys
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # likewise (a closed terminal)
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     cfg = ServerConfig.model_validate_json(cfg_json)
 
     async def main() -> None:
@@ -63,6 +101,23 @@ def _child_main(cfg_json: str, conn: Any) -> None:
         asyncio.run(main())
 
 
+class EngineURL(str):
+    """The child server's base URL, plus :meth:`exit_code` so that the run can tell whether
+    its engine died while it was measuring (a run whose engine died is marked and warned
+    about, not reported ``complete``)."""
+
+    proc: Any
+
+    def __new__(cls, url: str, proc: Any) -> EngineURL:
+        obj = super().__new__(cls, url)
+        obj.proc = proc
+        return obj
+
+    def exit_code(self) -> int | None:
+        """None while the child runs, else its exit code (negative: killed by that signal)."""
+        return None if self.proc.is_alive() else self.proc.exitcode
+
+
 @contextlib.asynccontextmanager
 async def _embedded_process(cfg: ServerConfig) -> AsyncIterator[str]:
     import multiprocessing
@@ -70,7 +125,10 @@ async def _embedded_process(cfg: ServerConfig) -> AsyncIterator[str]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(
-        target=_child_main, args=(cfg.model_dump_json(), child), name="harness-serve", daemon=True
+        target=_child_main,
+        args=(cfg.model_dump_json(), child, os.getpid()),
+        name="harness-serve",
+        daemon=True,
     )
     proc.start()
     child.close()
@@ -84,7 +142,7 @@ async def _embedded_process(cfg: ServerConfig) -> AsyncIterator[str]:
             raise RuntimeError(
                 f"the built-in server exited during start-up (exit code {proc.exitcode})"
             ) from None
-        yield url
+        yield EngineURL(url, proc)
     finally:
         parent.close()
         proc.terminate()
