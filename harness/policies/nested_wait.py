@@ -16,8 +16,15 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   segment 1. A prompt longer than ``l'_m`` stays in the last segment.
 * #11 mixed prompt lengths: one instance, thresholds on counts; the host's real per-token KV
   accounting is the memory check (option b).
-* #12 memory: run order is "latest stage first, partial prefills last", so a KV shortage
-  evicts the most recently admitted prompt (LIFO, §1.4); evictions are the host's metric.
+* #12 memory: with ``memory_guard`` (default) stage-0 admission shrinks so that every
+  resident prompt's KV at the end of its current segment (``prompt + l'_i`` tokens, the most
+  it can reach before it pauses at the next boundary) plus each admitted prompt's
+  ``prompt + l'_1`` fits the KV cache (the spec's "production mode"). Run order is "latest
+  stage first, partial prefills last", so a remaining shortage (paused prompts advancing into
+  a later segment) evicts the most recently admitted prompt (LIFO, §1.4) as a last resort.
+* Batch limit ``B``: ``step_cap`` caps the requests *run per step* (the paper's and the
+  authors' reading, seed-wait.md §9 #15), separately from the host's ``max_num_seqs``, which
+  counts every request holding KV, paused ones included.
 * #14 FIFO by arrival inside every queue. #17 end of run and ``on_idle``: as in WAIT
   (``trace_end_s``, ``flush_after_s``; ``on_idle="wait"`` is the paper, ``"flush"`` never stalls).
 * The policy never reads ``predicted_output_len`` or ``max_tokens`` (non-predictive, §1.2).
@@ -33,6 +40,7 @@ from harness.policies.base import (
     Plan,
     RequestView,
     View,
+    blocks_for,
     is_decoding,
     prefill_remaining,
     remaining_tokens,
@@ -57,9 +65,16 @@ class NestedWaitPolicy(ThresholdFlushing):
         flush_after_s: float | None = 1.0,
         on_idle: str = "flush",
         trace_end_s: float | None = None,
+        memory_guard: bool = True,
+        step_cap: int | None = None,
     ) -> None:
         if on_idle not in ("flush", "wait"):
             raise ValueError("on_idle must be 'flush' or 'wait'")
+        if step_cap is not None and step_cap < 1:
+            raise ValueError("nested-wait: step_cap must be >= 1")
+        self.memory_guard = bool(memory_guard)
+        self.step_cap = None if step_cap is None else int(step_cap)
+        self.guard_deferred = 0  # admissions the memory guard held back (summed over steps)
         self.on_idle = on_idle
         self.trace_end_s = trace_end_s
         if len(edges) != len(thresholds) or not edges:
@@ -105,10 +120,34 @@ class NestedWaitPolicy(ThresholdFlushing):
             if i < active:
                 run.extend((r.request_id, 1) for r in stages[k][: n[i]])
         run.extend((r.request_id, prefill_remaining(r)) for r in partial)
-        admit: list[tuple[str, int]] = []
-        if active >= 1:
-            admit = [(r.request_id, remaining_tokens(r)) for r in waiting[: n[0]]]
-        return Plan(run=run, admit=admit)
+        cands = waiting[: n[0]] if active >= 1 else []
+        if self.step_cap is not None:
+            run = run[: self.step_cap]
+            cands = cands[: max(0, self.step_cap - len(run))]
+        if self.memory_guard and cands:
+            cands = self._guard(view, cands)
+        return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in cands])
+
+    def _guard(self, view: View, cands: list[RequestView]) -> list[RequestView]:
+        """Admit only while every prompt's KV at the end of its current segment fits
+        (seed-wait.md §9 #12, production mode: shrink the stage-0 admission)."""
+        bs = max(1, view.kv.block_size)
+        committed = sum(
+            blocks_for(r.num_prompt_tokens + self.edges[self.segment_of(r.num_output_tokens)], bs)
+            for r in view.running
+        )
+        room = view.kv.total_blocks - committed
+        out: list[RequestView] = []
+        for r in cands:
+            need = blocks_for(
+                r.num_prompt_tokens + self.edges[self.segment_of(r.num_output_tokens)], bs
+            )
+            if need > room:
+                break
+            room -= need
+            out.append(r)
+        self.guard_deferred += len(cands) - len(out)
+        return out
 
     def _segment_has_work(
         self, i: int, waiting: list[RequestView], stages: dict[int, list[RequestView]]
@@ -124,4 +163,6 @@ class NestedWaitPolicy(ThresholdFlushing):
             "flush_after_s": self.flush_after_s,
             "on_idle": self.on_idle,
             "trace_end_s": self.trace_end_s,
+            "memory_guard": self.memory_guard,
+            "step_cap": self.step_cap,
         }

@@ -147,6 +147,25 @@ def nested_memory(prompt_len: float, edges: Sequence[int], n: Sequence[float]) -
     return total
 
 
+def segment_stages(edges: Sequence[int]) -> list[int]:
+    """Stages per segment in the policy's semantics: ``l'_i - l'_{i-1}`` with ``l'_0 = 0``
+    (seed-wait.md §9 #2, vLLM stages; the authors' code counts seg 1 the same way, App. A)."""
+    return [int(e) - (int(edges[i - 1]) if i else 0) for i, e in enumerate(edges)]
+
+
+def batch_seats(n: Sequence[float], edges: Sequence[int]) -> int:
+    """Requests a full Nested WAIT batch runs: ``Σ n_i × stages_i``. The paper's batch limit
+    ``B`` is this sum (the authors' ``seg_total_i = B·count_i Λ_i / Σ_k count_k Λ_k``,
+    seed-wait.md Appendix A), not ``Σ n_i``."""
+    return int(sum(int(x) * s for x, s in zip(n, segment_stages(edges), strict=True)))
+
+
+def _scale_to_batch(shape: Sequence[float], stages: Sequence[int], b: int) -> list[int]:
+    """``n_i ∝ shape_i`` with ``Σ n_i·stages_i <= b`` (floor, at least 1 per segment)."""
+    scale = b / sum(s * k for s, k in zip(shape, stages, strict=True))
+    return [max(1, int(math.floor(scale * s))) for s in shape]
+
+
 def theta_root(n_prev: float, n_cur: float, p: float) -> float:
     """θ > 0 solving ``e^{-θ n_j}(1 - p + p e^θ)^{n_{j-1}} = 1`` (Eq. 20); nan if none exists.
 
@@ -211,6 +230,7 @@ def nested_thresholds(
         p = tails[i] / tails[i - 1]
         growth.append(growth[-1] * (p + eps * (1.0 - p)))
     shape = [tails[0] * g for g in growth]  # n_i / c
+    stages = segment_stages(edges)
     if eq.stable:
         c = (1.0 + slack) * eq.step_s
         for _ in range(200):
@@ -219,11 +239,23 @@ def nested_thresholds(
             if dt <= n[0] / tails[0]:
                 break
             c *= 1.05
+        if batch_limit is not None and batch_seats(n, edges) > batch_limit:
+            notes.append(
+                f"fluid thresholds need {batch_seats(n, edges)} seats > B = {batch_limit}: "
+                "scaled down to B (Eq. 12's ΔT bound no longer holds)"
+            )
+            n = _scale_to_batch(shape, stages, batch_limit)
     else:
         b = batch_limit or 256
-        notes.append(f"fluid-unstable load d1·A = {eq.load:.2f} >= 1: n scaled to a batch of {b}")
-        scale = b / sum(shape)
-        n = [max(1, int(round(scale * s))) for s in shape]
+        notes.append(
+            f"fluid-unstable load d1·A = {eq.load:.2f} >= 1: n scaled so Σ n_i·stages_i = B = {b}"
+        )
+        n = _scale_to_batch(shape, stages, b)
+    if batch_limit is not None and sum(stages) > batch_limit:
+        notes.append(
+            f"{sum(stages)} stages > B = {batch_limit}: one prompt per stage already exceeds B "
+            "(every n_i >= 1, as the authors' ceil gives)"
+        )
     mem = nested_memory(prompt_len, edges, n)
     dt = d0 + d1 * mem
     thetas: list[float] = []

@@ -10,7 +10,13 @@ import pytest
 from paper_host import FakeReq, decoding, drive, make_view
 
 from harness.policies.registry import make_policy
-from harness.policies.thresholds import nested_memory, nested_thresholds, theta_root
+from harness.policies.thresholds import (
+    batch_seats,
+    nested_memory,
+    nested_thresholds,
+    segment_stages,
+    theta_root,
+)
 
 
 def test_segment_boundaries():
@@ -108,3 +114,87 @@ def test_end_to_end_completes_within_eq14_memory():
     core, times = drive(pol, reqs, kv_tokens=cap, known_output_lengths=False)
     assert core.num_finished == 400
     assert core.preemptions_total == 0
+
+
+def test_unstable_thresholds_fill_b_seats_not_b_per_stage():
+    """Issue 19 fix 1: B = Σ n_i × stages_i (seed-wait.md App. A), not Σ n_i = B."""
+    edges = list(range(50, 501, 50))
+    rates = [55.0 * w for w in (0.3, 0.2, 0.12, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02)]
+    res = nested_thresholds(60, edges, rates, d0=0.01, d1=1e-5, eps=0.3, batch_limit=2048)
+    assert "fluid-unstable" in res.notes[0]
+    seats = batch_seats(res.thresholds, edges)
+    assert 2048 * 0.8 <= seats <= 2048  # the old Σ n_i = B read gave ~8x more seats
+    assert segment_stages(edges) == [50] * 10
+    # B below Σ stages: every per-stage threshold is 1 (the authors' ceil), and it says so
+    small = nested_thresholds(60, edges, rates, d0=0.01, d1=1e-5, eps=0.3, batch_limit=256)
+    assert small.thresholds == [1] * 10
+    assert any("500 stages > B = 256" in n for n in small.notes)
+
+
+def test_stable_thresholds_respect_batch_limit():
+    """Issue 19 fix 2: the fluid-stable branch never asks for more than B seats."""
+    edges = [10, 20, 40]
+    res = nested_thresholds(8, edges, [30.0, 20.0, 10.0], d0=0.1, d1=1e-5, eps=0.3)
+    free = batch_seats(res.thresholds, edges)
+    assert free > 64  # unconstrained, the fluid recipe wants more than 64 seats
+    capped = nested_thresholds(
+        8, edges, [30.0, 20.0, 10.0], d0=0.1, d1=1e-5, eps=0.3, batch_limit=64
+    )
+    assert batch_seats(capped.thresholds, edges) <= 64
+    assert any("scaled down to B" in n for n in capped.notes)
+
+
+def test_memory_guard_shrinks_admission():
+    """Issue 19 fix 5 (seed-wait.md §9 #12): admit only what fits at segment end."""
+    pol = make_policy("nested-wait", edges=[10, 20], thresholds=[4, 2], on_idle="wait")
+    run = [decoding(f"d{i}", 10, 3, 20) for i in range(4)]  # commit 4 x (10 + 10) = 80
+    wait = [FakeReq(f"w{i}", 10, 20, arrival_s=i) for i in range(4)]  # 20 each
+    view = make_view(wait, run, total_blocks=130)
+    assert len(pol.schedule(view).admit) == 2  # 130 - 80 = 50 -> two of 20
+    assert pol.guard_deferred == 2
+    off = make_policy(
+        "nested-wait", edges=[10, 20], thresholds=[4, 2], on_idle="wait", memory_guard=False
+    )
+    assert len(off.schedule(view).admit) == 4
+
+
+def test_step_cap_limits_requests_per_step_not_kv_holders():
+    pol = make_policy("nested-wait", edges=[10, 20], thresholds=[4, 2], step_cap=5)
+    run = [decoding(f"d{i}", 10, 3, 20) for i in range(4)]
+    wait = [FakeReq(f"w{i}", 10, 20, arrival_s=i) for i in range(4)]
+    plan = pol.schedule(make_view(wait, run))
+    assert len(plan.run) == 4 and len(plan.admit) == 1
+
+
+def _overcommit_run(memory_guard: bool) -> tuple[int, int]:
+    rng = np.random.default_rng(1)
+    edges = [10, 20, 40]
+    t = np.cumsum(rng.exponential(1 / 60.0, 300))
+    reqs = [
+        {
+            "request_id": f"r{i}",
+            "arrival_s": float(t[i]),
+            "prompt_len": 8,
+            "max_tokens": int(rng.integers(1, 41)),
+        }
+        for i in range(300)
+    ]
+    pol = make_policy(
+        "nested-wait",
+        edges=edges,
+        thresholds=[12, 10, 8],
+        flush_after_s=0.5,
+        on_idle="wait",
+        memory_guard=memory_guard,
+    )
+    core, _ = drive(pol, reqs, kv_tokens=600, known_output_lengths=False)
+    return core.num_finished, core.preemptions_total
+
+
+def test_memory_guard_prevents_eviction_cascade_end_to_end():
+    """KV-overcommitting thresholds: without the guard prompts are evicted; with it none are."""
+    done_off, pre_off = _overcommit_run(False)
+    done_on, pre_on = _overcommit_run(True)
+    assert done_off == done_on == 300
+    assert pre_off >= 10
+    assert pre_on == 0
