@@ -18,16 +18,13 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapters.server_process import EngineServer, LaunchError, running
 from adapters.vllm import SCHEDULER_CLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,23 +34,12 @@ DEFAULT_MODEL = Path(os.environ.get("TINY_MODEL_DIR") or ROOT / ".cache" / "tiny
 SERVED_NAME = "tiny-llama"
 
 
-class LaunchError(RuntimeError):
-    """vLLM is not installed, or the server died / never became healthy (message says which)."""
-
-
 def vllm_python(venv: Path = DEFAULT_VENV) -> Path:
     """The interpreter of the separate vLLM venv (raises LaunchError when setup has not run)."""
     py = Path(venv) / "bin" / "python"
     if not py.exists() or not (Path(venv) / ".harness-ok").exists():
         raise LaunchError(f"no vLLM venv at {venv}: run scripts/vllm-cpu/setup.sh first")
     return py
-
-
-def free_port() -> int:
-    """An ephemeral loopback port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -143,76 +129,17 @@ class VllmServerConfig:
         return env
 
 
-class VllmServer:
+class VllmServer(EngineServer):
     """A running vLLM server process (its own process group)."""
 
-    def __init__(self, cfg: VllmServerConfig) -> None:
-        self.cfg = cfg
-        self.port = cfg.port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = cfg.command(self.port)
-        self.log_path = cfg.log_path or Path(f"/tmp/vllm-{self.port}.log")
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            self.command,
-            cwd=str(ROOT),
-            env=cfg.environment(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def wait_healthy(self, timeout_s: float | None = None) -> None:
-        """Poll ``/health`` until 200; fail fast (with the log tail) if the process exits."""
-        import urllib.error
-        import urllib.request
-
-        deadline = time.monotonic() + (timeout_s or self.cfg.ready_timeout_s)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise LaunchError(
-                    f"vLLM exited with code {self.proc.returncode} before becoming healthy; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.5)  # polling interval of a readiness probe, not synchronisation
-        self.stop()
-        raise LaunchError(f"vLLM not healthy after {timeout_s or self.cfg.ready_timeout_s:.0f}s")
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
+    engine = "vLLM"
 
 
 @contextlib.contextmanager
 def running_vllm(cfg: VllmServerConfig) -> Iterator[VllmServer]:
     """Start vLLM, wait for health, yield the server, always stop it."""
-    server = VllmServer(cfg)
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        server.stop()
+    with running(VllmServer(cfg)) as server:
+        yield server  # type: ignore[misc]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,121 @@
+"""A real engine server as a child process: start, wait for ``/health``, stop its group.
+
+Shared by the vLLM and SGLang launchers (``adapters.vllm.launch``, ``adapters.sglang.launch``):
+each supplies a config with ``command(port)``, ``environment()``, ``port``, ``log_path`` and
+``ready_timeout_s``; the process handling (its own session so the whole tree stops together,
+fail-fast health polling with the log tail) is the same for both. Imports no engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class LaunchError(RuntimeError):
+    """The engine is not installed, or it died / never became healthy (message says which)."""
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerConfig(Protocol):
+    port: int | None
+    log_path: Path | None
+    ready_timeout_s: float
+
+    def command(self, port: int) -> list[str]: ...
+
+    def environment(self) -> dict[str, str]: ...
+
+
+class EngineServer:
+    """A running engine server process (its own process group)."""
+
+    engine = "engine"  # for messages and the default log name
+    health_path = "/health"
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.port = cfg.port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = cfg.command(self.port)
+        self.log_path = cfg.log_path or Path(f"/tmp/{self.engine.lower()}-{self.port}.log")
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=str(Path(__file__).resolve().parents[1]),
+            env=cfg.environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        """Poll the health path until 200; fail fast (with the log tail) if the process exits."""
+        import urllib.error
+        import urllib.request
+
+        limit = timeout_s or self.cfg.ready_timeout_s
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LaunchError(
+                    f"{self.engine} exited with code {self.proc.returncode} before becoming "
+                    f"healthy; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + self.health_path, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)  # polling interval of a readiness probe, not synchronisation
+        self.stop()
+        raise LaunchError(f"{self.engine} not healthy after {limit:.0f}s; log {self.log_path}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        # Children that outlived the leader (SGLang's scheduler/detokenizer) go with the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running(server: EngineServer) -> Iterator[EngineServer]:
+    """Wait for health, yield the server, always stop it."""
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
