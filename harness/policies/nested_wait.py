@@ -67,6 +67,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         trace_end_s: float | None = None,
         memory_guard: bool = True,
         step_cap: int | None = None,
+        seg_caps: Sequence[int] | None = None,
     ) -> None:
         if on_idle not in ("flush", "wait"):
             raise ValueError("on_idle must be 'flush' or 'wait'")
@@ -75,6 +76,9 @@ class NestedWaitPolicy(ThresholdFlushing):
         self.memory_guard = bool(memory_guard)
         self.step_cap = None if step_cap is None else int(step_cap)
         self.guard_deferred = 0  # admissions the memory guard held back (summed over steps)
+        if seg_caps is not None and len(seg_caps) != len(edges):
+            raise ValueError("nested-wait: seg_caps needs one cap per segment")
+        self.seg_caps = None if seg_caps is None else [max(1, int(c)) for c in seg_caps]
         self.on_idle = on_idle
         self.trace_end_s = trace_end_s
         if len(edges) != len(thresholds) or not edges:
@@ -107,10 +111,22 @@ class NestedWaitPolicy(ThresholdFlushing):
         def at_first_stage(i: int) -> int:
             return len(waiting) if i == 0 else len(stages.get(self.first_stage(i), ()))
 
+        # Entry quota per segment: n_i, or with ``seg_caps`` (the authors' code, seed-wait.md
+        # App. A) min(n_i, cap_i - prompts inside segment i past its first stage).
+        quota = list(n)
+        if self.seg_caps is not None:
+            inside = [0] * m
+            inside[0] = len(partial)
+            for k, rs in stages.items():
+                i = self.segment_of(k)
+                if k != self.first_stage(i) or i == 0:
+                    inside[i] += len(rs)
+            quota = [max(0, min(n[i], self.seg_caps[i] - inside[i])) for i in range(m)]
         # Prefix rule: the largest i* such that every segment 1..i* meets its threshold.
         active = 0
         for i in range(m):
-            if at_first_stage(i) >= n[i] or (flush and self._segment_has_work(i, waiting, stages)):
+            ready = at_first_stage(i) >= quota[i]
+            if ready or (flush and self._segment_has_work(i, waiting, stages)):
                 active = i + 1
             elif not flush:
                 break
@@ -118,9 +134,10 @@ class NestedWaitPolicy(ThresholdFlushing):
         for k in sorted(stages, reverse=True):
             i = self.segment_of(k)
             if i < active:
-                run.extend((r.request_id, 1) for r in stages[k][: n[i]])
+                take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
+                run.extend((r.request_id, 1) for r in stages[k][:take])
         run.extend((r.request_id, prefill_remaining(r)) for r in partial)
-        cands = waiting[: n[0]] if active >= 1 else []
+        cands = waiting[: quota[0]] if active >= 1 else []
         if self.step_cap is not None:
             run = run[: self.step_cap]
             cands = cands[: max(0, self.step_cap - len(run))]
@@ -165,4 +182,5 @@ class NestedWaitPolicy(ThresholdFlushing):
             "trace_end_s": self.trace_end_s,
             "memory_guard": self.memory_guard,
             "step_cap": self.step_cap,
+            "seg_caps": self.seg_caps,
         }

@@ -27,6 +27,8 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
 * ``gating``: ``"type"`` is the paper's Algorithm 1; ``"admission"`` is the authors' Vidur
   code (Appendix A): all decodes run every step and only stage-0 admission is gated, with a
   per-type in-flight cap ``L_j = n_j (l'_j + 1)``.
+* ``step_cap``: ``B`` as a per-step request cap (the authors' reading, §9 #15), separate
+  from the host's ``max_num_seqs`` (requests holding KV, paused ones included).
 * Output length: ``predicted_output_len`` when the host gives one, else ``max_tokens``
   (ignore-EOS traces make that the true length).
 """
@@ -137,9 +139,13 @@ class WaitPolicy(ThresholdFlushing):
         flush_after_s: float | None = 1.0,
         on_idle: str = "flush",
         trace_end_s: float | None = None,
+        step_cap: int | None = None,
     ) -> None:
         if on_idle not in ("flush", "wait"):
             raise ValueError("on_idle must be 'flush' or 'wait'")
+        if step_cap is not None and step_cap < 1:
+            raise ValueError("wait: step_cap must be >= 1")
+        self.step_cap = None if step_cap is None else int(step_cap)
         self.on_idle = on_idle
         self.trace_end_s = trace_end_s
         if len(output_lens) != len(thresholds) or not output_lens:
@@ -169,7 +175,25 @@ class WaitPolicy(ThresholdFlushing):
         partial = [r for r in view.running if prefill_remaining(r) > 0]
         decoding = [r for r in view.running if is_decoding(r)]
         if self.gating == "admission":
-            return self._plan_admission(view, waiting, partial, decoding, flush)
+            plan = self._plan_admission(view, waiting, partial, decoding, flush)
+        else:
+            plan = self._plan_type(waiting, partial, decoding, flush)
+        if self.step_cap is not None and len(plan.run) + len(plan.admit) > self.step_cap:
+            # B read as a per-step request cap (seed-wait.md §9 #15), not as KV holders.
+            plan.run = plan.run[: self.step_cap]
+            plan.admit = plan.admit[: max(0, self.step_cap - len(plan.run))]
+            plan.steady = False
+        return plan
+
+    def _plan_type(
+        self,
+        waiting: list[list[RequestView]],
+        partial: list[RequestView],
+        decoding: list[RequestView],
+        flush: bool,
+    ) -> Plan:
+        """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
+        m = len(self.output_lens)
         n = self.thresholds
         eligible = [len(waiting[j]) >= n[j] or (flush and waiting[j]) for j in range(m)]
         if flush:  # end-of-run flush: every type with anything to do runs (#17)
@@ -233,4 +257,5 @@ class WaitPolicy(ThresholdFlushing):
             "flush_after_s": self.flush_after_s,
             "on_idle": self.on_idle,
             "trace_end_s": self.trace_end_s,
+            "step_cap": self.step_cap,
         }

@@ -198,3 +198,16 @@ def test_memory_guard_prevents_eviction_cascade_end_to_end():
     assert done_off == done_on == 300
     assert pre_off >= 10
     assert pre_on == 0
+
+
+def test_seg_caps_limit_entry_like_the_authors_code():
+    """seed-wait.md App. A: a segment admits min(n_i, cap_i - prompts inside it)."""
+    pol = make_policy("nested-wait", edges=[10, 20], thresholds=[1, 1], seg_caps=[3, 2])
+    run = [decoding("d0", 10, 2, 20, arrival_s=0), decoding("d1", 10, 5, 20, arrival_s=1)]
+    wait = [FakeReq(f"w{i}", 10, 20, arrival_s=2 + i) for i in range(3)]
+    plan = pol.schedule(make_view(wait, run))
+    assert [r for r, _ in plan.admit] == ["w0"]  # 3 - 2 inside -> 1, and n_1 = 1
+    assert {r for r, _ in plan.run} == {"d0", "d1"}
+    full = [decoding(f"d{i}", 10, 2 + i, 20, arrival_s=i) for i in range(3)]
+    plan = pol.schedule(make_view(wait, full))
+    assert plan.admit == [] and len(plan.run) == 3  # segment 1 full: decodes run, none enter

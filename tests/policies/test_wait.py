@@ -131,3 +131,11 @@ def test_on_idle_flush_and_trace_end():
     )
     assert not ended.schedule(make_view(waiting, now=1.0)).admit
     assert ended.schedule(make_view(waiting, now=2.0)).admit == [("a", 10)]
+
+
+def test_step_cap_is_a_per_step_request_cap():
+    pol = make_policy("wait", output_lens=[10], thresholds=[3], step_cap=4)
+    run = [decoding(f"d{i}", 5, 2, 10, arrival_s=i) for i in range(3)]
+    wait = [FakeReq(f"w{i}", 5, 10, arrival_s=10 + i) for i in range(3)]
+    plan = pol.schedule(make_view(wait, run))
+    assert len(plan.run) + len(plan.admit) == 4
