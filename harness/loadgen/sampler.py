@@ -22,6 +22,15 @@ sets (several engines / data-parallel ranks behind one endpoint):
 KV usage is a fraction; with several engines behind one endpoint it is averaged, not summed
 (a sum of fractions is meaningless). A dead endpoint never stops the run: failures are counted
 in :attr:`Sampler.scrape_errors` and the last error kept for the run's meta.
+
+The sampler never runs on the dispatch loop (issue 14, point 7): scraping, scanning and NVML
+reads happen in a thread of their own, and only the finished row is handed to the loop
+(``call_soon_threadsafe``). The scan (:func:`scan_metrics`) finds just the few lines it needs
+with ``str.find`` instead of parsing vLLM's whole ~56 KB exposition text: the full Prometheus
+parser took 6 ms per scrape on a quiet machine, holding the GIL, which delayed sends and
+bunched stream reads (58 % zero inter-token gaps against vLLM-CPU at 8 req/s). The full
+parser is only used when the scan finds nothing, to tell "not Prometheus text" (an error)
+from "none of our metrics" (an empty row).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +98,52 @@ def parse_metrics(text: str, engine: str = "vllm") -> dict[str, float | int]:
             row[column] = int(round(total)) if column in _INT_COLUMNS else float(total)
             break
     return row
+
+
+def _scan_values(text: str, name: str) -> list[float]:
+    """Values of every sample line ``name{...} v`` / ``name v`` (NaN skipped)."""
+    out: list[float] = []
+    n = len(name)
+    pos = 0 if text.startswith(name) else text.find("\n" + name)
+    while pos >= 0:
+        start = pos if pos == 0 and text.startswith(name) else pos + 1
+        after = start + n
+        nxt = text[after : after + 1]
+        end = text.find("\n", after)
+        if end < 0:
+            end = len(text)
+        if nxt in ("{", " ", "\t"):
+            rest = text[after:end]
+            if nxt == "{":
+                close = rest.rfind("}")
+                rest = rest[close + 1 :] if close >= 0 else ""
+            parts = rest.split()
+            if parts:
+                try:
+                    v = float(parts[0])
+                except ValueError:
+                    v = math.nan
+                if not math.isnan(v):
+                    out.append(v)
+        pos = text.find("\n" + name, end)
+    return out
+
+
+def scan_metrics(text: str, engine: str = "vllm") -> dict[str, float | int] | None:
+    """Fast path of :func:`parse_metrics`: find only the sample lines of the columns' metric
+    names (``str.find``, no full parse; ~100x faster on vLLM's 56 KB text). Same aggregation
+    rules. Returns None when none of the names occurs (the caller decides, with the full
+    parser, whether the text is valid at all)."""
+    row: dict[str, float | int] = {}
+    for column, candidates in names_for_engine(engine).items():
+        for name in candidates:
+            vals = _scan_values(text, name)
+            if not vals:
+                continue
+            total = sum(vals) / len(vals) if column in _MEAN_COLUMNS else sum(vals)
+            row[column] = int(round(total)) if column in _INT_COLUMNS else float(total)
+            break
+    return row or None
 
 
 def metrics_url(base_url: str) -> str:
@@ -173,67 +229,85 @@ class Sampler:
         self.gpu_samples = 0
         self.metrics_seen: set[str] = set()
         self._nvml: _Nvml | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._task: asyncio.Task | None = None
-        self._stop = asyncio.Event()
+        self._client: httpx.Client | None = None
+        self._thread: threading.Thread | None = None
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
 
     async def __aenter__(self) -> Sampler:
+        self._loop_ref = asyncio.get_running_loop()
         if self.gpu:
             self._nvml = await asyncio.to_thread(_Nvml)
         if self.base_url:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(max(1.0, 4 * self.interval_s)))
-        self._task = asyncio.create_task(self._loop(), name="harness-sampler")
+            self._client = httpx.Client(timeout=httpx.Timeout(max(1.0, 4 * self.interval_s)))
+        self._thread = threading.Thread(target=self._run, name="harness-sampler", daemon=True)
+        self._thread.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=5 * self.interval_s + 5.0)
-            except (TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._task
-        if self._client is not None:
-            await self._client.aclose()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5 * self.interval_s + 5.0)
+        if self._client is not None and (self._thread is None or not self._thread.is_alive()):
+            self._client.close()
         if self._nvml is not None:
             self._nvml.close()
 
-    async def _loop(self) -> None:
+    def _deliver(self, rows: list[dict[str, Any]]) -> None:
+        """Hand rows to ``sink`` on the event loop (the sink is not thread-safe)."""
+        loop = self._loop_ref
+        if not rows or loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # closed between the check and the call
+            loop.call_soon_threadsafe(self._sink_all, rows)
+
+    def _sink_all(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self.sink(r)
+
+    def _run(self) -> None:
+        """The sampler thread: ticks on an absolute schedule until stopped."""
         start = clock.now()
         k = 0
         while not self._stop.is_set():
-            await self.sample_once()
+            self._deliver(self._sample_sync())
             k += 1
             nxt = start + k * self.interval_s
             now = clock.now()
             if nxt < now:  # fell behind: skip the missed ticks instead of bunching them
                 k = int((now - start) / self.interval_s) + 1
                 nxt = start + k * self.interval_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, nxt - clock.now()))
+            self._stop.wait(max(0.0, nxt - clock.now()))
 
     async def sample_once(self) -> None:
-        """One tick: scrape ``/metrics`` (errors counted, never raised) and read NVML."""
+        """One tick, now (in a worker thread); its rows reach ``sink`` before this returns."""
+        self._sink_all(await asyncio.to_thread(self._sample_sync))
+
+    def _sample_sync(self) -> list[dict[str, Any]]:
+        """Scrape ``/metrics`` (errors counted, never raised) and read NVML; return rows."""
+        rows: list[dict[str, Any]] = []
         if self._client is not None and self.base_url:
             try:
-                resp = await self._client.get(metrics_url(self.base_url))
+                resp = self._client.get(metrics_url(self.base_url))
                 t = clock.now() - self.t0
                 resp.raise_for_status()
-                row = parse_metrics(resp.text, self.engine)
+                text = resp.text
+                row = scan_metrics(text, self.engine)
+                if row is None:  # rare: tell bad text (raises) from none of our metrics
+                    row = parse_metrics(text, self.engine)
                 self.scrapes += 1
                 self.metrics_seen.update(row)
                 if row:
-                    self.sink({"t_s": t, "source": "prometheus", **row})
+                    rows.append({"t_s": t, "source": "prometheus", **row})
             except Exception as exc:  # dead endpoint, bad text: count it, keep the run alive
                 self.scrape_errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
         if self._nvml is not None and self._nvml.available:
-            rows = await asyncio.to_thread(self._nvml.read)
+            gpu_rows = self._nvml.read()
             t = clock.now() - self.t0
-            for r in rows:
-                self.sink({"t_s": t, "source": "gpu", **r})
+            rows.extend({"t_s": t, "source": "gpu", **r} for r in gpu_rows)
             self.gpu_samples += 1
+        return rows
 
     def meta(self) -> dict[str, Any]:
         """What was sampled, for ``run.json`` (``RunWriter.update_meta(sampler=...)``)."""

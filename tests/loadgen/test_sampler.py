@@ -165,3 +165,22 @@ async def test_gpu_absent_is_a_note_not_an_error() -> None:
 def test_bad_interval() -> None:
     with pytest.raises(ValueError):
         Sampler(None, "vllm", print, t0=0.0, interval_s=0)
+
+
+def test_fast_scan_matches_the_full_parser() -> None:
+    """The sampler's str.find scan gives the Prometheus parser's row, on vLLM-sized text."""
+    from harness.loadgen.sampler import scan_metrics
+
+    noise = "".join(
+        f'# HELP vllm:h{i} x\n# TYPE vllm:h{i} histogram\nvllm:h{i}_bucket{{le="{i}"}} {i}\n'
+        for i in range(800)
+    )  # ~56 KB of metrics the sampler does not need, as in vLLM's real /metrics
+    for text, engine in [
+        (VLLM_TEXT.format(kv=0.5, kv2=0.7, run=3, wait=9, pre=4), "vllm"),
+        (noise + VLLM_TEXT.format(kv=0.25, kv2=0.5, run=1, wait=0, pre=0) + noise, "vllm"),
+        (SGLANG_TEXT, "sglang"),
+        (SGLANG_TEXT, "openai"),
+        ("vllm:num_requests_running 4 1700000000\n", "vllm"),  # sample with a timestamp
+    ]:
+        assert scan_metrics(text, engine) == parse_metrics(text, engine)
+    assert scan_metrics("this is {not prometheus", "vllm") is None
