@@ -1,4 +1,4 @@
-"""`harness sweep --rates 10,20,40|A:B:STEP [--policy a,b] [--target URL | simulate flags]`.
+"""`harness sweep --rates 10,20,40|START:STOP:STEP [--policy a,b] [--target URL | simulate flags]`.
 
 One run per (policy, rate): simulated by default (every policy replays the same trace at
 each rate), or live with ``--live`` (the built-in engine running each policy) or
@@ -19,7 +19,7 @@ _FLAGS = {"policies": "policy", "arrival_window_s": "duration", "duration_s": "d
 
 
 def sweep(
-    rates: Annotated[str, typer.Option(help="Rates in req/s: 10,20,40 or A:B:STEP.")],
+    rates: Annotated[str, typer.Option(help="Rates in req/s: 10,20,40 or START:STOP:STEP.")],
     trace: Annotated[
         str, typer.Option(help="Trace name (lmsys, sharegpt, synthetic, ...) or file.")
     ] = "synthetic",
@@ -123,7 +123,7 @@ def sweep(
         fail(one_line(e, _FLAGS))
 
     def show(p: dict[str, Any]) -> None:
-        mark = "PASS" if p["passes"] else "fail"
+        mark = "PASS" if p["passes"] else ("FAIL" if p.get("fails", True) else "PASS?")
         typer.echo(
             f"{p['policy']:>12} @ {p['rate']:g} req/s: {p['verdict']:<12} "
             f"SLOs {'met' if p['meets_slos'] else 'missed'}  [{mark}]"
@@ -137,13 +137,39 @@ def sweep(
 
     data = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8"))
     for pol, c in data["capacity"].items():
-        cap = c["capacity_rps"]
-        typer.echo(
-            f"capacity {pol}: {'none of the swept rates' if cap is None else f'{cap:g} req/s'}"
-        )
+        typer.echo(capacity_line(pol, c))
+        if c.get("hint"):
+            typer.echo(f"  hint: {c['hint']}")
     typer.echo(str(out_dir / "sweep.json"))
     if report:
         typer.echo(str(out_dir / "report.html"))
+
+
+def capacity_line(policy: str, c: dict[str, Any]) -> str:
+    """``capacity vllm: 8 req/s (paid 8, free 10)``, saying when stability was unconfirmed
+    and which rate failed first when no swept rate passed."""
+    cap = c.get("capacity_rps")
+    if cap is None:
+        ff = c.get("first_failure") or {}
+        why = ""
+        if ff:
+            why = f" (first failure at {ff['rate']:g} req/s: " + (
+                "unstable)" if ff.get("verdict") == "unstable" else "SLO attainment missed)"
+            )
+        text = f"capacity {policy}: below the lowest swept rate{why}"
+    else:
+        text = f"capacity {policy}: {cap:g} req/s"
+        if c.get("capacity_hi") is not None:
+            text += f" [{c['capacity_lo']:g}, {c['capacity_hi']:g}] over seeds"
+        if c.get("confirmed") is False:
+            text += " (unconfirmed: stability inconclusive)"
+    tiers = {t: v for t, v in (c.get("by_tier") or {}).items()}
+    if tiers:
+        text += " · per tier: " + ", ".join(
+            f"{t} {'<' + format(c['rates'][0], 'g') if v is None else format(v, 'g')}"
+            for t, v in tiers.items()
+        )
+    return text
 
 
 def register(app: typer.Typer) -> None:

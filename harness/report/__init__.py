@@ -24,7 +24,14 @@ from typing import Any
 import jinja2
 
 from harness.report import figures as F
-from harness.report.data import RunView, fmt_drift, fmt_value, load_run_view, setup_rows
+from harness.report.data import (
+    RunView,
+    fmt_drift,
+    fmt_value,
+    load_run_view,
+    setup_rows,
+    stability_rows,
+)
 
 __all__ = ["write_report", "render_report", "SWEEP_JSON"]
 
@@ -108,6 +115,20 @@ _env = jinja2.Environment(
 )
 
 
+def tier_value(block: Any, key: str) -> str:
+    """A per-tier latency cell: '–' when the tier completed nothing (issue 20: an empty tier
+    showed "P99 = 0 ms" in red)."""
+    if not isinstance(block, dict) or not block.get("completed"):
+        return "–"
+    return fmt_value(block.get(key))
+
+
+def tier_met(block: Any, key: str) -> str:
+    if not isinstance(block, dict) or not block.get("completed"):
+        return ""
+    return _met(block.get(key))
+
+
 def _pct(v: Any) -> str:
     return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.1%}"
 
@@ -173,23 +194,40 @@ def _plotly_js() -> str:
     return get_plotlyjs()
 
 
+RUN_PANELS: tuple[tuple[str, Any], ...] = (
+    ("TTFT CDF per tier", F.ttft_cdf),
+    ("TBT CDF per tier", F.tbt_cdf),
+    ("Time between tokens", F.itl_distribution),
+    ("Throughput over time", F.throughput),
+    ("Backlog and queue", F.backlog),
+    ("KV-cache and GPU memory", F.kv_gpu),
+    ("Send lag", F.send_lag),
+    ("Per-request timeline", F.timeline),
+)
+
+
 def _run_context(rv: RunView, store: _FigureStore) -> None:
-    builders = (
-        F.ttft_cdf,
-        F.itl_distribution,
-        F.throughput,
-        F.backlog,
-        F.kv_gpu,
-        F.send_lag,
-        F.timeline,
-    )
-    rv.fig_ids = [store.add(b(rv)) for b in builders]  # type: ignore[attr-defined]
+    # (panel name, figure id or None): an empty panel says which one it is (issue 20)
+    rv.figs = [(name, store.add(b(rv))) for name, b in RUN_PANELS]  # type: ignore[attr-defined]
+    rv.fig_ids = [fid for _, fid in rv.figs]  # type: ignore[attr-defined]
     rv.meta_rows = _flatten(rv.meta)  # type: ignore[attr-defined]
     rv.setup_rows = setup_rows(rv.meta)  # type: ignore[attr-defined]
+    rv.stability_rows = stability_rows(rv.stability)  # type: ignore[attr-defined]
     rv.summary_rows = [  # type: ignore[attr-defined]
         (k, fmt_value(v)) for k, v in rv.summary.items() if k not in ("tiers", "stability")
     ]
     rv.error_examples = _error_examples(rv)  # type: ignore[attr-defined]
+    rv.all_failed = rv.summary.get("completed") == 0  # type: ignore[attr-defined]
+
+
+def comparison_title(labels: Sequence[str], limit: int = 6) -> str:
+    """ "Comparison: a vs b vs c"; past ``limit`` runs, the first ones and how many more
+    (issue 20: a five-run comparison's title dropped the fifth silently)."""
+    if len(labels) <= limit:
+        return "Comparison: " + " vs ".join(labels)
+    return (
+        "Comparison: " + " vs ".join(labels[: limit - 1]) + f" and {len(labels) - limit + 1} more"
+    )
 
 
 def _unique_labels(runs: list[RunView]) -> None:
@@ -218,20 +256,23 @@ def render_report(
     runs = [load_run_view(Path(d)) for d in run_dirs]
     _unique_labels(runs)
     store = _FigureStore()
-    sweep_figs: list[str | None] = []
+    sweep_figs: list[tuple[str, str | None]] = []
     if sweep is not None:
-        sweep_figs = [store.add(fig) for _, fig in F.sweep_figures(sweep)]
+        sweep_figs = [(name, store.add(fig)) for name, fig in F.sweep_figures(sweep)]
     compare = len(runs) > 1
-    compare_figs: list[str | None] = []
+    compare_figs: list[tuple[str, str | None]] = []
     paired: list[dict] = []
     paired_fig = None
     paired_hash = ""
     if compare:
         compare_figs = [
-            store.add(F.overlay_ttft(runs)),
-            store.add(F.overlay_itl(runs)),
-            store.add(F.overlay_throughput(runs)),
-            store.add(F.overlay_backlog(runs)),
+            ("Per tier: SLO attainment and P99 TBT", store.add(F.tier_slo_bars(runs))),
+            ("TBT CDF per tier", store.add(F.overlay_tier_cdf(runs, "tbt"))),
+            ("TTFT CDF per tier", store.add(F.overlay_tier_cdf(runs, "ttft"))),
+            ("TTFT CDF, all tiers", store.add(F.overlay_ttft(runs))),
+            ("ITL CDF, all tiers", store.add(F.overlay_itl(runs))),
+            ("Output tokens/s", store.add(F.overlay_throughput(runs))),
+            ("Backlog", store.add(F.overlay_backlog(runs))),
         ]
         base = runs[0]
         h = base.trace_hash
@@ -256,7 +297,7 @@ def render_report(
         if sweep is not None:
             title = f"Sweep report: {', '.join(sweep.get('policies', []))}"
         elif compare:
-            title = "Comparison: " + " vs ".join(rv.label for rv in runs[:4])
+            title = comparison_title([rv.label for rv in runs])
         else:
             title = f"Run report: {runs[0].label}" if runs else "Report"
     nav = []
@@ -274,6 +315,9 @@ def render_report(
         runs=runs,
         sweep=sweep,
         sweep_figs=sweep_figs,
+        sweep_tiers=list(
+            dict.fromkeys(t for r in (sweep or {}).get("runs", []) for t in r.get("tiers") or {})
+        ),
         compare=compare,
         compare_keys=COMPARE_KEYS,
         compare_tiers=tiers,
@@ -286,6 +330,8 @@ def render_report(
         nav=nav,
         fmt=fmt_value,
         fmt_drift=fmt_drift,
+        tier_value=tier_value,
+        tier_met=tier_met,
         pct=_pct,
         met=_met,
         figure_json=store.json(),

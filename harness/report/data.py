@@ -116,11 +116,18 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
     tmeta = tr.get("meta", {}) if isinstance(tr, Mapping) else {}
     if not tmeta and isinstance(meta.get("trace_meta"), Mapping):  # the simulator's spelling
         tmeta = meta["trace_meta"]
+    fallback = isinstance(tmeta, Mapping) and bool(tmeta.get("fallback"))
     if isinstance(tmeta, Mapping):
-        if tmeta.get("fallback"):
+        notes = [str(n) for n in tmeta.get("notes") or []]
+        if fallback:
+            # one banner (issue 20: it appeared three times): the trace's own note says the
+            # most (which profile, why), else the recorded reason
+            said = [n for n in notes if _is_fallback_note(n)]
             reason = tmeta.get("reason") or "real dataset not available"
-            out.append(("warn", f"trace used a fallback length profile: {reason}"))
-        for n in tmeta.get("notes") or []:
+            text = said[0] if said else reason
+            out.append(("warn", f"trace used a fallback length profile: {text}"))
+            notes = [n for n in notes if not _is_fallback_note(n)]
+        for n in notes:
             out.append(("info", f"trace: {n}"))
     for reason in summary.get("invalid_reasons") or []:
         out.append(("warn", f"invalid run: {reason}"))
@@ -138,8 +145,25 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
                 )
             )
     for n in meta.get("notes") or []:
-        out.append(("info", str(n)))
+        if not (fallback and _is_fallback_note(str(n))):
+            out.append(("info", str(n)))
+    done, failed = summary.get("completed"), summary.get("failed")
+    if done == 0 and failed:
+        kinds = ", ".join(f"{k}: {v}" for k, v in (summary.get("errors") or {}).items())
+        out.insert(
+            0,
+            (
+                "warn",
+                f"all {failed} requests failed ({kinds or 'see Errors'}): the latency panels "
+                "below have no data",
+            ),
+        )
     return out
+
+
+def _is_fallback_note(text: str) -> bool:
+    low = text.lower()
+    return "fallback" in low or "length profile" in low or "real dataset not available" in low
 
 
 def setup_rows(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -203,10 +227,115 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
     )
 
 
+# (key, label, unit / format, what it means): the stability table explained (issue 20:
+# "little_law_ratio 0.061", "queue_mean 0 beside a backlog of 56" were raw and unexplained)
+STABILITY_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "verdict",
+        "verdict",
+        "",
+        "stable: backlog trend's CI below ε; unstable: above ε; "
+        "inconclusive: too short or too close to call",
+    ),
+    ("reason", "why", "", "the rule that decided the verdict"),
+    (
+        "backlog_slope_rps",
+        "backlog trend",
+        "req/s",
+        "growth of requests in the system after "
+        "the warm-up cut (OLS); ≈ 0 when the queue is bounded",
+    ),
+    ("backlog_slope_ci", "trend 95% CI", "req/s", "Newey–West interval of that slope"),
+    ("warmup_cut_s", "warm-up cut", "s", "MSER-5 cut: the trend ignores the backlog before it"),
+    (
+        "mean_backlog",
+        "mean backlog",
+        "requests",
+        "client-side requests in the system (arrived, not finished), after the cut",
+    ),
+    ("max_backlog", "max backlog", "requests", "its peak"),
+    (
+        "queue_mean",
+        "engine queue, mean",
+        "requests",
+        "the engine's own waiting gauge (not "
+        "yet running); small beside a large backlog = requests are running, not queued",
+    ),
+    ("queue_max", "engine queue, max", "requests", "its peak"),
+    ("arrival_rate_rps", "arrival rate", "req/s", "measured after the cut"),
+    (
+        "completion_rate_rps",
+        "completion rate",
+        "req/s",
+        "measured after the cut; below the arrival rate = backlog grows",
+    ),
+    (
+        "little_law_ratio",
+        "Little's law L/(λW)",
+        "ratio",
+        "mean backlog ÷ (arrival rate × "
+        "mean time in system); ≈ 1 in steady state, far below 1 when many requests are still "
+        "in flight at the end (censored sojourns)",
+    ),
+    (
+        "little_law_ratio_server",
+        "Little's law, engine",
+        "ratio",
+        "the same with the engine's running + waiting gauges",
+    ),
+    ("ttft_slope_ms_per_s", "TTFT trend", "ms/s", "TTFT growth over the run"),
+    (
+        "token_backlog_slope_tps",
+        "token backlog trend",
+        "tokens/s",
+        "growth of unprocessed prompt + output tokens (the stability paper's measure)",
+    ),
+    ("token_backlog_slope_ci", "token trend 95% CI", "tokens/s", ""),
+    ("token_backlog_mean", "token backlog, mean", "tokens", ""),
+    (
+        "conditional_drift",
+        "conditional drift",
+        "tokens/s per level",
+        "mean change of the "
+        "token backlog at four backlog levels; negative at the top level = the queue pulls back "
+        "when it is high (bounded)",
+    ),
+    ("rho", "load ρ", "", "arrival rate ÷ the fluid model's capacity (> 1: no policy keeps up)"),
+    (
+        "fluid_capacity_rps",
+        "fluid capacity",
+        "req/s",
+        "WAIT's fluid critical rate for this length mix and cost model",
+    ),
+    ("fluid_slope_rps", "fluid growth", "req/s", "max(0, λ − capacity)"),
+)
+
+
+def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, formatted value with unit, explanation) for each stability key present."""
+    rows = []
+    for key, label, unit, help_ in STABILITY_ROWS:
+        v = stab.get(key)
+        if v is None or v == "":
+            continue
+        if key == "conditional_drift":
+            text = fmt_drift(v)
+        elif key.endswith("_ci") and isinstance(v, list | tuple) and len(v) == 2:
+            text = f"[{fmt_value(v[0])}, {fmt_value(v[1])}]"
+        else:
+            text = fmt_value(v)
+        if unit and unit not in ("ratio",) and not key.endswith("drift") and key != "verdict":
+            text = f"{text} {unit}"
+        rows.append((label, text, help_))
+    return rows
+
+
 def fmt_drift(bins: Any) -> str:
     """The conditional drift (stability.conditional_drift) as one line: level range -> dW/dt."""
     if not bins:
         return "–"
+    if isinstance(bins, str):  # an older summary.json stored it as text
+        return bins
     return " · ".join(
         f"{fmt_value(b['level_lo'])}–{fmt_value(b['level_hi'])}: "
         f"{'+' if (b['drift_per_s'] or 0) > 0 else ''}{fmt_value(b['drift_per_s'])}/s"

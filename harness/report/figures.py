@@ -24,10 +24,9 @@ CDF_POINTS = 300
 TIME_BINS = 400
 GANTT_MAX = 120
 HIST_BINS = 60
+# run / policy colours: no red or green, which mean "misses / meets an SLO" in this report
 PALETTE = (
     "#1f77b4",
-    "#d62728",
-    "#2ca02c",
     "#ff7f0e",
     "#9467bd",
     "#8c564b",
@@ -35,6 +34,8 @@ PALETTE = (
     "#17becf",
     "#7f7f7f",
     "#bcbd22",
+    "#393b79",
+    "#637939",
 )
 
 
@@ -82,6 +83,27 @@ def _color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+# Tiers get colours that never read as a verdict (no red, no green): red/green are kept for
+# "misses / meets its SLO" only (issue 20: the free tier's bar was red while meeting its SLO).
+TIER_COLORS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f")
+SLO_MET, SLO_MISSED, NO_SLO = "#2ca02c", "#d62728", "#9aa3b2"
+
+
+def tier_color(i: int) -> str:
+    return TIER_COLORS[i % len(TIER_COLORS)]
+
+
+def slo_color(met: bool | None) -> str:
+    """Green when a value meets its SLO, red when it misses it, grey without an SLO."""
+    return NO_SLO if met is None else (SLO_MET if met else SLO_MISSED)
+
+
+# completions per bin the completed-req/s line aims for: Poisson noise of a bin with k
+# completions is 1/sqrt(k), so 25 per bin keeps the line within ~20% (issue 20: 0.1 s bins
+# of a 1 req/s run were all 0 or 10).
+MIN_PER_BIN = 25
+
+
 # ---------------------------------------------------------------- single run
 def ttft_cdf(rv: RunView) -> go.Figure | None:
     """TTFT CDF per tier (log x), with each tier's TTFT SLO as a dashed line."""
@@ -96,12 +118,14 @@ def ttft_cdf(rv: RunView) -> go.Figure | None:
             continue
         any_data = True
         fig.add_trace(
-            go.Scatter(x=x, y=p, mode="lines", name=esc(name or "all"), line={"color": _color(i)})
+            go.Scatter(
+                x=x, y=p, mode="lines", name=esc(name or "all"), line={"color": tier_color(i)}
+            )
         )
         slo = rv.tiers.get(str(name), {}).get("ttft_slo_s")
         if slo:
             fig.add_vline(
-                x=float(slo) * 1000, line={"dash": "dash", "color": _color(i), "width": 1}
+                x=float(slo) * 1000, line={"dash": "dash", "color": tier_color(i), "width": 1}
             )
     if not any_data:
         return None
@@ -110,6 +134,37 @@ def ttft_cdf(rv: RunView) -> go.Figure | None:
         "TTFT CDF per tier (dashed: tier TTFT SLO)",
         xaxis={"type": "log", "title": "TTFT (ms)"},
         yaxis={"title": "fraction of requests", "range": [0, 1.01]},
+    )
+
+
+def tbt_cdf(rv: RunView) -> go.Figure | None:
+    """TBT (vLLM ITL, one gap per chunk) CDF per tier (log x), each tier's TBT SLO dashed and
+    its P99 marked: where a tier's curve crosses 0.99 left of its SLO line, it meets it."""
+    if rv.itl_s.size == 0:
+        return None
+    v_all = rv.itl_s * 1000.0
+    fig = go.Figure()
+    for i, name in enumerate(rv.tier_names or ["all"]):
+        v = v_all if name == "all" else v_all[rv.itl_tier == name]
+        x, p = cdf_points(v)
+        if not x.size:
+            continue
+        fig.add_trace(
+            go.Scatter(x=x, y=p, mode="lines", name=esc(name), line={"color": tier_color(i)})
+        )
+        slo = rv.tiers.get(str(name), {}).get("tbt_slo_s")
+        if slo:
+            fig.add_vline(
+                x=float(slo) * 1000, line={"dash": "dash", "color": tier_color(i), "width": 1}
+            )
+    if not fig.data:
+        return None
+    fig.add_hline(y=0.99, line={"dash": "dot", "color": "#888", "width": 1})
+    return _layout(
+        fig,
+        "TBT CDF per tier (dashed: tier TBT SLO; dotted: P99)",
+        xaxis={"type": "log", "title": "time between tokens (ms)"},
+        yaxis={"title": "fraction of gaps", "range": [0, 1.01]},
     )
 
 
@@ -130,9 +185,12 @@ def itl_distribution(rv: RunView) -> go.Figure | None:
         rows=1,
         cols=2,
         column_widths=[0.68, 0.32],
-        subplot_titles=("ITL distribution (share of gaps)", "P99 ITL per tier vs TBT SLO"),
+        subplot_titles=(
+            "ITL distribution (share of gaps)",
+            "P99 ITL per tier vs TBT SLO (green: meets, red: misses)",
+        ),
     )
-    names, p99s, slos = [], [], []
+    names, p99s, slos, colors = [], [], [], []
     for i, name in enumerate(rv.tier_names or ["all"]):
         v = v_all if name == "all" else v_all[rv.itl_tier == name]
         if v.size == 0:
@@ -144,7 +202,7 @@ def itl_distribution(rv: RunView) -> go.Figure | None:
                 x=centres,
                 y=cnt / v.size,
                 mode="lines",
-                line={"shape": "hvh", "color": _color(i)},
+                line={"shape": "hvh", "color": tier_color(i)},
                 name=esc(name),
             ),
             row=1,
@@ -154,12 +212,13 @@ def itl_distribution(rv: RunView) -> go.Figure | None:
         p99s.append(float(np.percentile(v, 99)))
         slo = rv.tiers.get(str(name), {}).get("tbt_slo_s")
         slos.append(float(slo) * 1000 if slo else None)
+        colors.append(slo_color(None if slos[-1] is None else p99s[-1] <= slos[-1]))
     fig.add_trace(
         go.Bar(
             x=names,
             y=p99s,
             name="P99 ITL",
-            marker={"color": [_color(i) for i in range(len(names))]},
+            marker={"color": colors},
             showlegend=False,
             text=[f"{p:.1f} ms" for p in p99s],
             textposition="auto",
@@ -196,15 +255,30 @@ def throughput(rv: RunView) -> go.Figure | None:
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=x, y=tok / w, mode="lines", name="output tokens/s"))
     last = rv.requests["last_chunk_s"].to_numpy(dtype=float)[succ]
-    x2, done, w2 = binned(last[np.isfinite(last)], None, t_max)
+    last = last[np.isfinite(last)]
+    x2, done, w2 = binned(last, None, t_max, bins=completion_bins(last.size, t_max))
     fig.add_trace(
-        go.Scatter(x=x2, y=done / w2, mode="lines", name="completed req/s", line={"dash": "dot"}),
+        go.Scatter(
+            x=x2,
+            y=done / w2,
+            mode="lines",
+            name=f"completed req/s ({w2:g} s bins)",
+            line={"dash": "dot", "shape": "hvh"},
+        ),
         secondary_y=True,
     )
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="tokens/s", secondary_y=False)
-    fig.update_yaxes(title_text="requests/s", secondary_y=True)
-    return _layout(fig, f"Throughput over time ({w:g} s bins)")
+    fig.update_yaxes(title_text="requests/s", rangemode="tozero", secondary_y=True)
+    return _layout(fig, f"Throughput over time (tokens: {w:g} s bins)")
+
+
+def completion_bins(n_done: int, t_max: float) -> int:
+    """How many time bins the completed-requests/s line gets: about ``MIN_PER_BIN``
+    completions per bin on average, at least 1, at most ``TIME_BINS``."""
+    if n_done <= 0 or t_max <= 0:
+        return 1
+    return int(np.clip(n_done // MIN_PER_BIN, 1, TIME_BINS))
 
 
 def backlog(rv: RunView) -> go.Figure | None:
@@ -447,6 +521,158 @@ def overlay_itl(runs: Sequence[RunView]) -> go.Figure | None:
     return _overlay_cdf(runs, lambda rv: rv.itl_s * 1000, "ITL CDF per run", "ITL (ms)")
 
 
+def _tiers_of(runs: Sequence[RunView]) -> list[str]:
+    names: list[str] = []
+    for rv in runs:
+        for t in rv.tier_names:
+            if t not in names:
+                names.append(t)
+    return names
+
+
+def _slo_ms(runs: Sequence[RunView], tier: str, key: str) -> float | None:
+    for rv in runs:
+        v = rv.tiers.get(tier, {}).get(key)
+        if v:
+            return float(v) * 1000.0
+    return None
+
+
+def overlay_tier_cdf(runs: Sequence[RunView], metric: str) -> go.Figure | None:
+    """One panel per tier, one CDF line per run: ``metric`` 'ttft' (per request) or 'tbt'
+    (per gap). The tier's SLO is dashed; for TBT the dotted line is P99. This is the figure
+    where a tier-aware policy's trade shows: better for paid, worse for free."""
+    tiers = _tiers_of(runs)
+    if not tiers:
+        return None
+    slo_key = "ttft_slo_s" if metric == "ttft" else "tbt_slo_s"
+    fig = make_subplots(
+        rows=1,
+        cols=len(tiers),
+        subplot_titles=[
+            esc(f"{t} (SLO {_slo_ms(runs, t, slo_key):g} ms)")
+            if _slo_ms(runs, t, slo_key)
+            else esc(t)
+            for t in tiers
+        ],
+        shared_yaxes=True,
+    )
+    for c, tier in enumerate(tiers, start=1):
+        for i, rv in enumerate(runs):
+            if metric == "ttft":
+                m = rv.rm["tier"].to_numpy(dtype=object) == tier
+                v = rv.rm["ttft_s"].to_numpy(float)[m] * 1000.0
+            else:
+                v = rv.itl_s[rv.itl_tier == tier] * 1000.0
+            x, p = cdf_points(v)
+            if not x.size:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=p,
+                    mode="lines",
+                    name=esc(rv.label),
+                    legendgroup=esc(rv.label),
+                    showlegend=c == 1,
+                    line={"color": _color(i)},
+                ),
+                row=1,
+                col=c,
+            )
+        slo = _slo_ms(runs, tier, slo_key)
+        if slo:
+            fig.add_vline(x=slo, line={"dash": "dash", "color": "#444", "width": 1}, row=1, col=c)
+        if metric == "tbt":
+            fig.add_hline(y=0.99, line={"dash": "dot", "color": "#888", "width": 1}, row=1, col=c)
+        fig.update_xaxes(type="log", title_text="ms", row=1, col=c)
+    if not fig.data:
+        return None
+    fig.update_yaxes(range=[0, 1.01], row=1, col=1, title_text="fraction")
+    what = "TTFT CDF per tier" if metric == "ttft" else "TBT (ITL) CDF per tier (dotted: P99)"
+    return _layout(fig, f"{what}, one line per run (dashed: the tier's SLO)")
+
+
+def tier_slo_bars(runs: Sequence[RunView]) -> go.Figure | None:
+    """Per tier, one bar per run: SLO attainment (left) and P99 TBT against the tier's TBT
+    SLO (right; bar green when it meets it, red when it misses). The paid tier's story at
+    first glance."""
+    tiers = _tiers_of(runs)
+    if not tiers:
+        return None
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(
+            "SLO attainment per tier (share of requests meeting TTFT and TBT SLOs)",
+            "P99 TBT per tier (green: meets the tier's SLO, red: misses; ─ SLO)",
+        ),
+    )
+    any_data = False
+    for i, rv in enumerate(runs):
+        blocks = rv.summary.get("tiers") or {}
+        att, p99, colors, text = [], [], [], []
+        for t in tiers:
+            b = blocks.get(t) or {}
+            a = b.get("slo_attainment")
+            att.append(a)
+            done = (b.get("completed") or 0) > 0
+            v = b.get("p99_itl_ms") if done else None
+            p99.append(v)
+            slo = b.get("tbt_slo_ms")
+            colors.append(slo_color(None if v is None or slo is None else v <= slo))
+            text.append("no data" if v is None else f"{v:.0f}")
+            any_data = any_data or a is not None or v is not None
+        fig.add_trace(
+            go.Bar(
+                x=[esc(t) for t in tiers],
+                y=att,
+                name=esc(rv.label),
+                legendgroup=esc(rv.label),
+                marker={"color": _color(i)},
+                text=["–" if a is None else f"{a:.0%}" for a in att],
+                textposition="outside",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Bar(
+                x=[esc(t) for t in tiers],
+                y=p99,
+                name=esc(rv.label),
+                legendgroup=esc(rv.label),
+                showlegend=False,
+                marker={"color": colors, "line": {"color": _color(i), "width": 3}},
+                text=[f"{esc(rv.label)}: {x}" for x in text],
+                textposition="inside",
+                insidetextanchor="end",
+                textangle=-90,
+            ),
+            row=1,
+            col=2,
+        )
+    if not any_data:
+        return None
+    slos = [_slo_ms(runs, t, "tbt_slo_s") for t in tiers]
+    if any(s is not None for s in slos):
+        fig.add_trace(
+            go.Scatter(
+                x=[esc(t) for t in tiers],
+                y=slos,
+                mode="markers",
+                marker={"symbol": "line-ew-open", "size": 60, "line": {"width": 3}},
+                marker_color="#222",
+                name="TBT SLO",
+            ),
+            row=1,
+            col=2,
+        )
+    fig.update_yaxes(range=[0, 1.12], tickformat=".0%", row=1, col=1)
+    fig.update_yaxes(title_text="ms", row=1, col=2)
+    return _layout(fig, "Per tier: SLO attainment and P99 TBT", height=420, barmode="group")
+
+
 def overlay_throughput(runs: Sequence[RunView]) -> go.Figure | None:
     fig = go.Figure()
     t_max = max((float(rv.chunk_t.max()) for rv in runs if rv.chunk_t.size), default=0.0)
@@ -631,4 +857,90 @@ def sweep_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
         xaxis={"title": "offered rate (req/s)"},
         yaxis={"title": "completed requests/s"},
     )
-    return [("Latency vs rate", lat), ("Throughput vs rate", thr)]
+    return [("Latency vs rate", lat), ("Throughput vs rate", thr)] + sweep_tier_figures(sweep)
+
+
+# (key in the point's tier block, panel title, y-axis title, SLO key or threshold marker)
+_TIER_SWEEP = (
+    ("slo_attainment", "SLO attainment per tier vs rate", "share meeting SLOs"),
+    ("goodput", "Goodput per tier vs rate (requests/s meeting the tier's SLOs)", "req/s"),
+    ("p99_itl_ms", "P99 TBT per tier vs rate (dashed: the tier's TBT SLO)", "ms"),
+)
+
+
+def sweep_tier_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
+    """SLO attainment, goodput and P99 TBT per tier vs offered rate, one panel per tier and
+    one line per policy; each policy's per-tier capacity dashed in the attainment panels."""
+    rows = sweep.get("runs", [])
+    tiers: list[str] = []
+    for r in rows:
+        for t in r.get("tiers") or {}:
+            if t not in tiers:
+                tiers.append(t)
+    if not tiers:
+        return []
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    caps = sweep.get("capacity", {})
+    out = []
+    for key, title, ytitle in _TIER_SWEEP:
+        fig = make_subplots(rows=1, cols=len(tiers), subplot_titles=[esc(t) for t in tiers])
+        for c, tier in enumerate(tiers, start=1):
+            slo = None
+            for i, pol in enumerate(policies):
+                rs = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["rate"])
+                ys = []
+                for r in rs:
+                    b = (r.get("tiers") or {}).get(tier) or {}
+                    done = (b.get("completed") or 0) > 0
+                    ys.append(b.get(key) if done or key != "p99_itl_ms" else None)
+                    slo = slo or b.get("tbt_slo_ms")
+                lo = [r.get("tiers_ci", {}).get(tier, {}).get(key) for r in rs]
+                err = None
+                if any(x is not None for x in lo):
+                    err = {
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [
+                            None if c_ is None else c_[1] - y for c_, y in zip(lo, ys, strict=True)
+                        ],
+                        "arrayminus": [
+                            None if c_ is None else y - c_[0] for c_, y in zip(lo, ys, strict=True)
+                        ],
+                    }
+                fig.add_trace(
+                    go.Scatter(
+                        x=[r["rate"] for r in rs],
+                        y=ys,
+                        error_y=err,
+                        mode="lines+markers",
+                        name=esc(pol),
+                        legendgroup=esc(pol),
+                        showlegend=c == 1,
+                        line={"color": _color(i)},
+                        marker={"color": _color(i), "size": 8},
+                    ),
+                    row=1,
+                    col=c,
+                )
+                tcap = ((caps.get(pol) or {}).get("by_tier") or {}).get(tier)
+                if key == "slo_attainment" and tcap is not None:
+                    fig.add_vline(x=tcap, line={"dash": "dash", "color": _color(i)}, row=1, col=c)
+            if key == "slo_attainment":
+                fig.add_hline(
+                    y=float(sweep.get("min_attainment", 0.9)),
+                    line={"dash": "dot", "color": "#888"},
+                    row=1,
+                    col=c,
+                )
+                fig.update_yaxes(range=[-0.02, 1.05], tickformat=".0%", row=1, col=c)
+            if key == "p99_itl_ms":
+                if slo:
+                    fig.add_hline(y=slo, line={"dash": "dash", "color": "#444"}, row=1, col=c)
+                fig.update_yaxes(type="log", row=1, col=c)
+            fig.update_xaxes(title_text="offered rate (req/s)", row=1, col=c)
+        fig.update_yaxes(title_text=ytitle, row=1, col=1)
+        extra = (
+            " (dotted: min attainment; dashed: tier capacity)" if key == "slo_attainment" else ""
+        )
+        out.append((title, _layout(fig, title + extra)))
+    return out

@@ -102,13 +102,14 @@ def tier_table(s: Mapping[str, Any]) -> Table | None:
     ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for name, b in tiers.items():
+        done = bool(b.get("completed"))  # an empty tier has no p99 (not "0 ms" in red)
         t.add_row(
             name,
             f"{b.get('completed', 0):,}/{b.get('failed', 0):,}",
             f"{_dur(b.get('ttft_slo_ms'))}/{_dur(b.get('tbt_slo_ms'))}",
             _pct(b.get("slo_attainment")),
-            _met(_ms(b.get("p99_ttft_ms")), b.get("ttft_slo_met")),
-            _met(_ms(b.get("p99_itl_ms")), b.get("p99_itl_slo_met")),
+            _met(_ms(b.get("p99_ttft_ms")), b.get("ttft_slo_met")) if done else "-",
+            _met(_ms(b.get("p99_itl_ms")), b.get("p99_itl_slo_met")) if done else "-",
             _num(b.get("goodput")),
         )
     return t

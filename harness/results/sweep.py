@@ -6,11 +6,15 @@ rate it sustains while meeting its SLOs (design.md "Metrics"; seed-stability.md 
 all policies replay the same trace at each rate, so comparisons are paired) or live
 (``harness.loadgen.replay`` against a target or the built-in engine).
 
-Capacity rule (ours, where the specs leave room): a rate *passes* when its stability
-verdict is ``stable`` and every tier with an SLO has ``slo_attainment >= min_attainment``
-(summary.json ``tiers.<name>.slo_attainment``). ``capacity_rps`` is the largest swept rate
-such that it and every lower swept rate pass (a noisy pass above a failure does not count);
-``max_passing_rate`` is the largest passing rate regardless. ``inconclusive`` fails.
+Capacity rule (ours, where the specs leave room): a rate *fails* when its stability verdict
+is ``unstable`` or a tier with an SLO has ``slo_attainment < min_attainment`` (summary.json
+``tiers.<name>.slo_attainment``). It *passes* when it is ``stable`` and meets the SLOs, and
+is *unconfirmed* when it meets the SLOs but the run was too short to judge stability
+(``inconclusive``): that is not evidence of overload, so it does not end the capacity (issue
+20), but the capacity is then ``confirmed: false`` with a hint to run longer.
+``capacity_rps`` is the largest swept rate such that no rate up to it fails (a noisy pass
+above a failure does not count); ``max_passing_rate`` is the largest passing rate
+regardless. ``by_tier``: the same rule with only that tier's attainment (and stability).
 
 Output: ``<out>/sweep.json`` (this module's :func:`sweep_summary`) and the run directories
 under ``<out>/``; the report reads sweep.json to draw latency/throughput vs rate.
@@ -35,7 +39,7 @@ _RANGE = re.compile(r"^\s*([0-9.eE+-]+)\s*:\s*([0-9.eE+-]+)\s*:\s*([0-9.eE+-]+)\
 
 
 def parse_rates(text: str) -> list[float]:
-    """``"10,20,40"`` or ``"A:B:STEP"`` (inclusive of B within rounding) -> sorted rates.
+    """``"10,20,40"`` or ``"START:STOP:STEP"`` (STOP included within rounding) -> sorted rates.
 
     Raises ValueError with a one-line message on anything else (non-positive, empty, a step
     that does not advance, more than 200 points)."""
@@ -55,7 +59,8 @@ def parse_rates(text: str) -> list[float]:
     except ValueError as e:
         if "--rates" in str(e):
             raise
-        raise ValueError(f"--rates {text!r}: not numbers (use 10,20,40 or A:B:STEP)") from None
+        msg = f"--rates {text!r}: not numbers (use 10,20,40 or START:STOP:STEP)"
+        raise ValueError(msg) from None
     if not rates or any(not (r > 0 and math.isfinite(r)) for r in rates):
         raise ValueError(f"--rates {text!r}: every rate must be a positive number of req/s")
     if len(rates) > 200:
@@ -108,17 +113,23 @@ def sweep_point(run_dir: Path, policy: str, rate: float, min_attainment: float) 
     tiers = summary.get("tiers") or {}
     att = {name: t.get("slo_attainment") for name, t in tiers.items()}
     meets = all(a is None or a >= min_attainment for a in att.values())
+    verdict = stab.get("verdict", "inconclusive")
     return {
         "policy": policy,
         "rate": float(rate),
         "run_dir": run_dir.name,
-        "verdict": stab.get("verdict", "inconclusive"),
+        "verdict": verdict,
         "backlog_slope_rps": stab.get("backlog_slope_rps"),
         "backlog_slope_ci": stab.get("backlog_slope_ci"),
+        "stability_reason": stab.get("reason"),
         "rho": stab.get("rho"),
         "meets_slos": bool(meets),
         "slo_attainment": att,
-        "passes": bool(meets and stab.get("verdict") == "stable"),
+        "tier_meets": {n: a is None or a >= min_attainment for n, a in att.items()},
+        "passes": bool(meets and verdict == "stable"),
+        "fails": bool(not meets or verdict == "unstable"),
+        "num_requests": len_requests(summary),
+        "tiers": {name: {k: t.get(k) for k in TIER_KEYS} for name, t in tiers.items()},
         **{
             k: summary.get(k)
             for k in (
@@ -139,30 +150,89 @@ def sweep_point(run_dir: Path, policy: str, rate: float, min_attainment: float) 
     }
 
 
+TIER_KEYS = (
+    "num_requests",
+    "completed",
+    "slo_attainment",
+    "goodput",
+    "p99_ttft_ms",
+    "p99_itl_ms",
+    "ttft_slo_ms",
+    "tbt_slo_ms",
+)
+
+
+def len_requests(summary: dict[str, Any]) -> int:
+    return int((summary.get("completed") or 0) + (summary.get("failed") or 0))
+
+
+def _fails(p: dict[str, Any]) -> bool:
+    """Old sweep.json rows have no ``fails``: there inconclusive counted as a failure."""
+    if "fails" in p:
+        return bool(p["fails"])
+    return not p["meets_slos"] or p.get("verdict") == "unstable"
+
+
+def _largest_run(rows: list[dict[str, Any]], fails: Callable[[dict[str, Any]], bool]) -> Any:
+    cap, cap_rows = None, []
+    for r in rows:
+        if fails(r):
+            break
+        cap = r["rate"]
+        cap_rows.append(r)
+    return cap, cap_rows
+
+
+def run_longer_hint(rows: Sequence[dict[str, Any]]) -> str | None:
+    """What would turn ``inconclusive`` rates into verdicts: the stability test needs a
+    window of >= 10 mean sojourns and >= 30 arrivals after the warm-up cut
+    (harness.results.stability), so the advice is 4x the requests of the longest such run."""
+    inc = [r for r in rows if r.get("verdict") == "inconclusive"]
+    if not inc:
+        return None
+    n = max(int(r.get("num_requests") or 0) for r in inc)
+    rates = ", ".join(f"{r['rate']:g}" for r in inc)
+    more = f"--num-requests {max(4 * n, 1000)}" if n else "a larger --num-requests"
+    return (
+        f"stability inconclusive at {rates} req/s (run too short to tell a bounded queue from "
+        f"a slowly growing one); run longer, e.g. {more}"
+    )
+
+
 def capacities(points: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per policy: ``capacity_rps`` (largest rate with every rate up to it passing),
-    ``max_passing_rate`` and the rates swept (module docstring)."""
+    """Per policy: ``capacity_rps`` (largest rate with no rate up to it failing),
+    ``confirmed`` (every one of those stable), ``max_passing_rate``, ``by_tier`` and the rates
+    swept (module docstring)."""
     out: dict[str, dict[str, Any]] = {}
     for pol in dict.fromkeys(p["policy"] for p in points):
         rows = sorted((p for p in points if p["policy"] == pol), key=lambda p: p["rate"])
-        cap = None
-        for r in rows:
-            if not r["passes"]:
-                break
-            cap = r["rate"]
+        cap, cap_rows = _largest_run(rows, _fails)
         passing = [r["rate"] for r in rows if r["passes"]]
+        tiers = list(dict.fromkeys(t for r in rows for t in (r.get("slo_attainment") or {})))
+        by_tier = {}
+        for t in tiers:
+
+            def tier_fails(r: dict[str, Any], t: str = t) -> bool:
+                meets = (r.get("tier_meets") or {}).get(t, True)
+                return r.get("verdict") == "unstable" or not meets
+
+            by_tier[t] = _largest_run(rows, tier_fails)[0]
+        confirmed = bool(cap_rows) and all(r.get("verdict") == "stable" for r in cap_rows)
         out[pol] = {
             "capacity_rps": cap,
+            "confirmed": confirmed if cap is not None else None,
             "max_passing_rate": max(passing) if passing else None,
             "rates": [r["rate"] for r in rows],
+            "by_tier": by_tier,
             "first_failure": next(
                 (
                     {"rate": r["rate"], "verdict": r["verdict"], "meets_slos": r["meets_slos"]}
                     for r in rows
-                    if not r["passes"]
+                    if _fails(r)
                 ),
                 None,
             ),
+            "hint": run_longer_hint(cap_rows if cap is not None else rows[:1]),
         }
     return out
 
@@ -175,8 +245,8 @@ def sweep_summary(cfg: SweepConfig, points: list[dict[str, Any]]) -> dict[str, A
         "policies": cfg.policies,
         "min_attainment": cfg.min_attainment,
         "base": cfg.base,
-        "capacity_rule": "largest rate such that it and every lower rate are stable and meet "
-        "every tier's SLO attainment >= min_attainment",
+        "capacity_rule": "largest rate such that neither it nor any lower rate is unstable or "
+        "misses a tier's SLO attainment >= min_attainment (inconclusive: unconfirmed)",
         "runs": points,
         "capacity": capacities(points),
     }

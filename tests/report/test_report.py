@@ -49,8 +49,38 @@ def test_capacity_is_largest_rate_with_every_lower_rate_passing() -> None:
     ]
     caps = capacities(pts)
     assert caps["a"]["capacity_rps"] == 20 and caps["a"]["max_passing_rate"] == 40
+    assert caps["a"]["confirmed"] is True and caps["a"]["hint"] is None
     assert caps["a"]["first_failure"] == {"rate": 30, "verdict": "stable", "meets_slos": False}
-    assert caps["b"]["capacity_rps"] is None and caps["b"]["max_passing_rate"] is None
+    # inconclusive with SLOs met is not a failure (issue 20), but leaves capacity unconfirmed
+    assert caps["b"]["capacity_rps"] == 10 and caps["b"]["confirmed"] is False
+    assert caps["b"]["max_passing_rate"] is None
+    assert caps["b"]["first_failure"]["rate"] == 20
+
+
+def test_inconclusive_sweep_says_run_longer() -> None:
+    pts = [
+        {**_pt("a", r, "inconclusive", True), "num_requests": 200, "fails": False}
+        for r in (1, 2)
+    ]
+    c = capacities(pts)["a"]
+    assert c["capacity_rps"] == 2 and c["confirmed"] is False
+    assert "run longer" in c["hint"] and "--num-requests 1000" in c["hint"]
+    from harness.cli.sweep import capacity_line
+
+    line = capacity_line("a", c)
+    assert "2 req/s" in line and "unconfirmed" in line and "none of" not in line
+
+
+def test_capacity_per_tier() -> None:
+    pts = [
+        {**_pt("a", 1, "stable", True), "tier_meets": {"paid": True, "free": True}},
+        {**_pt("a", 2, "stable", False), "tier_meets": {"paid": False, "free": True}},
+        {**_pt("a", 3, "stable", False), "tier_meets": {"paid": False, "free": False}},
+    ]
+    for p in pts:
+        p["slo_attainment"] = {"paid": None, "free": None}
+    c = capacities(pts)["a"]
+    assert c["capacity_rps"] == 1 and c["by_tier"] == {"paid": 1, "free": 2}
 
 
 def test_downsampling_helpers() -> None:
@@ -151,5 +181,23 @@ def test_all_failed_run_still_renders(tmp_path: Path) -> None:
 
     d = write_synthetic_run(tmp_path / "dead", num_requests=40, rate=2.0, fail_fraction=1.0)
     html = write_report([d]).read_text(encoding="utf-8")
-    assert html.count("no data for this panel") == 3  # TTFT CDF, ITL, throughput
+    # every empty panel is labelled (issue 20: three unlabelled "no data" lines)
+    for panel in ("TTFT CDF per tier", "TBT CDF per tier", "Time between tokens"):
+        assert f"{panel}: no successful request to plot" in html
+    assert "no data for this panel" not in html
+    assert "all 40 requests failed (http_status: 40)" in html  # the banner says why
     assert "http_status" in html  # the errors table
+    # an empty tier: '–', never "0" in red (issue 20), in the report and on the terminal
+    assert 'class="bad">0<' not in html
+    from harness.results.console import tier_table
+    from harness.results.rundir import read_run
+
+    from harness.results.summary import compute_summary
+
+    table = tier_table(compute_summary(read_run(d)))
+    from rich.console import Console
+
+    con = Console(record=True, width=120, force_terminal=True, color_system="standard")
+    con.print(table)
+    assert " 0.0 " not in con.export_text(clear=False)
+    assert "\x1b[31m" not in con.export_text(styles=True)  # nothing red
