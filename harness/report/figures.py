@@ -43,12 +43,14 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
+def _layout(
+    fig: go.Figure, title: str, height: int = 380, margin_top: int = 50, **kw: object
+) -> go.Figure:
     kw.setdefault("legend", {"orientation": "h", "y": -0.18})
     fig.update_layout(
         title={"text": esc(title), "x": 0.01, "font": {"size": 15}},
         height=height,
-        margin={"l": 60, "r": 20, "t": 50, "b": 45},
+        margin={"l": 60, "r": 20, "t": margin_top, "b": 45},
         template="plotly_white",
         **kw,
     )
@@ -64,6 +66,19 @@ def cdf_points(values: np.ndarray, n: int = CDF_POINTS) -> tuple[np.ndarray, np.
         return np.zeros(0), np.zeros(0)
     p = np.linspace(0.0, 1.0, min(n, max(v.size, 2)))
     return np.quantile(v, p), p
+
+
+def ccdf_points(values: np.ndarray, n: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Tail curve: x = value exceeded by a share s of the samples, for s log-spaced from 1 down
+    to 1/size (at most 1e-5). On a log y axis the P99 (s = 0.01) and beyond stay readable,
+    which a linear CDF squeezes into its last pixel."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return np.zeros(0), np.zeros(0)
+    lo = min(5.0, np.log10(max(v.size, 2)))
+    s = np.logspace(0.0, -lo, n)
+    return np.quantile(v, 1.0 - s), s
 
 
 def binned(
@@ -138,15 +153,16 @@ def ttft_cdf(rv: RunView) -> go.Figure | None:
 
 
 def tbt_cdf(rv: RunView) -> go.Figure | None:
-    """TBT (vLLM ITL, one gap per chunk) CDF per tier (log x), each tier's TBT SLO dashed and
-    its P99 marked: where a tier's curve crosses 0.99 left of its SLO line, it meets it."""
+    """TBT (vLLM ITL, one gap per chunk) tail per tier: the share of gaps longer than x, log
+    axes, each tier's TBT SLO dashed. A tier meets its P99 TBT SLO when its curve is below
+    the dotted 1% line at its SLO."""
     if rv.itl_s.size == 0:
         return None
     v_all = rv.itl_s * 1000.0
     fig = go.Figure()
     for i, name in enumerate(rv.tier_names or ["all"]):
         v = v_all if name == "all" else v_all[rv.itl_tier == name]
-        x, p = cdf_points(v)
+        x, p = ccdf_points(v)
         if not x.size:
             continue
         fig.add_trace(
@@ -159,12 +175,12 @@ def tbt_cdf(rv: RunView) -> go.Figure | None:
             )
     if not fig.data:
         return None
-    fig.add_hline(y=0.99, line={"dash": "dot", "color": "#888", "width": 1})
+    fig.add_hline(y=0.01, line={"dash": "dot", "color": "#888", "width": 1})
     return _layout(
         fig,
-        "TBT CDF per tier (dashed: tier TBT SLO; dotted: P99)",
+        "TBT per tier: share of gaps longer than x (dashed: tier TBT SLO; dotted: 1% = P99)",
         xaxis={"type": "log", "title": "time between tokens (ms)"},
-        yaxis={"title": "fraction of gaps", "range": [0, 1.01]},
+        yaxis={"type": "log", "title": "share of gaps > x", "exponentformat": "power"},
     )
 
 
@@ -241,7 +257,7 @@ def itl_distribution(rv: RunView) -> go.Figure | None:
     fig.update_xaxes(type="log", title_text="ITL (ms)", row=1, col=1)
     fig.update_yaxes(title_text="share", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
-    return _layout(fig, "Time between tokens (TBT = vLLM ITL, per chunk)")
+    return _layout(fig, "Time between tokens (TBT = vLLM ITL, per chunk)", margin_top=80)
 
 
 def throughput(rv: RunView) -> go.Figure | None:
@@ -555,7 +571,7 @@ def overlay_tier_cdf(runs: Sequence[RunView], metric: str) -> go.Figure | None:
             else esc(t)
             for t in tiers
         ],
-        shared_yaxes=True,
+        shared_yaxes=metric == "ttft",
     )
     for c, tier in enumerate(tiers, start=1):
         for i, rv in enumerate(runs):
@@ -564,7 +580,7 @@ def overlay_tier_cdf(runs: Sequence[RunView], metric: str) -> go.Figure | None:
                 v = rv.rm["ttft_s"].to_numpy(float)[m] * 1000.0
             else:
                 v = rv.itl_s[rv.itl_tier == tier] * 1000.0
-            x, p = cdf_points(v)
+            x, p = cdf_points(v) if metric == "ttft" else ccdf_points(v)
             if not x.size:
                 continue
             fig.add_trace(
@@ -584,13 +600,20 @@ def overlay_tier_cdf(runs: Sequence[RunView], metric: str) -> go.Figure | None:
         if slo:
             fig.add_vline(x=slo, line={"dash": "dash", "color": "#444", "width": 1}, row=1, col=c)
         if metric == "tbt":
-            fig.add_hline(y=0.99, line={"dash": "dot", "color": "#888", "width": 1}, row=1, col=c)
+            fig.add_hline(y=0.01, line={"dash": "dot", "color": "#888", "width": 1}, row=1, col=c)
+            fig.update_yaxes(type="log", exponentformat="power", row=1, col=c)
+        else:
+            fig.update_yaxes(range=[0, 1.01], row=1, col=c)
         fig.update_xaxes(type="log", title_text="ms", row=1, col=c)
     if not fig.data:
         return None
-    fig.update_yaxes(range=[0, 1.01], row=1, col=1, title_text="fraction")
-    what = "TTFT CDF per tier" if metric == "ttft" else "TBT (ITL) CDF per tier (dotted: P99)"
-    return _layout(fig, f"{what}, one line per run (dashed: the tier's SLO)")
+    if metric == "ttft":
+        fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
+        what = "TTFT CDF per tier"
+    else:
+        fig.update_yaxes(title_text="share of gaps > x", row=1, col=1)
+        what = "TBT per tier: share of gaps longer than x (dotted: 1% = P99)"
+    return _layout(fig, f"{what}, one line per run (dashed: the tier's SLO)", margin_top=80)
 
 
 def tier_slo_bars(runs: Sequence[RunView]) -> go.Figure | None:
@@ -605,7 +628,7 @@ def tier_slo_bars(runs: Sequence[RunView]) -> go.Figure | None:
         cols=2,
         subplot_titles=(
             "SLO attainment per tier (share of requests meeting TTFT and TBT SLOs)",
-            "P99 TBT per tier (green: meets the tier's SLO, red: misses; ─ SLO)",
+            "P99 TBT per tier, ms (✓ green: meets the tier's SLO, ✗ red: misses; ─ SLO)",
         ),
     )
     any_data = False
@@ -643,11 +666,14 @@ def tier_slo_bars(runs: Sequence[RunView]) -> go.Figure | None:
                 name=esc(rv.label),
                 legendgroup=esc(rv.label),
                 showlegend=False,
-                marker={"color": colors, "line": {"color": _color(i), "width": 3}},
-                text=[f"{esc(rv.label)}: {x}" for x in text],
-                textposition="inside",
-                insidetextanchor="end",
-                textangle=-90,
+                marker={"color": _color(i)},
+                text=[
+                    x if x == "no data" else f"{x} {'✓' if c == SLO_MET else '✗'}"
+                    for x, c in zip(text, colors, strict=True)
+                ],
+                textposition="outside",
+                textfont={"color": colors},
+                cliponaxis=False,
             ),
             row=1,
             col=2,
@@ -670,7 +696,9 @@ def tier_slo_bars(runs: Sequence[RunView]) -> go.Figure | None:
         )
     fig.update_yaxes(range=[0, 1.12], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
-    return _layout(fig, "Per tier: SLO attainment and P99 TBT", height=420, barmode="group")
+    return _layout(
+        fig, "Per tier: SLO attainment and P99 TBT", height=440, margin_top=80, barmode="group"
+    )
 
 
 def overlay_throughput(runs: Sequence[RunView]) -> go.Figure | None:
@@ -850,7 +878,7 @@ def sweep_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
     for c in (1, 2):
         lat.update_xaxes(title_text="offered rate (req/s)", row=1, col=c)
         lat.update_yaxes(type="log", row=1, col=c)
-    _layout(lat, "Latency vs rate (dashed: capacity; x: unstable, ◇: inconclusive)")
+    _layout(lat, "Latency vs rate (dashed: capacity; x: unstable, ◇: inconclusive)", margin_top=80)
     _layout(
         thr,
         "Throughput vs rate",
@@ -942,5 +970,5 @@ def sweep_tier_figures(sweep: dict) -> list[tuple[str, go.Figure]]:
         extra = (
             " (dotted: min attainment; dashed: tier capacity)" if key == "slo_attainment" else ""
         )
-        out.append((title, _layout(fig, title + extra)))
+        out.append((title, _layout(fig, title + extra, margin_top=80)))
     return out
