@@ -252,10 +252,18 @@ class ExperimentResult:
         lines = [f"# {self.title}", "", f"Size: {'full' if self.full else 'small'}", ""]
         if self.claims:
             lines += ["## Paper claims vs this reproduction", ""]
-            lines += ["| claim | paper | measured | agrees |", "|---|---|---|---|"]
+            lines += [
+                "Labels in the paper column say where each number comes from: (paper), "
+                "(authors' code) or (spec author, not in the paper).",
+                "",
+                "| claim | paper | measured (seeds, CI) | verdict | cause |",
+                "|---|---|---|---|---|",
+            ]
             for c in self.claims:
+                verdict = c.get("verdict", c.get("agrees", ""))
                 lines.append(
-                    f"| {c['claim']} | {c['paper']} | {c['measured']} | {c.get('agrees', '')} |"
+                    f"| {c['claim']} | {c['paper']} | {c['measured']} | {verdict} "
+                    f"| {c.get('cause', '')} |"
                 )
             lines.append("")
         if self.rows:

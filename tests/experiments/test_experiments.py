@@ -136,9 +136,43 @@ def test_wait_small(tmp_path):
     rows = {(r["workload"], r["config"].split(" (")[0]): r for r in res.rows}
     tight = [w for w, _ in rows if w.startswith("W-low (KV")][0]
     # The paper's mechanism: at C = M^π prefill-first vLLM evicts and loses throughput.
-    assert rows[(tight, "WAIT")]["decode_tput_tok_s"] > rows[(tight, "vLLM")]["decode_tput_tok_s"]
-    assert rows[(tight, "vLLM")]["preemptions"] > rows[(tight, "WAIT")]["preemptions"]
+    assert rows[(tight, "vLLM")]["preemptions"] > 500
+    assert rows[(tight, "WAIT")]["preemptions"] == 0
+    delta = {c["claim"]: c["delta_pct"] for c in res.claims}
+    assert delta[f"{tight}: WAIT vs vLLM (Vidur, prefill-first)"] == pytest.approx(25, abs=8)
+    # Issue 19 must-show: in the authors' setting Nested WAIT is >= +20% over vLLM on the
+    # authors' metric (measured +30%, seed 0), and within a few % of Sarathi (+5%).
+    authors = "authors' setting: Nested WAIT vs {} (requests in each batch per s)"
+    assert delta[authors.format("vLLM")] == pytest.approx(30, abs=8)
+    assert delta[authors.format("vLLM")] >= 20
+    assert delta[authors.format("Sarathi")] == pytest.approx(5, abs=6)
+    # B read as KV holders: paused prompts use up max_num_seqs and Nested WAIT trails vLLM;
+    # read as a per-step cap it is level with vLLM.
+    kv = "LMSYS, B = KV holders: Nested WAIT vs vLLM (Vidur, prefill-first)"
+    step = "LMSYS, B = per-step cap: Nested WAIT vs vLLM (Vidur, prefill-first)"
+    assert delta[kv] == pytest.approx(-17, abs=8)
+    assert delta[step] == pytest.approx(2, abs=8)
     _claims(tmp_path)
+
+
+def test_nested_fit_never_silently_returns_a_misfit():
+    """Issue 19 fix 2: the fitted batch says how it fits, and 'none' when nothing does."""
+    from harness.experiments.wait import EDGES, authors_seg_caps, nested_fit
+    from harness.policies.thresholds import batch_seats
+
+    rng = np.random.default_rng(0)
+    p = rng.integers(10, 120, 2000)
+    o = rng.integers(1, 500, 2000)
+    res, how = nested_fit(p, o, 0.05, 1e-7, 10**9, 100.0, 4096)
+    # integer rounding leaves some θ_j without a root, so Eq. (14) is infinite: "mpi" says so
+    assert how == "mpi" and math.isinf(res.required_memory_tokens)
+    assert res.memory_tokens <= 10**9
+    assert batch_seats(res.thresholds, EDGES) == 3700  # <= 4096, n_1 = 12 at 50 stages
+    res, how = nested_fit(p, o, 0.01, 1e-7, 1000, 5.0, 4096)
+    assert how == "none" and res.memory_tokens > 1000
+    caps = authors_seg_caps(o, 256)
+    assert sum(caps) == pytest.approx(256, abs=len(EDGES))
+    assert caps == sorted(caps, reverse=True)  # Λ_i falls with i
 
 
 def test_lengths_come_from_the_shared_file_when_present(tmp_path, monkeypatch):
