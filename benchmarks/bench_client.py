@@ -1,7 +1,8 @@
 """Benchmark the load generator against a fast local SSE server in a separate process.
 
     python benchmarks/bench_client.py [--rates 100,400,1000,2000] [--duration 5]
-        [--output-len 100] [--no-accuracy]
+        [--output-len 100] [--no-accuracy] [--workers 1,2,auto] [--loop asyncio|uvloop]
+        [--accuracy-rate 400]
         [--vllm-python .venv-vllm/bin/python --tokenizer .cache/tiny-llama]
 
 Same as ``harness bench-client``; the work lives in :mod:`harness.loadgen.bench`.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.loadgen.bench import main
+from harness.loadgen.bench import main, parse_workers
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -21,6 +22,10 @@ if __name__ == "__main__":
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm installed")
     ap.add_argument("--tokenizer", default=None, help="local tokenizer dir for vllm bench")
+    ap.add_argument("--workers", default="1", help="worker settings, e.g. 1,2,auto")
+    ap.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"],
+                    help="event loop of the in-process (workers=1) client")  # fmt: skip
+    ap.add_argument("--accuracy-rate", type=float, default=100.0)
     a = ap.parse_args()
     main(
         [float(x) for x in a.rates.split(",")],
@@ -29,4 +34,7 @@ if __name__ == "__main__":
         not a.no_accuracy,
         a.vllm_python,
         a.tokenizer,
+        parse_workers(a.workers),
+        a.loop,
+        a.accuracy_rate,
     )

@@ -32,7 +32,8 @@ import numpy as np
 from harness import clock
 from harness.loadgen.client import make_session
 from harness.loadgen.dialects import Endpoint, get_dialect
-from harness.loadgen.dispatcher import Dispatcher, Job
+from harness.loadgen.dispatcher import Job
+from harness.loadgen.workers import ShardedDispatcher, make_dispatcher, new_event_loop
 from harness.results.rundir import RunWriter, read_run
 
 DEFAULT_RATES = (100.0, 400.0, 1000.0, 2000.0)
@@ -68,12 +69,19 @@ def poisson_jobs(rate: float, n: int, output_len: int, seed: int = 0) -> list[Jo
 
 
 async def _drive(
-    url: str, jobs: list[Job], run_dir: Path, max_concurrency: int | None = None
+    url: str,
+    jobs: list[Job],
+    run_dir: Path,
+    max_concurrency: int | None = None,
+    workers: int | None = 1,
 ) -> tuple[float, float]:
-    """Run one schedule; return (t0 on the clock, client CPU seconds used)."""
+    """Run one schedule with ``workers`` load-generator processes (1 = in-process, None =
+    automatic, as ``harness replay --workers``); return (t0 on the clock, client CPU seconds
+    used from t0 to the end: this process plus every worker's own account)."""
     with RunWriter(run_dir, {"kind": "bench-client"}) as w:
         async with make_session(limit=max_concurrency or 0, timeout_s=60) as session:
-            disp = Dispatcher(
+            disp = make_dispatcher(
+                workers,
                 jobs,
                 session=session,
                 base_url=url,
@@ -84,13 +92,21 @@ async def _drive(
                 writer=w,
                 max_concurrency=max_concurrency,
             )
-            disp.prepare()
+            disp.prepare()  # workers: spawned and connected before t0
             cpu0 = _cpu()
             t0 = clock.now() + 0.05
             stats = await disp.run(t0)
-            cpu = _cpu() - cpu0
+            cpu = _cpu() - cpu0 + (disp.cpu_s if isinstance(disp, ShardedDispatcher) else 0.0)
             w.update_meta(duration_s=stats.end_s)
     return t0, cpu
+
+
+def _run(coro: Any, loop: str) -> Any:
+    """Run ``coro`` on asyncio's loop or uvloop's (``loop="uvloop"``, when installed)."""
+    if loop == "uvloop":
+        with asyncio.Runner(loop_factory=new_event_loop) as r:
+            return r.run(coro)
+    return asyncio.run(coro)
 
 
 def _cpu() -> float:
@@ -102,13 +118,20 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if x.size else float("nan")
 
 
-def measure_rate(url: str, rate: float, duration_s: float, output_len: int) -> dict[str, Any]:
+def measure_rate(
+    url: str,
+    rate: float,
+    duration_s: float,
+    output_len: int,
+    workers: int | None = 1,
+    loop: str = "asyncio",
+) -> dict[str, Any]:
     """One offered rate against a running fast server."""
     n = max(1, int(rate * duration_s))
     jobs = poisson_jobs(rate, n, output_len)
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
         run_dir = Path(tmp) / "run"
-        _, cpu = asyncio.run(_drive(url, jobs, run_dir))
+        _, cpu = _run(_drive(url, jobs, run_dir, workers=workers), loop)
         run = read_run(run_dir, samples=False)
     r = run.requests
     ok = r[r["success"]]
@@ -117,6 +140,7 @@ def measure_rate(url: str, rate: float, duration_s: float, output_len: int) -> d
     send_lag = (r["send_s"] - r["target_s"]).to_numpy() * 1000
     ttft = (ok["first_chunk_s"] - ok["send_s"]).to_numpy() * 1000
     return {
+        "workers": (run.meta.get("workers") or {}).get("count", 1),
         "offered_rps": rate,
         "requests": n,
         "completed": len(ok),
@@ -142,13 +166,20 @@ def run_rates(
     rates: tuple[float, ...] | list[float] = DEFAULT_RATES,
     duration_s: float = 5.0,
     output_len: int = 100,
+    workers: int | None = 1,
+    loop: str = "asyncio",
 ) -> list[dict[str, Any]]:
     with fast_server() as url:
-        return [measure_rate(url, r, duration_s, output_len) for r in rates]
+        return [measure_rate(url, r, duration_s, output_len, workers, loop) for r in rates]
 
 
 def timestamp_accuracy(
-    rate: float = 100.0, duration_s: float = 5.0, output_len: int = 10, itl_ms: float = 10.0
+    rate: float = 100.0,
+    duration_s: float = 5.0,
+    output_len: int = 10,
+    itl_ms: float = 10.0,
+    workers: int | None = 1,
+    loop: str = "asyncio",
 ) -> dict[str, Any]:
     """Client chunk stamps vs the server's write log (same monotonic clock, two processes)."""
     with tempfile.TemporaryDirectory(prefix="bench-ts-") as tmp:
@@ -156,7 +187,7 @@ def timestamp_accuracy(
         run_dir = Path(tmp) / "run"
         jobs = poisson_jobs(rate, max(1, int(rate * duration_s)), output_len)
         with fast_server(itl_ms=itl_ms, log=log) as url:
-            t0, _ = asyncio.run(_drive(url, jobs, run_dir))
+            t0, _ = _run(_drive(url, jobs, run_dir, workers=workers), loop)
         # The server writes its log on SIGTERM, i.e. after fast_server() has exited.
         server: dict[tuple[int, int], float] = {}
         for line in log.read_text().splitlines():
@@ -171,8 +202,14 @@ def timestamp_accuracy(
         np.array([client_abs[i] - server[(int(reqs[i]), int(k[i]))] for i in range(len(c))])
         * 1000.0
     )
+    first = c.groupby("req")["t_s"].min()  # TTFT excess: the first chunk's receipt delay
+    first_srv = np.array([server[(int(q), 0)] for q in first.index]) - t0
+    ttft_excess = (first.to_numpy() - first_srv) * 1000.0
     return {
         "rate_rps": rate,
+        "workers": workers,
+        "ttft_excess_p50_ms": _pct(ttft_excess, 50),
+        "ttft_excess_p99_ms": _pct(ttft_excess, 99),
         "chunks": int(delays.size),
         "delay_p50_ms": _pct(delays, 50),
         "delay_p99_ms": _pct(delays, 99),
@@ -283,13 +320,23 @@ def main(
     accuracy: bool,
     vllm_python: str | None = None,
     tokenizer: str | None = None,
+    workers: list[int | None] | None = None,
+    loop: str = "asyncio",
+    accuracy_rate: float = 100.0,
 ) -> None:
+    """Print one table per worker setting (1 = in-process; None = automatic), then vllm
+    bench serve on the same server, then the timestamp accuracy per worker setting."""
+    settings = workers or [1]
     print(f"machine: {machine_load()} (at start; shared machine)")
     t = time.monotonic()
-    rows = run_rates(rates, duration_s, output_len)
-    print(f"client benchmark: {output_len}-token responses, one piece each, Poisson arrivals, "
-          f"{duration_s:g} s per rate (lag = release - target; ms)")  # fmt: skip
-    print(format_rows(rows))
+    for wk in settings:
+        rows = run_rates(rates, duration_s, output_len, wk, loop)
+        label = "auto" if wk is None else str(wk)
+        print(f"client benchmark, workers={label} ({rows[-1]['workers']} process(es); "
+              f"{loop if wk == 1 else 'uvloop' if _has_uvloop() else 'asyncio'} loop): "
+              f"{output_len}-token responses, one piece each, Poisson arrivals, "
+              f"{duration_s:g} s per rate (lag = release - target; ms)")  # fmt: skip
+        print(format_rows(rows))
     if vllm_python:
         print("vllm bench serve, same server and rates (chunks/s = completed x output_len / "
               "duration):")  # fmt: skip
@@ -304,11 +351,35 @@ def main(
                     f"(1-core cap {1000.0 / v['cpu_ms_per_req']:.0f})"
                 )
     if accuracy:
-        acc = timestamp_accuracy()
-        print(
-            f"timestamp accuracy at {acc['rate_rps']:.0f} req/s ({acc['chunks']} chunks): "
-            f"client - server write p50 {acc['delay_p50_ms']:.3f} ms, "
-            f"p99 {acc['delay_p99_ms']:.3f} ms, max {acc['delay_max_ms']:.3f} ms, "
-            f"negative {acc['negative']}"
-        )
+        for wk in settings:
+            acc = timestamp_accuracy(rate=accuracy_rate, workers=wk, loop=loop)
+            print(
+                f"timestamp accuracy at {acc['rate_rps']:.0f} req/s, workers="
+                f"{'auto' if wk is None else wk} ({acc['chunks']} chunks): client - server "
+                f"write p50 {acc['delay_p50_ms']:.3f} ms, p99 {acc['delay_p99_ms']:.3f} ms, "
+                f"max {acc['delay_max_ms']:.3f} ms, negative {acc['negative']}; TTFT excess "
+                f"p50 {acc['ttft_excess_p50_ms']:.3f} ms, p99 {acc['ttft_excess_p99_ms']:.3f} ms"
+            )
     print(f"machine: {machine_load()} (at end; {time.monotonic() - t:.0f} s)")
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def parse_workers(text: str) -> list[int | None]:
+    """``"1,2,auto"`` -> ``[1, 2, None]`` (ValueError names the bad item)."""
+    out: list[int | None] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "auto":
+            out.append(None)
+        elif item.isdigit() and int(item) >= 1:
+            out.append(int(item))
+        else:
+            raise ValueError(f"worker count {item!r}: use integers >= 1 or 'auto'")
+    return out
