@@ -22,6 +22,7 @@ under ``<out>/``; the report reads sweep.json to draw latency/throughput vs rate
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -289,15 +290,21 @@ def _live_rate(cfg: SweepConfig, rate: float) -> list[tuple[str, Path]]:
 
 
 def run_sweep(
-    cfg: SweepConfig, *, on_point: Callable[[dict[str, Any]], None] | None = None
+    cfg: SweepConfig,
+    *,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    map_fn: Callable[..., Any] | None = None,
 ) -> Path:
     """Run every (policy, rate), write sweep.json (after each rate, so a stopped sweep keeps
-    what it measured) and the sweep report; return the sweep folder."""
+    what it measured) and the sweep report; return the sweep folder. ``map_fn`` runs the
+    rates (default: ``map``, one after another; ``harness.distributed.pool.ray_map``: Ray
+    tasks, results in the same order)."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     points: list[dict[str, Any]] = []
     runner = _simulate_rate if cfg.mode == "simulate" else _live_rate
-    for rate in cfg.rates:
-        for pol, run_dir in runner(cfg, rate):
+    mapped = (map_fn or map)(functools.partial(runner, cfg), cfg.rates)
+    for rate, pairs in zip(cfg.rates, mapped, strict=True):
+        for pol, run_dir in pairs:
             p = sweep_point(run_dir, pol, rate, cfg.min_attainment)
             p["run_dir"] = str(Path(run_dir).resolve().relative_to(cfg.out_dir.resolve()))
             points.append(p)
