@@ -38,6 +38,12 @@ from harness.loadgen.dispatcher import (
     synthetic_prompt,
 )
 from harness.loadgen.fdlimit import FdBudget, fd_budget
+from harness.loadgen.sessions import (
+    SessionOptions,
+    session_factory,
+    session_run_meta,
+    session_trace,
+)
 from harness.results.schema import ERROR_CLIENT_LIMIT, FAULTS_FILE, STATUS_PARTIAL
 from harness.workload.tiers import Tier, TierSpecError, parse_tiers
 from harness.workload.trace import Trace, TraceError
@@ -104,6 +110,9 @@ class ReplayConfig(BaseModel):
     kv_tokens: int | None = Field(None, ge=1, description="built-in: KV-cache capacity, tokens")
     speed: float | None = Field(None, gt=0, description="built-in: wall-clock speed-up factor")
     faults: str | None = Field(None, description="built-in: fault-injection spec")
+    sessions: SessionOptions | None = Field(
+        None, description="session replay (multi-turn / agent graphs); harness.loadgen.sessions"
+    )
 
     @field_validator("tiers")
     @classmethod
@@ -145,11 +154,15 @@ class ReplayConfig(BaseModel):
             raise ValueError("--endpoint generate is SGLang's native API: use --engine sglang")
         if self.arrival == "trace" and self.rate is not None:
             raise ValueError("--arrival trace replays the trace's timestamps; drop --rate")
-        if self.arrival != "trace" and self.rate is None:
+        if self.arrival != "trace" and self.rate is None and not self._session_rate:
             raise ValueError(f"--arrival {self.arrival} needs --rate")
         if self.sample_interval_s is not None and self.sample_interval_s <= 0:
             raise ValueError("sample_interval_s must be > 0")
         return self
+
+    @property
+    def _session_rate(self) -> bool:
+        return self.sessions is not None and self.sessions.session_rate is not None
 
     @property
     def dialect_name(self) -> str:
@@ -170,6 +183,9 @@ def load_trace(cfg: ReplayConfig) -> Trace:
             ) from None
     tiers: list[Tier] | None = parse_tiers(cfg.tiers) if cfg.tiers else None
     try:
+        sessions = session_trace(cfg, tiers)  # multi-turn / agent sessions (issue 15)
+        if sessions is not None:
+            return sessions
         return build_trace(
             cfg.trace,
             num_requests=cfg.num_requests,
@@ -374,6 +390,7 @@ async def run_replay_async(
         model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
         meta = _meta(cfg, trace, base_url, model, len(jobs))
         meta["engine_info"] = engine_info
+        meta.update(session_run_meta(cfg, trace))
         try:
             writer = RunWriter(run_dir, meta)
         except (FileExistsError, OSError) as exc:
@@ -383,7 +400,7 @@ async def run_replay_async(
             headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
             progress_cb = on_progress
             async with session:
-                disp = make_dispatcher(
+                disp = (session_factory(cfg, trace, run_dir) or make_dispatcher)(
                     cfg.workers,
                     jobs,
                     shard_keys=session_keys(trace.df, len(jobs)),

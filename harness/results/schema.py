@@ -77,6 +77,39 @@ REQUESTS = pa.schema(
     ]
 )
 
+# Session runs (issue 15, harness.loadgen.sessions) add these to every request row; plain runs
+# keep REQUESTS exactly (a plain request is a session of one call: the columns are implied).
+SESSION_FIELDS = (
+    pa.field("session_id", pa.string()),
+    pa.field("call_index", pa.int64()),  # index of the call in its session
+    pa.field("parents", pa.string()),  # comma-separated call indices it waited for
+    pa.field("attempt", pa.int64()),  # 0, then 1.. for retries (each its own row)
+)
+REQUESTS_SESSIONS = pa.schema([*REQUESTS, *SESSION_FIELDS])
+SESSIONS_FILE = "sessions.parquet"  # one row per session (harness.results.sessions.SESSIONS)
+SESSIONS = pa.schema(
+    [
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("tier", pa.string()),
+        pa.field("target_s", pa.float64()),  # scheduled arrival
+        pa.field("start_s", pa.float64()),  # admitted (after --max-active-sessions)
+        pa.field("end_s", pa.float64()),  # last call finished
+        pa.field("calls_planned", pa.int64()),
+        pa.field("calls_sent", pa.int64()),
+        pa.field("calls_done", pa.int64()),
+        pa.field("calls_failed", pa.int64()),
+        pa.field("retries", pa.int64()),
+        pa.field("abandoned", pa.bool_()),
+        pa.field("end_reason", pa.string()),  # complete|failed|abandoned|context_overflow|...
+        pa.field("errors", pa.string()),  # JSON {error_kind: count}
+    ]
+)
+
+
+def requests_schema(names: list[str] | tuple[str, ...] | None = None) -> pa.Schema:
+    """REQUESTS, or REQUESTS_SESSIONS when ``names`` (a file's columns) has session columns."""
+    return REQUESTS_SESSIONS if names is not None and "session_id" in names else REQUESTS
+
 CHUNKS = pa.schema(
     [
         pa.field("req", pa.int64(), nullable=False),

@@ -1,0 +1,117 @@
+"""Build a session Trace: source rows -> whole sessions -> session arrivals, tiers, think times.
+
+The sessions counterpart of :func:`harness.workload.build.build_trace` (same seed streams:
+arrivals ``[seed, 1]``, sampling ``[seed, 2]``, tiers ``[seed, 3]``; think times ``[seed, 5]``).
+Sampling and arrivals act on sessions, never on single calls, so a conversation is never cut
+apart; the result is an ordinary :class:`~harness.workload.trace.Trace` with the session
+columns of :data:`harness.workload.sessions.SESSION_COLUMNS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.workload.sessions import finish_frame, sessions_from_frame, think_times
+from harness.workload.sources import conversations as conv
+from harness.workload.sources.base import announce, take_options
+from harness.workload.tiers import Tier, default_tiers, parse_tiers
+from harness.workload.trace import Trace, TraceError
+
+DEFAULT_NUM_SESSIONS = 100
+
+
+def build_session_trace(
+    source: str,
+    *,
+    num_sessions: int | None = None,
+    session_rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    tiers: list[Tier] | str | None = None,
+    seed: int = 0,
+    think_time: str | float | None = None,
+    quiet: bool = False,
+    **options: Any,
+) -> Trace:
+    """Sessions from ``source`` (sharegpt-conv, lmsys-conv, synthetic-conv, an agent-graph
+    YAML/JSON, or a file with a ``session_id`` column). ``session_rate``: sessions/s;
+    None = the file's own timestamps (all at 0 when it has none). ``think_time`` fills the
+    think time of non-root calls that the source leaves unset."""
+    tier_list = parse_tiers(tiers) if isinstance(tiers, str) else (tiers or default_tiers())
+    meta: dict[str, Any] = {"source": source, "sessions": True, "seed": seed}
+    n = num_sessions
+    if source == "sharegpt-conv":
+        opts = take_options(options, {"path": None, "min_turns": 1, "max_turns": None}, source)
+        items, info = conv.load_sharegpt_conversations(opts["path"])
+        df = conv.conversation_rows(items, min_turns=int(opts["min_turns"]))
+        if opts["max_turns"] is not None:
+            df = df[df["call_index"] < int(opts["max_turns"])]
+        df = conv.sample_sessions(df, n or DEFAULT_NUM_SESSIONS, seed)
+        meta["sharegpt"] = info
+        if info.get("truncated") and not quiet:
+            announce(
+                f"sharegpt-conv: {info['conversations_recovered']} conversations recovered; "
+                f"{conv.SHAREGPT_NOTE}"
+            )
+    elif source in ("synthetic-conv", "lmsys-conv"):
+        base = dict(conv.LMSYS_CONV_PROFILE) if source == "lmsys-conv" else {}
+        allowed = {
+            "turns": 4.0,
+            "prompt_len": 100.0,
+            "output_len": 200.0,
+            "sigma": 0.8,
+            "system_len": 0,
+            "max_turns": 64,
+        }
+        allowed.update(base)
+        opts = take_options(options, allowed, source)
+        df = conv.synthetic_conversations(n or DEFAULT_NUM_SESSIONS, seed, **opts)
+        meta["profile"] = opts
+        if source == "lmsys-conv":
+            meta["fallback"] = (
+                "LMSYS-Chat-1M conversation PROFILE (mean 2.0 turns, first prompt ~70 tokens, "
+                "reply ~215 tokens), not the dataset: the hub copy is gated"
+            )
+            if not quiet:
+                announce(f"lmsys-conv: {meta['fallback']}")
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise TraceError(f"{source}: no such session trace")
+        if (
+            path.suffix.lower() in conv.AGENT_SUFFIXES
+            and path.suffix.lower() != ".json"
+            or (path.suffix.lower() == ".json" and conv.is_session_source(source))
+        ):
+            take_options(options, {}, source)
+            spec = conv.load_agent_graph(path)
+            df = conv.agent_sessions(spec, n or DEFAULT_NUM_SESSIONS, seed, str(path))
+            meta["agent_graph"] = {"file": str(path), "name": spec.get("name")}
+        else:
+            take_options(options, {}, source)
+            df = conv.load_session_file(path)
+            if n is not None:
+                df = conv.sample_sessions(df, n, seed, shuffle=False)
+    if think_time is not None:
+        draw = think_times(think_time, len(df), np.random.default_rng([seed, 5]))
+        has = df["think_s"].notna() & (df["think_s"] > 0) if "think_s" in df.columns else None
+        roots = df["call_index"].astype(int) == 0
+        keep = roots if has is None else (roots | has)
+        old = df["think_s"] if "think_s" in df.columns else 0.0
+        df = df.assign(think_s=np.where(keep, old, draw))
+    frame = finish_frame(
+        df,
+        tiers=tier_list,
+        seed=seed,
+        session_rate=session_rate,
+        arrival=arrival,
+        burstiness=burstiness,
+    )
+    trace = Trace.from_frame(frame, tier_list, meta)
+    sessions = sessions_from_frame(trace.df)  # validates every graph (cycles, parents)
+    trace.meta["num_sessions"] = len(sessions)
+    trace.meta["num_calls"] = len(trace)
+    return trace

@@ -1,0 +1,211 @@
+"""Session replays against a real local echo server (tests/sessions/echo.py): history, release
+rules, fork-join, patience, retries and context overflow, read back from the run directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from echo import EchoServer, start_echo
+
+from harness.loadgen.replay import ReplayConfig, run_replay_async
+from harness.loadgen.sessions import SessionOptions
+from harness.results import schema
+from harness.results.rundir import read_run
+from harness.workload.sessions import SEPARATOR
+from harness.workload.tiers import default_tiers
+from harness.workload.trace import Trace
+
+EPS = 1e-6
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[EchoServer]:
+    srv, runner = await start_echo()
+    try:
+        yield srv
+    finally:
+        await runner.cleanup()
+
+
+def calls(rows: list[dict[str, Any]]) -> Trace:
+    """A session trace from call rows (defaults: one tier, arrival 0, a chain)."""
+    df = pd.DataFrame(rows)
+    df["request_id"] = df["session_id"] + "/" + df["call_index"].astype(str)
+    df["tier"] = default_tiers()[0].name
+    for col, val in (("arrival_s", 0.0), ("prompt_len", 3), ("output_len", 3), ("think_s", 0.0)):
+        df[col] = df[col].fillna(val) if col in df.columns else val
+    if "parents" not in df.columns:
+        df["parents"] = ["" if k == 0 else str(k - 1) for k in df["call_index"]]
+    return Trace.from_frame(df, default_tiers(), {"source": "test"})
+
+
+async def replay(srv: EchoServer, trace: Trace, out: Path, **opts: Any):
+    cfg = ReplayConfig(
+        trace="test",
+        arrival="trace",
+        target=srv.url,
+        progress=False,
+        out=out,
+        sample_interval_s=None,
+        sessions=SessionOptions(**opts),
+    )
+    run_dir = await run_replay_async(cfg, trace=trace)
+    run = read_run(run_dir)
+    return run, pq.read_table(run_dir / schema.SESSIONS_FILE).to_pandas()
+
+
+def conversation(sid: str = "a", turns: int = 3, replies: bool = True) -> list[dict[str, Any]]:
+    return [
+        {
+            "session_id": sid,
+            "call_index": k,
+            "prompt": f"question-{sid}-{k}",
+            "prompt_len": 1,
+            "reply": f"answer-{sid}-{k}" if replies else None,
+        }
+        for k in range(turns)
+    ]
+
+
+async def test_call_k_holds_trace_history_of_calls_before_it(echo: EchoServer, tmp_path: Path):
+    run, sess = await replay(echo, calls(conversation()), tmp_path / "r")
+    got = echo.by_id()
+    for k in range(3):
+        want = []
+        for j in range(k):
+            want += [f"question-a-{j}", f"answer-a-{j}"]
+        want.append(f"question-a-{k}")
+        assert got[f"a/{k}"].prompt == SEPARATOR.join(want)
+    req = run.requests.sort_values("call_index")
+    assert req["session_id"].tolist() == ["a"] * 3
+    assert req["parents"].tolist() == ["", "0", "1"]
+    assert req["success"].all()
+    # prompt_len is the composed history: 1 word per question + 3 output tokens per answer
+    assert req["prompt_len"].tolist() == [1, 1 + 3 + 1, 1 + 3 + 1 + 3 + 1]
+    assert sess.loc[0, "end_reason"] == "complete" and sess.loc[0, "calls_done"] == 3
+    assert run.meta["sessions"]["num_sessions"] == 1
+
+
+async def test_call_k_holds_the_servers_real_replies(echo: EchoServer, tmp_path: Path):
+    run, _ = await replay(echo, calls(conversation(replies=False)), tmp_path / "r", history="reply")
+    got = echo.by_id()
+    p2 = got["a/2"].prompt
+    assert p2 == SEPARATOR.join(
+        [
+            "question-a-0",
+            EchoServer.reply_text("a/0", 3),
+            "question-a-1",
+            EchoServer.reply_text("a/1", 3),
+            "question-a-2",
+        ]
+    )
+    assert run.requests["success"].all()
+
+
+async def test_child_released_after_parent_finished_plus_think(echo: EchoServer, tmp_path: Path):
+    echo.itl_s = 0.01
+    rows = conversation("b", 3)
+    rows[1]["think_s"], rows[2]["think_s"] = 0.05, 0.12
+    run, sess = await replay(echo, calls(rows), tmp_path / "r")
+    r = run.requests.set_index("call_index")
+    for k in (1, 2):
+        parent_end = r.loc[k - 1, "last_chunk_s"]
+        think = rows[k]["think_s"]
+        assert r.loc[k, "target_s"] == pytest.approx(parent_end + think, abs=EPS)
+        assert r.loc[k, "send_s"] >= parent_end + think - EPS
+        assert r.loc[k, "arrival_s"] >= parent_end + think - EPS
+    assert sess.loc[0, "end_s"] == pytest.approx(r["last_chunk_s"].max())
+
+
+async def test_fork_join_waits_for_both_branches(echo: EchoServer, tmp_path: Path):
+    echo.itl_s = 0.01
+    rows = [
+        {"session_id": "f", "call_index": 0, "parents": "", "output_len": 2},
+        {"session_id": "f", "call_index": 1, "parents": "0", "output_len": 2},
+        {"session_id": "f", "call_index": 2, "parents": "0", "output_len": 15},
+        {"session_id": "f", "call_index": 3, "parents": "1,2", "output_len": 2},
+    ]
+    for row in rows:
+        row["context"] = "replies"
+    run, _ = await replay(echo, calls(rows), tmp_path / "r")
+    r = run.requests.set_index("call_index")
+    assert r.loc[2, "last_chunk_s"] > r.loc[1, "last_chunk_s"]  # the slow branch ends last
+    assert r.loc[3, "send_s"] >= r.loc[2, "last_chunk_s"] - EPS
+    assert r.loc[3, "target_s"] == pytest.approx(r.loc[[1, 2], "last_chunk_s"].max(), abs=EPS)
+    prompt = echo.by_id()["f/3"].prompt  # both branches' replies are handed to the join
+    assert "w0@f/1" not in prompt  # trace mode: synthesised replies, not the server's
+    assert prompt.count(SEPARATOR) == 2
+    assert r.loc[3, "parents"] == "1,2"
+
+
+async def test_patience_abandons_the_session(echo: EchoServer, tmp_path: Path):
+    echo.first_delay["slow/1"] = 1.0
+    trace = calls(conversation("slow", 3) + conversation("fast", 3))
+    run, sess = await replay(echo, trace, tmp_path / "r", patience_s=0.2)
+    r = run.requests.set_index("request_id")
+    assert r.loc["slow/1", "error_kind"] == "abandoned"
+    assert "slow/2" not in echo.by_id()  # the user left: the next turn is never sent
+    assert "slow/2" not in r.index
+    s = sess.set_index("session_id")
+    assert bool(s.loc["slow", "abandoned"]) and s.loc["slow", "end_reason"] == "abandoned"
+    assert s.loc["fast", "end_reason"] == "complete" and s.loc["fast", "calls_done"] == 3
+    # the abandoned call was cut about patience after its release
+    cut = s.loc["slow", "end_s"] - r.loc["slow/1", "arrival_s"]
+    assert 0.2 - EPS <= cut < 0.9
+
+
+async def test_retry_with_backoff_then_success(echo: EchoServer, tmp_path: Path):
+    echo.fail_first["r/0"] = 2
+    run, sess = await replay(
+        echo, calls(conversation("r", 2)), tmp_path / "r", max_retries=2, retry_backoff_s=0.05
+    )
+    r = run.requests.sort_values("send_s")
+    assert r["request_id"].tolist() == ["r/0", "r/0#retry1", "r/0#retry2", "r/1"]
+    assert r["attempt"].tolist() == [0, 1, 2, 0]
+    assert r["success"].tolist() == [False, False, True, True]
+    gaps = r["send_s"].diff().tolist()
+    assert gaps[1] >= 0.05 - EPS and gaps[2] >= 0.10 - EPS  # backoff doubles
+    assert sess.loc[0, "retries"] == 2 and sess.loc[0, "end_reason"] == "complete"
+    assert (r["req"].nunique()) == 4  # each attempt its own row and join key
+
+
+async def test_retries_exhausted_fail_the_session(echo: EchoServer, tmp_path: Path):
+    echo.fail_first["x/0"] = 5
+    run, sess = await replay(
+        echo, calls(conversation("x", 2)), tmp_path / "r", max_retries=1, retry_backoff_s=0.01
+    )
+    assert run.requests["error_kind"].tolist() == ["http_status", "http_status"]
+    assert "x/1" not in echo.by_id()
+    assert sess.loc[0, "end_reason"] == "failed" and sess.loc[0, "calls_done"] == 0
+
+
+async def test_history_beyond_context_is_recorded_and_the_run_goes_on(
+    echo: EchoServer, tmp_path: Path
+):
+    long = conversation("long", 4)
+    for row in long:
+        row["prompt_len"], row["output_len"] = 10, 10
+    trace = calls(long + conversation("short", 2))
+    run, sess = await replay(echo, trace, tmp_path / "r", max_context=45)
+    r = run.requests.set_index("request_id")
+    # call 1: 10 + 10 + 10 = 30 prompt + 10 output = 40 fits; call 2: 50 + 10 does not
+    assert r.loc["long/1", "success"]
+    assert r.loc["long/2", "error_kind"] == "context_overflow"
+    assert "long/2" not in echo.by_id() and "long/3" not in r.index
+    s = sess.set_index("session_id")
+    assert s.loc["long", "end_reason"] == "context_overflow"
+    assert s.loc["short", "end_reason"] == "complete"
+
+
+async def test_max_active_sessions_serialises_sessions(echo: EchoServer, tmp_path: Path):
+    echo.itl_s = 0.005
+    trace = calls(conversation("p", 2) + conversation("q", 2) + conversation("z", 2))
+    _, sess = await replay(echo, trace, tmp_path / "r", max_active_sessions=1)
+    s = sess.sort_values("start_s")
+    assert (s["start_s"].to_numpy()[1:] >= s["end_s"].to_numpy()[:-1] - EPS).all()
+    assert (s["start_s"] >= s["target_s"] - EPS).all()
