@@ -450,6 +450,9 @@ async def run_replay_async(
                     if died is not None:
                         writer.close(STATUS_PARTIAL)
     _summarise(run_dir, cfg.goodput)
+    from harness.results.sessions import add_session_summary
+
+    add_session_summary(run_dir)  # summary.json["sessions"] for session runs
     return Path(run_dir)
 
 
