@@ -209,3 +209,31 @@ async def test_max_active_sessions_serialises_sessions(echo: EchoServer, tmp_pat
     s = sess.sort_values("start_s")
     assert (s["start_s"].to_numpy()[1:] >= s["end_s"].to_numpy()[:-1] - EPS).all()
     assert (s["start_s"] >= s["target_s"] - EPS).all()
+
+
+async def test_agent_graph_calls_go_to_each_agents_target(echo: EchoServer, tmp_path: Path):
+    from harness.workload.session_build import build_session_trace
+
+    other, runner = await start_echo()
+    try:
+        graph = tmp_path / "g.yaml"
+        graph.write_text(
+            f"agents:\n  a1: {{target: '{echo.url}', output_len: 2}}\n"
+            f"  a2: {{target: '{other.url}', output_len: 2}}\n"
+            "calls:\n  - {agent: a1}\n  - {agent: a2, parents: [0]}\n"
+            "  - {agent: a2, parents: [0]}\n"
+            "  - {agent: a1, parents: [1, 2]}\n"
+        )
+        trace = build_session_trace(str(graph), num_sessions=2, session_rate=50.0)
+        run, sess = await replay(echo, trace, tmp_path / "r")
+    finally:
+        await runner.cleanup()
+    assert sorted(r.request_id.split("/")[1] for r in echo.log) == ["0", "0", "3", "3"]
+    assert sorted(r.request_id.split("/")[1] for r in other.log) == ["1", "1", "2", "2"]
+    assert (sess["end_reason"] == "complete").all()
+    # the join is fed both branches' replies (context: replies)
+    assert all(r.prompt.count(SEPARATOR) == 2 for r in echo.log if r.request_id.endswith("/3"))
+    import json
+
+    summary = json.loads((run.dir / schema.SUMMARY_JSON).read_text())
+    assert summary["sessions"]["sessions"] == 2 and summary["sessions"]["slo_attainment"] == 1.0
