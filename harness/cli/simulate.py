@@ -92,6 +92,14 @@ def simulate(
     report: Annotated[
         bool, typer.Option(help="Write report.html per run (and a comparison for several).")
     ] = True,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run each policy as a Ray task on 'auto' (a running cluster, else a local "
+            "one) or a cluster ADDRESS (needs the [ray] extra).",
+        ),
+    ] = None,
 ) -> None:
     """Simulate policies on a trace in virtual time; writes one run directory per policy."""
     from pydantic import ValidationError
@@ -104,6 +112,13 @@ def simulate(
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     if not policies:
         fail("--policy: give at least one policy name")
+    if ray is not None:
+        from harness.distributed import require_ray
+
+        try:
+            require_ray()
+        except HarnessError as e:
+            fail(str(e))
     try:
         cfg = SimulateConfig(
             trace=trace,
@@ -136,7 +151,12 @@ def simulate(
         from harness.results.console import print_summary
         from harness.results.rundir import read_run
 
-        dirs = run_simulation(cfg)
+        if ray is None:
+            dirs = run_simulation(cfg)
+        else:
+            from harness.distributed.pool import simulate_each_policy
+
+            dirs = simulate_each_policy(cfg, ray)
     except (
         TraceError,
         TierSpecError,

@@ -53,6 +53,14 @@ def sweep(
     ] = 0.9,
     out: Annotated[Path, typer.Option(help="Sweep folder.")] = Path("reports/sweep"),
     report: Annotated[bool, typer.Option(help="Write <out>/report.html.")] = True,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Simulated sweeps: run the rates as Ray tasks on 'auto' (a running "
+            "cluster, else a local one) or a cluster ADDRESS (needs the [ray] extra).",
+        ),
+    ] = None,
 ) -> None:
     """Sweep request rates per policy; report each policy's capacity (largest stable rate
     meeting every tier's SLOs)."""
@@ -70,6 +78,15 @@ def sweep(
     if not 0 <= min_attainment <= 1:
         fail(f"--min-attainment {min_attainment}: must be within 0..1")
     mode = "live" if (live or target) else "simulate"
+    if ray is not None:
+        if mode == "live":
+            fail("--ray fans out simulated sweeps; a live sweep runs one rate at a time")
+        from harness.distributed import require_ray
+
+        try:
+            require_ray()
+        except HarnessError as e:
+            fail(str(e))
     base: dict[str, Any] = {
         "trace": trace,
         "num_requests": num_requests,
@@ -130,7 +147,9 @@ def sweep(
         )
 
     try:
-        out_dir = run_sweep(cfg, on_point=show)
+        from harness.distributed.pool import mapper
+
+        out_dir = run_sweep(cfg, on_point=show, map_fn=mapper(ray))
     except (HarnessError, FileNotFoundError, ValueError, OSError) as e:
         fail(one_line(e, _FLAGS))
     import json
