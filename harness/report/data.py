@@ -40,6 +40,9 @@ class RunView:
     backlog: BacklogSeries
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
     notices: list[tuple[str, str]] = field(default_factory=list)  # (level, text)
+    itl_grp: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rm row
+    attained: np.ndarray | None = None  # per rm row: met its tier's SLOs (summary's rule)
+    has_slo: np.ndarray | None = None
 
     @property
     def trace_hash(self) -> str | None:
@@ -208,6 +211,9 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
     itl_tier = tier_arr[grp] if itl.size else np.zeros(0, dtype=object)
     bs = backlog_series(run.requests)
     tiers = tiers_from_meta(run.meta)
+    from harness.results.summary import slo_masks
+
+    sm = slo_masks(rm, cv, tiers, itl=(itl, grp))
     return RunView(
         dir=Path(run_dir),
         label=label or run_label(run.meta, Path(run_dir)),
@@ -224,6 +230,9 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
         backlog=bs,
         tiers=tiers,
         notices=_notices(run.meta, summary),
+        itl_grp=grp,
+        attained=sm.attained,
+        has_slo=sm.has_slo,
     )
 
 

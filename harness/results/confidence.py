@@ -120,18 +120,20 @@ class Samples:
         # otherwise walk up until the weight reaches q (inverted CDF)
         window = np.arange(n - 1, n - k - 1, -1) if top else np.arange(k)
         full = np.arange(n - 1, -1, -1) if top else np.arange(n)
-        side = "right" if top else "left"
-        for b in range(w.shape[0]):
-            tot = totals[b]
-            if tot <= 0:
-                continue
-            target = (1.0 - q) * tot if top else q * tot
-            for order in (window, full):
-                cum = np.cumsum(w[b, self.unit[order]])
-                j = int(np.searchsorted(cum, target, side=side))
-                if j < order.size:
-                    out[b] = self.values[order[j]]
-                    break
+        targets = (1.0 - q) * totals if top else q * totals
+        chunk = max(1, 4_000_000 // max(k, 1))
+        for a in range(0, w.shape[0], chunk):  # vectorised over resamples, in blocks
+            rows = np.arange(a, min(a + chunk, w.shape[0]))
+            cum = np.cumsum(w[np.ix_(rows, self.unit[window])], axis=1, dtype=np.int64)
+            tgt = targets[rows][:, None]
+            hit = cum > tgt if top else cum >= tgt
+            found = hit.any(axis=1) & (totals[rows] > 0)
+            j = np.argmax(hit, axis=1)
+            out[rows[found]] = self.values[window[j[found]]]
+            for b in rows[~found & (totals[rows] > 0)]:  # rare: the window was too narrow
+                c = np.cumsum(w[b, self.unit[full]])
+                jj = int(np.searchsorted(c, targets[b], side="right" if top else "left"))
+                out[b] = self.values[full[min(jj, n - 1)]]
         return out
 
 

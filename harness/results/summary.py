@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def _lookup(meta: Mapping[str, Any], key: str) -> Any:
     return None
 
 
-def _tiers_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def tiers_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Tier name -> {share, ttft_slo_s, tbt_slo_s, priority}: run.json ``tiers`` as a list of
     Tier dicts, a {name: dict} mapping, or a ``--tiers`` spec string."""
     raw = _lookup(meta, "tiers")
@@ -172,6 +173,52 @@ def _subview(cv: M.ChunkView, mask: np.ndarray) -> M.ChunkView:
     return M.ChunkView(cv.t[keep], cv.tokens[keep], cv.grp[keep], cv.start, cv.end)
 
 
+@dataclass
+class SloMasks:
+    """Per request (rows of ``request_metrics``): tier masks and whether each SLO was met."""
+
+    names: list[str]
+    masks: dict[str, np.ndarray]
+    success: np.ndarray
+    ttft_ok: np.ndarray
+    tbt_ok: np.ndarray
+    attained: np.ndarray  # success and both SLOs of its tier (module docstring)
+    has_slo: np.ndarray  # its tier has at least one SLO
+
+
+def slo_masks(
+    rm: pd.DataFrame,
+    cv: M.ChunkView,
+    tiers_meta: Mapping[str, Mapping[str, Any]],
+    itl: tuple[np.ndarray, np.ndarray] | None = None,
+) -> SloMasks:
+    """Which requests attained their tier's SLOs (the rule in the module docstring); shared
+    by summary.json and the report's confidence intervals so both count the same way."""
+    n = len(rm)
+    tier_col = rm["tier"].to_numpy(dtype=object)
+    names = list(tiers_meta) + sorted(
+        {str(t) for t in tier_col if t is not None and str(t) not in tiers_meta}
+    )
+    ttft_slo = np.full(n, np.nan)
+    tbt_slo = np.full(n, np.nan)
+    masks: dict[str, np.ndarray] = {}
+    for name in names:
+        m = tier_col == name
+        masks[name] = m
+        tm = tiers_meta.get(name, {})
+        if tm.get("ttft_slo_s") is not None:
+            ttft_slo[m] = float(tm["ttft_slo_s"])
+        if tm.get("tbt_slo_s") is not None:
+            tbt_slo[m] = float(tm["tbt_slo_s"])
+    succ = rm["success"].to_numpy(dtype=bool)
+    ttft_ok = ~np.isfinite(ttft_slo) | (
+        np.nan_to_num(rm["ttft_s"].to_numpy(dtype=float), nan=np.inf) <= ttft_slo
+    )
+    tbt_ok = M.itl_p99_within(cv, n, tbt_slo, itl=itl)
+    has_slo = np.isfinite(ttft_slo) | np.isfinite(tbt_slo)
+    return SloMasks(names, masks, succ, ttft_ok, tbt_ok, succ & ttft_ok & tbt_ok, has_slo)
+
+
 def compute_summary(
     run: Run,
     goodput: Mapping[str, float] | None = None,
@@ -240,29 +287,11 @@ def compute_summary(
     out["invalid_reasons"] = reasons
 
     # Per tier.
-    tiers_meta = _tiers_from_meta(meta)
-    tier_col = rm["tier"].to_numpy(dtype=object)
-    names = list(tiers_meta) + sorted(
-        {str(t) for t in tier_col if t is not None and str(t) not in tiers_meta}
-    )
-    ttft_slo = np.full(n, np.nan)
-    tbt_slo = np.full(n, np.nan)
-    masks: dict[str, np.ndarray] = {}
-    for name in names:
-        m = tier_col == name
-        masks[name] = m
-        tm = tiers_meta.get(name, {})
-        if tm.get("ttft_slo_s") is not None:
-            ttft_slo[m] = float(tm["ttft_slo_s"])
-        if tm.get("tbt_slo_s") is not None:
-            tbt_slo[m] = float(tm["tbt_slo_s"])
-    succ = rm["success"].to_numpy(dtype=bool)
-    ttft_ok = ~np.isfinite(ttft_slo) | (
-        np.nan_to_num(rm["ttft_s"].to_numpy(), nan=np.inf) <= ttft_slo
-    )
-    tbt_ok = M.itl_p99_within(cv, n, tbt_slo, itl=(itl, itl_grp))
-    attained = succ & ttft_ok & tbt_ok
-    has_slo = np.isfinite(ttft_slo) | np.isfinite(tbt_slo)
+    tiers_meta = tiers_from_meta(meta)
+    sm = slo_masks(rm, cv, tiers_meta, itl=(itl, itl_grp))
+    names, masks = sm.names, sm.masks
+    succ, ttft_ok, tbt_ok = sm.success, sm.ttft_ok, sm.tbt_ok
+    attained, has_slo = sm.attained, sm.has_slo
     out["slo_attainment"] = float(attained[has_slo].mean()) if has_slo.any() else None
 
     tiers_out: dict[str, Any] = {}
