@@ -49,8 +49,12 @@ def make_scheduler(
     token_budget: int,
     max_num_seqs: int,
     model: Path = DEFAULT_MODEL,
+    prefix_caching: bool = False,
 ) -> HarnessScheduler:
-    """A real HarnessScheduler hosting ``policy`` with ``num_blocks`` usable KV blocks."""
+    """A real HarnessScheduler hosting ``policy`` with ``num_blocks`` usable KV blocks.
+
+    With ``prefix_caching``, requests need block hashes: build them with :func:`make_request`.
+    """
     # prompt + max_tokens may reach capacity + 1: the last sampled token is never computed,
     # so it needs no KV slot (vLLM's own front-end rule is prompt + max_tokens <= max_model_len).
     max_len = num_blocks * block_size + 1
@@ -66,7 +70,7 @@ def make_scheduler(
         enable_chunked_prefill=True,
         scheduler_cls=SCHEDULER_CLS,
     )
-    cc = CacheConfig(block_size=block_size, enable_prefix_caching=False)
+    cc = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
     cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
     cfg.cache_config.num_gpu_blocks = num_blocks + 1  # + vLLM's null block
     kvc = KVCacheConfig(
@@ -90,6 +94,24 @@ def make_scheduler(
     sched.max_num_scheduled_tokens = token_budget  # the step budget schedule() reads
     sched.harness_policy = policy
     return sched
+
+
+def make_request(
+    sched: HarnessScheduler, request_id: str, tokens: list[int], max_tokens: int
+) -> Request:
+    """A vLLM ``Request`` for ``sched``, with block hashes when prefix caching is on (what
+    ``EngineCore`` does with ``get_request_block_hasher``)."""
+    hasher = None
+    cc = sched.cache_config
+    if cc.enable_prefix_caching:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
+        init_none_hash(fn)
+        hasher = get_request_block_hasher(sched.block_size, fn)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(request_id, tokens, sp, None, arrival_time=time.time(), block_hasher=hasher)
 
 
 class VllmDriver:

@@ -57,6 +57,8 @@ class VllmServerConfig:
     max_model_len: int = 4096
     # None: off with the adapter (it requires that), vLLM's own default for stock
     async_scheduling: bool | None = None
+    # vLLM's default (on): the adapter counts cached prompt tokens as computed in the view
+    prefix_caching: bool = True
     step_log: Path | None = None
     log_path: Path | None = None
     port: int | None = None
@@ -94,7 +96,7 @@ class VllmServerConfig:
             str(self.max_num_batched_tokens),
             "--block-size",
             str(self.block_size),
-            "--no-enable-prefix-caching",  # the policy contract has no prefix hits
+            "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
         ]
         if self.kv_blocks is not None:
             cmd += ["--num-gpu-blocks-override", str(self.kv_blocks)]
@@ -153,6 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--port", type=int, default=None, help="default: a free port")
+    ap.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="start vLLM with --no-enable-prefix-caching (default: on, as vLLM)",
+    )
     ap.add_argument("--step-log", type=Path, default=None, help="per-step JSONL (adapter only)")
     ap.add_argument("--log", type=Path, default=None, help="server log file")
     ap.add_argument("--detach", action="store_true", help="leave it running; print URL and exit")
@@ -174,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         port=args.port,
+        prefix_caching=args.prefix_caching,
         step_log=args.step_log,
         log_path=args.log,
         ready_timeout_s=args.ready_timeout,

@@ -38,6 +38,11 @@ Each ``schedule()`` call (one engine step):
 5. reports the step back (``Policy.on_step``) from ``update_from_output()`` with the measured
    duration, and optionally logs it to ``HARNESS_STEP_LOG`` (JSONL, see ``steplog``).
 
+Prefix caching (vLLM's default) is supported: a waiting request's view counts its cached
+prompt prefix as computed (:meth:`HarnessScheduler.prefix_hit_tokens`, the lookup vLLM's own
+waiting pass makes), so the policy budgets only the tokens vLLM will actually compute, and the
+plan's token count caps what vLLM schedules beyond the hit.
+
 Why the synchronous ``Scheduler`` and ``--no-async-scheduling``: with async scheduling (on by
 default in 0.32) step k+1 is planned before step k's tokens are known and requests carry output
 placeholders (anchors-engines.md §1.2), so the policy would see token counts that disagree with
@@ -159,11 +164,22 @@ class HarnessScheduler(Scheduler):
             used_blocks=total - pool.get_num_free_blocks(),
         )
 
+    def prefix_hit_tokens(self, request: Request) -> int:
+        """Tokens of ``request``'s prompt vLLM would take from the prefix cache if it scheduled
+        it now (the same lookup as ``Scheduler.schedule``'s waiting pass; read-only: vLLM
+        records its hit/query counters only when it schedules)."""
+        if not self.cache_config.enable_prefix_caching or request.num_computed_tokens > 0:
+            return 0
+        return int(self.kv_cache_manager.get_computed_blocks(request)[1])
+
     def build_view(self, now: float) -> View:
         """The policy's read-only view of this step, straight from vLLM's queues."""
+        waiting = [self._view_of(r) for r in self.waiting if r.status in _WAITING_STATES]
+        for v in waiting:
+            v.cached_tokens = self.prefix_hit_tokens(v.request)
         return View(
             now=now,
-            waiting=[self._view_of(r) for r in self.waiting if r.status in _WAITING_STATES],
+            waiting=waiting,
             running=[self._view_of(r) for r in self.running],
             kv=self.kv_view(),
             token_budget=self.max_num_scheduled_tokens,

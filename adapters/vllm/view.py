@@ -3,8 +3,13 @@
 The wrapper reads the live vLLM request (no copies), so the policy always sees the engine's
 own token accounting (anchors-engines.md §1.4, §1.7): ``num_prompt_tokens``,
 ``num_output_tokens``, ``num_computed_tokens`` (0 after a recompute preemption) and
-``max_tokens``. Tier and SLOs come from the request's ``vllm_xargs`` (which vLLM hands to the
-scheduler as ``sampling_params.extra_args``, §1.9) and ``priority`` from the request body.
+``max_tokens``. With prefix caching on, a waiting request's cached prompt prefix counts as
+computed, as vLLM counts it the moment it schedules the request (``Scheduler.schedule``:
+``num_computed_tokens`` = the prefix-cache hit from ``KVCacheManager.get_computed_blocks``,
+capped at prompt - 1 so the last token is recomputed for logits); the scheduler refreshes
+:attr:`VllmRequestView.cached_tokens` each step, since hits come and go with other requests.
+Tier and SLOs come from the request's ``vllm_xargs`` (which vLLM hands to the scheduler as
+``sampling_params.extra_args``, §1.9) and ``priority`` from the request body.
 Times are host-clock seconds: ``time.time()`` minus the scheduler's origin, because vLLM
 stamps ``arrival_time`` with ``time.time()`` in the API-server process.
 
@@ -35,12 +40,14 @@ class VllmRequestView(HostRequestView):
 
     # when the engine core received it (arrival_s is the API server's stamp; the gap is
     # vLLM's front end: processing plus the hop to the engine process)
-    __slots__ = ("engine_arrival_s",)
+    __slots__ = ("engine_arrival_s", "cached_tokens")
 
     def __init__(self, request: Any, origin: float) -> None:
         arrival_s = float(request.arrival_time) - origin
         super().__init__(request, request.request_id, arrival_s, request_xargs(request))
         self.engine_arrival_s: float | None = None
+        # prefix-cache hit of a request not yet scheduled (set by the host each step)
+        self.cached_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -52,7 +59,8 @@ class VllmRequestView(HostRequestView):
 
     @property
     def num_computed_tokens(self) -> int:
-        return int(self._req.num_computed_tokens)
+        n = int(self._req.num_computed_tokens)
+        return n if n > 0 else min(self.cached_tokens, self.num_tokens - 1)
 
     @property
     def max_tokens(self) -> int:

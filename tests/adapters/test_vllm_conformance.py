@@ -116,3 +116,54 @@ print("IDLE-JSON " + json.dumps({"held": held, "after": waits[len(held):], "step
     assert got["held"] == [0.001, 0.001, 0.001]  # no step measured yet: the 1 ms floor
     assert got["after"] == [] and got["left"] == 0 and got["idle_waits"] == 3
     assert 1 <= got["steps"] <= 4
+
+
+def test_prefix_cache_hit_counts_as_computed_in_the_view() -> None:
+    """With prefix caching on, a waiting request whose prompt starts with a cached prefix shows
+    that prefix as computed (vLLM's own count once it schedules it), so a policy plans only
+    the tokens vLLM will compute: the plan asks for exactly the uncached rest, and vLLM
+    schedules exactly that."""
+    code = """
+import json
+from adapters.vllm.inproc import make_request, make_scheduler
+from harness.policies.base import Plan
+from vllm.v1.outputs import ModelRunnerOutput
+seen = {}
+class Exact:
+    name = "exact"
+    def on_arrival(self, r, now): pass
+    def schedule(self, v):
+        for r in v.waiting:
+            seen.setdefault(r.request_id, r.num_computed_tokens)
+        return Plan(run=[(r.request_id, r.num_tokens - r.num_computed_tokens) for r in v.running],
+                    admit=[(r.request_id, r.num_tokens - r.num_computed_tokens) for r in v.waiting])
+    def on_step(self, rep): pass
+s = make_scheduler(Exact(), block_size=16, num_blocks=32, token_budget=256, max_num_seqs=4,
+                   prefix_caching=True)
+def run(req):
+    s.add_request(req)
+    sched, cached = [], None
+    while req.request_id in s.requests:
+        so = s.schedule()
+        ids = list(so.num_scheduled_tokens)
+        sched.append(so.num_scheduled_tokens.get(req.request_id, 0))
+        if cached is None:  # vLLM's computed count right after admission, minus what ran
+            cached = req.num_computed_tokens - sched[0]
+        smp = [[7] if s.requests[i].num_computed_tokens >= s.requests[i].num_tokens else []
+               for i in ids]
+        s.update_from_output(so, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={i: k for k, i in enumerate(ids)},
+            sampled_token_ids=smp))
+    return sched, cached
+shared = list(range(100, 164))                   # 64 tokens = 4 full blocks
+a = run(make_request(s, "a", shared + [1, 2, 3, 4, 5], 2))
+b = run(make_request(s, "b", shared + [9] * 20, 2))   # same 4 blocks, another tail
+print("PFX-JSON " + json.dumps({"seen": seen, "a": a, "b": b}))
+"""
+    proc = run_in_vllm_venv(code)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PFX-JSON ")]
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(line[-1].removeprefix("PFX-JSON "))
+    assert got["seen"] == {"a": 0, "b": 64}
+    assert got["a"] == [[69, 1], 0]  # whole prompt, then one decode
+    assert got["b"] == [[20, 1], 64]  # only the uncached tail; vLLM counted 64 as computed
