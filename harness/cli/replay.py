@@ -144,6 +144,34 @@ def replay(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write report.html into the run dir.")
     ] = True,
+    # Sessions (multi-turn conversations, agent graphs): harness.loadgen.sessions.
+    session_rate: Annotated[
+        float | None, typer.Option(help="Sessions: arrivals per second (open loop).")
+    ] = None,
+    num_sessions: Annotated[int | None, typer.Option(help="Sessions: replay at most N.")] = None,
+    max_active_sessions: Annotated[
+        int | None, typer.Option(help="Sessions: cap on sessions in progress.")
+    ] = None,
+    history: Annotated[
+        str | None,
+        typer.Option(help="Sessions: 'trace' (the trace's replies) or 'reply' (the server's)."),
+    ] = None,
+    think_time: Annotated[
+        str | None,
+        typer.Option(help="Sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"),
+    ] = None,
+    patience: Annotated[
+        float | None, typer.Option(help="Sessions: abandon when a call's TTFT exceeds S.")
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option(help="Sessions: re-sends of a failed call.")
+    ] = None,
+    retry_backoff: Annotated[
+        float | None, typer.Option(help="Sessions: first retry delay, s (doubles).")
+    ] = None,
+    max_context: Annotated[
+        int | None, typer.Option(help="Sessions: model context, tokens (longer: not sent).")
+    ] = None,
 ) -> None:
     """Replay a trace open-loop (absolute schedule) and record every streamed chunk."""
     if arrival is None:
@@ -151,6 +179,7 @@ def replay(
     from pydantic import ValidationError
 
     from harness.loadgen.replay import ReplayConfig, default_run_dir, run_replay
+    from harness.loadgen.sessions import session_options
     from harness.results.metrics import parse_goodput
 
     try:
@@ -199,6 +228,18 @@ def replay(
             gpu=gpu,
             progress=progress,
             trace_options=_kv_options(source_option),
+            sessions=session_options(
+                trace,
+                session_rate=session_rate,
+                num_sessions=num_sessions,
+                max_active_sessions=max_active_sessions,
+                history=history,
+                think_time=think_time,
+                patience_s=patience,
+                max_retries=max_retries,
+                retry_backoff_s=retry_backoff,
+                max_context=max_context,
+            ),
         )
     except ValidationError as exc:
         fail(one_line(exc))
@@ -308,6 +349,9 @@ def _print_result_inner(
         else:
             summary = write_summary(run_dir, goodput=goodput)
         print_summary(summary, console=console)
+        from harness.results.sessions import print_session_summary
+
+        print_session_summary(run_dir, console)  # session runs only
     except ImportError:
         pass
     _print_warnings(run_dir)

@@ -487,3 +487,15 @@ def session_factory(cfg: Any, trace: Any, run_dir: Path) -> Any:
         return SessionDispatcher(sessions, options=opts, seed=cfg.seed, run_dir=run_dir, **kw)
 
     return make
+
+
+def session_options(trace: str, **given: Any) -> SessionOptions | None:
+    """CLI flags -> :class:`SessionOptions`; None when none is set and ``trace`` is not a
+    session source (a plain replay stays exactly as before). Raises pydantic's
+    ``ValidationError`` for bad values (the CLI prints one line)."""
+    from harness.workload.sources.conversations import is_session_source
+
+    set_ = {k: v for k, v in given.items() if v is not None}
+    if not set_ and not is_session_source(trace):
+        return None
+    return SessionOptions(**set_)

@@ -179,3 +179,40 @@ def add_session_summary(run_dir: Path | str) -> dict[str, Any] | None:
     summary["sessions"] = out
     write_json(path, summary)
     return out
+
+
+def print_session_summary(run_dir: Path | str, console: Any = None) -> None:
+    """A short sessions table on the console (nothing for a plain run)."""
+    path = Path(run_dir) / schema.SUMMARY_JSON
+    if not path.is_file():
+        return
+    s = json.loads(path.read_text(encoding="utf-8")).get("sessions")
+    if not s:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    tbl = Table(title="sessions (SLO judged per session: every call met)")
+    for col in ("tier", "sessions", "done", "abandoned", "all met", "mean met", "goodput/s"):
+        tbl.add_column(col, justify="right")
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    for name, b in [*s["tiers"].items(), ("all", s)]:
+        tbl.add_row(
+            name,
+            str(b["sessions"]),
+            str(b["completed"]),
+            str(b["abandoned"]),
+            pct(b["slo_attainment"]),
+            pct(b["mean_fraction_met"]),
+            f"{b['session_goodput']:.3g}",
+        )
+    console.print(tbl)
+    if "sharegpt" in s:
+        n = s["sharegpt"].get("conversations_recovered")
+        console.print(
+            f"ShareGPT: {n} conversations recovered from a truncated file (not the full set)"
+        )

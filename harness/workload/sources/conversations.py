@@ -132,7 +132,7 @@ def conversation_rows(convs: list[Any], *, min_turns: int = 1) -> pd.DataFrame:
                 break  # an empty turn ends the usable conversation
             rows.append(
                 {
-                    "session_id": f"{sid}#{k}",
+                    "session_id": f"{sid}-{k}",
                     "call_index": i,
                     "prompt": q,
                     "prompt_len": approx_tokens(q),
