@@ -16,7 +16,13 @@ import typer
 from harness.cli.errors import HarnessError, fail, one_line
 from harness.engine.costmodel import DEFAULT_COST_MODEL
 
-_FLAGS = {"policies": "policy", "arrival_window_s": "duration", "stop_at_s": "stop-at"}
+_FLAGS = {
+    "policies": "policy",
+    "arrival_window_s": "duration",
+    "stop_at_s": "stop-at",
+    "out_dir": "out",
+    "policy_params": "param",
+}
 
 
 def _params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -85,10 +91,32 @@ def simulate(
         list[str] | None, typer.Option(help="Policy parameter POLICY.NAME=VALUE (repeatable).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
-    out: Annotated[Path, typer.Option(help="Parent folder of the run directories.")] = Path(
-        "reports"
-    ),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--out",
+            help="Folder this simulation writes: one run directory per policy (and seed), "
+            "runs.json and comparison.html (default reports/sim-<UTC time>).",
+            show_default=False,
+        ),
+    ] = None,
     label: Annotated[str | None, typer.Option(help="Run name prefix.")] = None,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Runs per policy with seeds SEED, SEED+1, ...: the comparison then gives "
+            "95% intervals over seeds and requests."
+        ),
+    ] = 1,
+    warmup: Annotated[
+        str | None,
+        typer.Option(
+            help="Exclude the first N requests, or those arriving in the first DURATION "
+            "(e.g. 30s), from every metric (kept in the run directory, marked).",
+            show_default=False,
+        ),
+    ] = None,
     report: Annotated[
         bool, typer.Option(help="Write report.html per run (and a comparison for several).")
     ] = True,
@@ -112,6 +140,28 @@ def simulate(
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     if not policies:
         fail("--policy: give at least one policy name")
+    if out is not None and out.exists() and not out.is_dir():
+        fail(f"--out {out}: is a file; give a folder for the run directories")
+    from harness.cli.params import check_params
+
+    try:
+        check_params(_params(param), policies)  # typos: one line listing the valid names
+    except ValueError as e:
+        fail(str(e))
+    if repeats < 1:
+        fail(f"--repeats {repeats}: must be >= 1")
+    warmup_spec = None
+    if warmup is not None:
+        from harness.results.warmup import parse_warmup
+
+        try:
+            warmup_spec = parse_warmup(warmup)
+        except ValueError as e:
+            fail(str(e))
+    if out is None:
+        import time
+
+        out = Path("reports") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
     if ray is not None:
         from harness.distributed import require_ray
 
@@ -147,41 +197,82 @@ def simulate(
         )
     except (ValidationError, ValueError) as e:
         fail(one_line(e, _FLAGS))
-    try:
-        from harness.results.console import print_summary
-        from harness.results.rundir import read_run
+    from harness.results.console import print_summary
+    from harness.results.repeats import mark_run, seeds_for, write_index
+    from harness.results.rundir import read_run
 
-        if ray is None:
-            dirs = run_simulation(cfg)
-        else:
-            from harness.distributed.pool import simulate_each_policy
+    runs: list[tuple[Path, str, int]] = []
+    for i, s in enumerate(seeds_for(seed, repeats)):
+        scfg = cfg.model_copy(
+            update={"seed": s, "label": f"{label}-s{s}" if label else f"s{s}"}
+            if repeats > 1
+            else {}
+        )
+        try:
+            if ray is None:
+                dirs = run_simulation(scfg)
+            else:
+                from harness.distributed.pool import simulate_each_policy
 
-            dirs = simulate_each_policy(cfg, ray)
-    except (
-        TraceError,
-        TierSpecError,
-        CostModelError,
-        SimulationStalled,
-        HarnessError,
-        FileNotFoundError,
-        ValueError,
-        TypeError,
-    ) as e:
-        fail(one_line(e, _FLAGS))
-    for d in dirs:
+                dirs = simulate_each_policy(scfg, ray)
+        except (
+            TraceError,
+            TierSpecError,
+            CostModelError,
+            SimulationStalled,
+            HarnessError,
+            FileNotFoundError,
+            ValueError,
+            TypeError,
+        ) as e:
+            fail(one_line(e, _FLAGS))
+        for pol, d in zip(policies, dirs, strict=True):
+            group = f"{label}-{pol}" if label else pol
+            mark_run(d, group=group, seed=s, index=i, of=repeats)
+            if warmup_spec is not None:
+                from harness.results.warmup import apply_warmup
+
+                apply_warmup(d, warmup_spec)
+            runs.append((d, group, s))
+    write_index(out, "simulate", runs)
+    dirs = [d for d, _, _ in runs]
+    for d in dirs if repeats == 1 else []:
         run = read_run(d, chunks=False, samples=False)
         typer.echo(f"\n== {run.meta.get('policy')} ==")
         if run.summary is not None:
             print_summary(run.summary)
         typer.echo(str(d))
+    if repeats > 1:
+        typer.echo(
+            f"{len(dirs)} runs: {len(policies)} policies x seeds {seed}..{seed + repeats - 1}"
+        )
+    if len(policies) > 1 or repeats > 1:
+        _print_verdicts(dirs)
     if report:
         from harness.report import write_report
 
         for d in dirs:
-            typer.echo(f"report: {write_report([d])}")
+            path = write_report([d])
+            if repeats == 1:
+                typer.echo(f"report: {path}")
         if len(dirs) > 1:
-            cmp_path = write_report(dirs, out=out / f"{dirs[0].name}-comparison.html")
+            cmp_path = write_report([out], out=out / "comparison.html")
             typer.echo(f"comparison report: {cmp_path}")
+    typer.echo(f"output folder: {out}")
+
+
+def _print_verdicts(dirs: list[Path]) -> None:
+    """The answer on the terminal: per tier, P99 TBT and SLO attainment of each policy
+    against the first, at 95% confidence (the comparison report has every metric)."""
+    from harness.report.data import load_run_view
+    from harness.results.compare import compare_groups, groups_of
+
+    res = compare_groups(groups_of([load_run_view(d) for d in dirs]))
+    lines = [v for v in res["verdicts"] if v["metric"] in ("p99_tbt", "slo_attainment")]
+    if lines:
+        typer.echo("\nverdicts (95% bootstrap intervals; see the comparison report for all):")
+    for v in lines:
+        typer.echo(f"  {v['sentence']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -32,8 +32,10 @@ from harness.report.data import (
     setup_rows,
     stability_rows,
 )
+from harness.results.compare import HEADLINE, compare_groups, groups_of
+from harness.results.repeats import RUNS_JSON, read_index
 
-__all__ = ["write_report", "render_report", "SWEEP_JSON"]
+__all__ = ["write_report", "render_report", "SWEEP_JSON", "RUNS_JSON"]
 
 SWEEP_JSON = "sweep.json"
 
@@ -127,6 +129,22 @@ def tier_met(block: Any, key: str) -> str:
     if not isinstance(block, dict) or not block.get("completed"):
         return ""
     return _met(block.get(key))
+
+
+def _ci_text(iv: Any, unit: str) -> str:
+    """ "66.4 [65.1, 68.0]" (ms) or "95.2% [88.0, 100.0]" for an interval dict."""
+    if not isinstance(iv, dict):
+        return "–"
+
+    def f(x: Any) -> str:
+        if x is None or not math.isfinite(x):
+            return "–"
+        if unit == "%":
+            return f"{100 * x:.1f}"
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}"
+
+    pct = "%" if unit == "%" else ""
+    return f"{f(iv.get('value'))}{pct} [{f(iv.get('lo'))}, {f(iv.get('hi'))}]"
 
 
 def _pct(v: Any) -> str:
@@ -253,13 +271,26 @@ def render_report(
     """The report HTML as a string (see :func:`write_report`)."""
     from harness import __version__
 
-    runs = [load_run_view(Path(d)) for d in run_dirs]
+    loaded = [load_run_view(Path(d)) for d in run_dirs]
+    groups = groups_of(loaded)
+    # repeated runs: the page shows each group's first seed; the intervals use every seed
+    runs = [g.runs[0] for g in groups]
+    for g in groups:
+        if len(g.runs) > 1:
+            g.runs[0].label = f"{g.label}"
+            g.runs[0].seed_note = (  # type: ignore[attr-defined]
+                f"{len(g.runs)} seeded runs; figures and the sections below show the first "
+                f"({g.runs[0].dir.name}); intervals and verdicts use all of them"
+            )
     _unique_labels(runs)
+    for g, rv in zip(groups, runs, strict=True):
+        g.label = rv.label
+    confidence = compare_groups(groups) if groups and sweep is None else None
     store = _FigureStore()
     sweep_figs: list[tuple[str, str | None]] = []
     if sweep is not None:
         sweep_figs = [(name, store.add(fig)) for name, fig in F.sweep_figures(sweep)]
-    compare = len(runs) > 1
+    compare = len(groups) > 1
     compare_figs: list[tuple[str, str | None]] = []
     paired: list[dict] = []
     paired_fig = None
@@ -303,6 +334,8 @@ def render_report(
     nav = []
     if sweep is not None:
         nav.append(("sweep", "sweep"))
+    if confidence is not None:
+        nav.append(("confidence", "verdicts" if compare else "intervals"))
     if compare:
         nav.append(("compare", "comparison"))
     if len(runs) <= 12:
@@ -323,6 +356,11 @@ def render_report(
         compare_tiers=tiers,
         compare_figs=compare_figs,
         paired=paired,
+        confidence=confidence,
+        headline=HEADLINE,
+        ci=_ci_text,
+        groups=groups,
+        max_seeds=max((len(g.runs) for g in groups), default=0),
         paired_fig=paired_fig,
         paired_hash=paired_hash,
         summary_keys=SUMMARY_KEYS,
@@ -357,6 +395,10 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
         # the sweep page plots the sweep; each run keeps its own report (harness report RUN)
         html_text = render_report([], sweep=sweep)
         default = base / "report.html"
+    elif len(dirs) == 1 and (dirs[0] / RUNS_JSON).is_file():
+        # a simulate/replay output folder: every run it lists, compared
+        html_text = render_report(read_index(dirs[0]))
+        default = dirs[0] / "report.html"
     else:
         for d in dirs:
             if not (d / "run.json").is_file():

@@ -114,6 +114,8 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
     status = meta.get("status")
     if status in ("partial", "running"):
         why = meta.get("stopped_by")
+        if status == "running":  # nobody closed it: the writer was killed (SIGKILL, OOM)
+            status, why = "partial", why or "its writer died without closing it"
         out.append(("warn", f"run is {status}" + (f" (stopped by {why})" if why else "")))
     tr = meta.get("trace")
     tmeta = tr.get("meta", {}) if isinstance(tr, Mapping) else {}
@@ -164,6 +166,21 @@ def _notices(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
     return out
 
 
+def _warmup_notice(warm: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    if not warm:
+        return []
+    until = warm.get("until_s")
+    when = f" (scheduled before {until:.1f} s)" if isinstance(until, int | float) else ""
+    return [
+        (
+            "info",
+            f"warm-up: the first {warm.get('excluded', 0)} requests{when} are excluded from "
+            "every metric (--warmup); they stay in requests.parquet and in the backlog and "
+            "timeline panels (shaded)",
+        )
+    ]
+
+
 def _is_fallback_note(text: str) -> bool:
     low = text.lower()
     return "fallback" in low or "length profile" in low or "real dataset not available" in low
@@ -205,7 +222,10 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
     stab = summary.get("stability")
     if not isinstance(stab, Mapping) or stab.get("verdict") in (None, "error"):
         stab = analyze_stability(run)
-    rm, cv = M.request_metrics(run.requests, run.chunks)
+    from harness.results.warmup import without_warmup
+
+    measured, warm = without_warmup(run)  # metrics skip the warm-up; the backlog shows all
+    rm, cv = M.request_metrics(measured.requests, measured.chunks)
     itl, grp = cv.itl()
     tier_arr = rm["tier"].to_numpy(dtype=object)
     itl_tier = tier_arr[grp] if itl.size else np.zeros(0, dtype=object)
@@ -229,7 +249,7 @@ def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:
         chunk_tokens=cv.tokens,
         backlog=bs,
         tiers=tiers,
-        notices=_notices(run.meta, summary),
+        notices=_notices(run.meta, summary) + _warmup_notice(warm),
         itl_grp=grp,
         attained=sm.attained,
         has_slo=sm.has_slo,

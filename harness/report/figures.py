@@ -270,7 +270,7 @@ def throughput(rv: RunView) -> go.Figure | None:
     x, tok, w = binned(rv.chunk_t, rv.chunk_tokens.astype(float), t_max)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=x, y=tok / w, mode="lines", name="output tokens/s"))
-    last = rv.requests["last_chunk_s"].to_numpy(dtype=float)[succ]
+    last = end[succ]  # rm rows: the warm-up (if any) is already left out
     last = last[np.isfinite(last)]
     x2, done, w2 = binned(last, None, t_max, bins=completion_bins(last.size, t_max))
     fig.add_trace(
@@ -340,6 +340,7 @@ def backlog(rv: RunView) -> go.Figure | None:
                     line={"color": "black", "dash": "dot"},
                 )
             )
+    _shade_warmup(fig, rv)
     ci = st.get("backlog_slope_ci")
     ci_txt = f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else ""
     slope_txt = "n/a" if slope is None else f"{slope:.3g}"
@@ -348,6 +349,22 @@ def backlog(rv: RunView) -> go.Figure | None:
         f"(slope {slope_txt} req/s{ci_txt}; dashed: warm-up cut)"
     )
     return _layout(fig, title, xaxis={"title": "time (s)"}, yaxis={"title": "requests in system"})
+
+
+def _shade_warmup(fig: go.Figure, rv: RunView) -> None:
+    """Grey band over the requests ``--warmup`` left out of the metrics."""
+    w = rv.summary.get("warmup")
+    until = w.get("until_s") if isinstance(w, dict) else None
+    if isinstance(until, int | float) and until > 0:
+        fig.add_vrect(
+            x0=0,
+            x1=float(until),
+            fillcolor="#888",
+            opacity=0.15,
+            line_width=0,
+            annotation_text="warm-up (not measured)",
+            annotation_position="top left",
+        )
 
 
 def _thin(t: np.ndarray, y: np.ndarray, n: int = 2 * TIME_BINS) -> tuple[np.ndarray, np.ndarray]:
@@ -490,6 +507,7 @@ def timeline(rv: RunView) -> go.Figure | None:
                 hovertemplate="%{y}: %{text}<extra>failed</extra>",
             )
         )
+    _shade_warmup(fig, rv)
     return _layout(
         fig,
         f"Per-request timeline: {len(pick)} of {n} requests in arrival order, around the "

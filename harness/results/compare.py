@@ -75,6 +75,24 @@ class Group:
     runs: list[Any]
 
 
+def groups_of(runs: Sequence[Any]) -> list[Group]:
+    """Runs grouped by run.json ``repeat.group`` (seed order within a group, groups in order
+    of first appearance); a run without one is its own group under its label."""
+    from harness.results.repeats import group_key
+
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for i, rv in enumerate(runs):
+        g, seed = group_key(rv.meta)
+        key = g if g is not None else f"\0{i}"
+        groups.setdefault(key, []).append((seed if seed is not None else i, rv))
+    out = []
+    for key, members in groups.items():
+        members.sort(key=lambda x: x[0])
+        label = key if not key.startswith("\0") else members[0][1].label
+        out.append(Group(label, [rv for _, rv in members]))
+    return out
+
+
 def _order(rv: RunLike) -> tuple[np.ndarray, np.ndarray]:
     """(request ids sorted, rm row -> unit index): units are requests in id order, so the
     same request has the same unit in every run of a shared trace."""
@@ -130,6 +148,9 @@ def tiers_of(groups: Sequence[Group]) -> list[str]:
     names: list[str] = []
     for g in groups:
         for rv in g.runs:
+            for t in getattr(rv, "tiers", None) or {}:  # run.json order first (paid, free)
+                if str(t) not in names:
+                    names.append(str(t))
             for t in pd.unique(rv.rm["tier"].astype(object)):
                 if t is not None and str(t) not in names:
                     names.append(str(t))

@@ -28,6 +28,9 @@ Decisions (where the specs leave room):
   ITL with its SLOs (null when the tier has no such SLO); ``goodput`` = attaining requests /
   duration, ``request_goodput`` = vLLM goodput (CLI ``--goodput`` SLOs) restricted to the tier.
 - ``goodput=None`` falls back to run.json ``goodput`` (dict of ms) when the run recorded one.
+- ``--warmup`` (run.json ``warmup``, :mod:`harness.results.warmup`): the excluded requests
+  are left out of every metric and the duration starts at the first measured request's
+  scheduled arrival; ``warmup`` says how many and until when. Stability uses every request.
 """
 
 from __future__ import annotations
@@ -241,9 +244,18 @@ def compute_summary(
         t = _lookup(meta, "send_lag_threshold_ms")
         send_lag_threshold_ms = float(t) if t is not None else M.DEFAULT_SEND_LAG_THRESHOLD_MS
 
+    from harness.results.warmup import without_warmup
+
+    full_run = run
+    run, warm = without_warmup(run)  # --warmup: the first requests are not measured
     rm, cv = M.request_metrics(run.requests, run.chunks)
     itl, itl_grp = cv.itl()
     duration = _duration(run, rm, cv)
+    if warm and warm["excluded"] and len(run.requests):
+        # the measured window starts at the first measured request's scheduled arrival
+        t_first = float(np.nanmin(run.requests["target_s"].to_numpy(dtype=float)))
+        if math.isfinite(t_first) and duration > t_first:
+            duration -= t_first
     good = M.good_mask(rm, goodput)
     n = len(rm)
     everyone = np.ones(n, dtype=bool)
@@ -268,6 +280,7 @@ def compute_summary(
     out["policy"] = _lookup(meta, "policy")
     out["duration"] = duration
     out["goodput_slos_ms"] = dict(goodput) if goodput else None
+    out["warmup"] = warm
     out.update(_block(rm, cv, itl, itl_grp, everyone, duration, good))
 
     # Failures by error kind.
@@ -292,6 +305,11 @@ def compute_summary(
     names, masks = sm.names, sm.masks
     succ, ttft_ok, tbt_ok = sm.success, sm.ttft_ok, sm.tbt_ok
     attained, has_slo = sm.attained, sm.has_slo
+    # Requests cancelled by the run's end (Ctrl-C, SIGTERM, --duration's drain) never had the
+    # chance to attain: counted apart (``cancelled``), not as SLO misses (issue 14, point 6).
+    cancelled = rm["error_kind"].to_numpy(dtype=object) == schema.ERROR_CANCELLED
+    out["cancelled"] = int(cancelled.sum())
+    has_slo = has_slo & ~cancelled
     out["slo_attainment"] = float(attained[has_slo].mean()) if has_slo.any() else None
 
     tiers_out: dict[str, Any] = {}
@@ -308,8 +326,9 @@ def compute_summary(
             "ttft_slo_ms": None if t_slo is None else float(t_slo) * 1000.0,
             "tbt_slo_ms": None if b_slo is None else float(b_slo) * 1000.0,
         }
-        if cnt and (t_slo is not None or b_slo is not None):
-            blk_head["slo_attainment"] = float(attained[m].mean())
+        judged = m & ~cancelled
+        if judged.any() and (t_slo is not None or b_slo is not None):
+            blk_head["slo_attainment"] = float(attained[judged].mean())
             blk_head["goodput"] = float(attained[m].sum()) / duration if duration > 0 else 0.0
         else:
             blk_head["slo_attainment"] = None
@@ -336,7 +355,7 @@ def compute_summary(
 
     out.update(M.server_stats(run.samples))
     if stability:
-        out["stability"] = _stability(run)
+        out["stability"] = _stability(full_run)  # its own MSER warm-up cut, every request
     out["metrics_reference"] = VLLM_REFERENCE
     return json_safe(out)
 
