@@ -150,6 +150,34 @@ class SessionDispatcher(Dispatcher):
         self._cols: dict[int, tuple[str, int, str, int]] = {}
         self._next_req = 1 + max((c.req for s in sessions for c in s.calls), default=-1)
         self._base_url = self.url[: len(self.url) - len(self.dialect.path(self.endpoint))]
+        self.max_context = options.max_context
+        self.max_context_from = "--max-context"
+        self._ctx: Any = None  # future of the /v1/models max_model_len lookup
+
+    def prepare(self) -> None:
+        """Before ``t0``: without ``--max-context``, read the model's context from
+        ``/v1/models`` (vLLM lists ``max_model_len``) in a thread, so neither the schedule nor
+        a server on this same loop waits for it (until it lands, the engine's own 400 is the
+        check); then the parent's GC freeze."""
+        if self.max_context is None and self._ctx is None:
+            import concurrent.futures
+
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-context")
+            self._ctx = pool.submit(model_context, self._base_url, self.headers)
+            pool.shutdown(wait=False)
+        super().prepare()
+
+    async def _context_known(self) -> None:
+        """Wait (at most 2 s) for the ``/v1/models`` answer started in :meth:`prepare`."""
+        if self._ctx is None:
+            return
+        try:
+            n = await asyncio.wait_for(asyncio.wrap_future(self._ctx), 2.0)
+        except Exception:  # unreachable / slow: the engine's own 400 remains the check
+            n = None
+        self._ctx = None
+        if n is not None:
+            self.max_context, self.max_context_from = n, "max_model_len of /v1/models"
 
     # -- text ---------------------------------------------------------------------------------
     def _text(self, c: Call) -> str:
@@ -261,11 +289,12 @@ class SessionDispatcher(Dispatcher):
             lag = res.arrival - target
             if lag > self.stats.max_lag_s:
                 self.stats.max_lag_s = lag
-            if opts.max_context is not None and plen + c.output_len > opts.max_context:
+            ctx = self.max_context
+            if ctx is not None and plen + c.output_len > ctx:
                 res.fail(
                     ERROR_CONTEXT,
                     f"history {plen} + output {c.output_len} tokens exceed the model's context "
-                    f"of {opts.max_context}",
+                    f"of {ctx} ({self.max_context_from})",
                 )
                 res.prompt_tokens = plen
                 res.output_tokens = 0
@@ -274,6 +303,12 @@ class SessionDispatcher(Dispatcher):
                 return
             captured: list[str] = []
             await self._send(s, c, prompt, res, captured)
+            if res.error_kind == schema.ERROR_REJECTED and "context length" in (res.error or ""):
+                # the engine's own check (vLLM: "maximum context length is N tokens")
+                res.error_kind = ERROR_CONTEXT
+                self._finish(res, st, rec)
+                rec.end_reason = ERROR_CONTEXT
+                return
             if res.success:
                 st.reply_text = "".join(captured)
                 st.output_tokens = res.output_tokens or 0
@@ -402,6 +437,8 @@ class SessionDispatcher(Dispatcher):
         return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
 
     async def run(self, t0: float) -> Any:
+        self.prepare()
+        await self._context_known()  # a few ms, started before t0; a late start shows as lag
         try:
             return await super().run(t0)
         finally:
@@ -483,7 +520,12 @@ def session_factory(cfg: Any, trace: Any, run_dir: Path) -> Any:
     opts = cfg.sessions or SessionOptions()
 
     def make(_workers: Any, _jobs: Any, *, shard_keys: Any = None, **kw: Any) -> SessionDispatcher:
-        kw.pop("prompt_fn", None)
+        # Only what the in-process Dispatcher takes (make_dispatcher's own knobs, e.g. workers
+        # or a cluster address, do not apply: a session runs in one process).
+        import inspect
+
+        known = set(inspect.signature(Dispatcher.__init__).parameters) - {"prompt_fn"}
+        kw = {k: v for k, v in kw.items() if k in known}
         return SessionDispatcher(sessions, options=opts, seed=cfg.seed, run_dir=run_dir, **kw)
 
     return make
@@ -499,3 +541,16 @@ def session_options(trace: str, **given: Any) -> SessionOptions | None:
     if not set_ and not is_session_source(trace):
         return None
     return SessionOptions(**set_)
+
+
+def model_context(base_url: str, headers: dict[str, str] | None = None) -> int | None:
+    """``max_model_len`` of the first model ``/v1/models`` lists (vLLM, SGLang), else None."""
+    import httpx
+
+    try:
+        r = httpx.get(base_url + "/v1/models", headers=headers, timeout=2.0)
+        data = r.json().get("data") or []
+        n = data[0].get("max_model_len") if data else None
+        return int(n) if isinstance(n, int) and n > 0 else None
+    except (httpx.HTTPError, ValueError, AttributeError, IndexError, TypeError):
+        return None

@@ -40,6 +40,8 @@ class EchoServer:
     first_delay: dict[str, float] = field(default_factory=dict)
     fail_first: dict[str, int] = field(default_factory=dict)
     log: list[Received] = field(default_factory=list)
+    context_limit: int | None = None  # HTTP 400 (vLLM's message) for longer prompt + output
+    list_context: bool = True  # /v1/models lists max_model_len = context_limit
     url: str = ""
 
     def by_id(self) -> dict[str, Received]:
@@ -56,6 +58,9 @@ class EchoServer:
         self.log.append(
             Received(rid, request.headers.get("x-session-id"), body["prompt"], n, clock.now())
         )
+        if self.context_limit and len(body["prompt"].split()) + n > self.context_limit:
+            msg = f"This model's maximum context length is {self.context_limit} tokens."
+            return web.json_response({"error": {"message": msg}}, status=400)
         base = rid.split("#")[0]
         if self.fail_first.get(base, 0) > 0:
             self.fail_first[base] -= 1
@@ -78,7 +83,10 @@ class EchoServer:
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "echo", "max_model_len": 4096}]})
+        model: dict[str, Any] = {"id": "echo"}
+        if self.context_limit and self.list_context:
+            model["max_model_len"] = self.context_limit
+        return web.json_response({"data": [model]})
 
 
 async def start_echo(**kw: Any) -> tuple[EchoServer, web.AppRunner]:

@@ -237,3 +237,20 @@ async def test_agent_graph_calls_go_to_each_agents_target(echo: EchoServer, tmp_
 
     summary = json.loads((run.dir / schema.SUMMARY_JSON).read_text())
     assert summary["sessions"]["sessions"] == 2 and summary["sessions"]["slo_attainment"] == 1.0
+
+
+@pytest.mark.parametrize("listed", [True, False])
+async def test_context_from_the_server(echo: EchoServer, tmp_path: Path, listed: bool):
+    """The context comes from /v1/models max_model_len (not sent), or the engine's own 400
+    "maximum context length" (sent, refused): both are recorded as context_overflow."""
+    echo.context_limit, echo.list_context = 30, listed
+    rows = [
+        {"session_id": "c", "call_index": k, "prompt": " ".join(["w"] * 8), "prompt_len": 8}
+        for k in range(3)
+    ]  # call 1: 8 + 3 + 8 words + 3 out = 22 fits; call 2: 8+3+8+3+8 + 3 = 33 does not
+    run, sess = await replay(echo, calls(rows), tmp_path / "r")
+    r = run.requests.set_index("request_id")
+    assert r.loc["c/1", "success"] and r.loc["c/2", "error_kind"] == "context_overflow"
+    assert ("c/2" in echo.by_id()) is (not listed)
+    assert ("max_model_len" in r.loc["c/2", "error"]) is listed
+    assert sess.loc[0, "end_reason"] == "context_overflow"
