@@ -19,6 +19,17 @@ import typer
 
 from harness.cli.errors import HarnessError, fail, one_line
 
+# ReplayConfig fields whose CLI flag has another name (so errors name the real flag).
+_FLAGS = {
+    "duration_s": "duration",
+    "timeout_s": "timeout",
+    "drain_timeout_s": "drain-timeout",
+    "ready_timeout_s": "ready-timeout",
+    "sample_interval_s": "sample-interval",
+    "send_priority": "priority",
+    "trace_options": "source-option",
+}
+
 
 def _kv_options(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -141,6 +152,9 @@ def replay(
     source_option: Annotated[
         list[str] | None, typer.Option(help="key=value passed to the trace source (repeat).")
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing run directory at --out.")
+    ] = False,
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write report.html into the run dir.")
     ] = True,
@@ -242,11 +256,17 @@ def replay(
             ),
         )
     except ValidationError as exc:
-        fail(one_line(exc))
+        fail(one_line(exc, _FLAGS))
     if cfg.out is None:
         cfg = cfg.model_copy(update={"out": default_run_dir(cfg, trace)})
     run_dir = cfg.out
     assert run_dir is not None
+    from harness.results.rundir import claim_run_dir
+
+    try:
+        claim_run_dir(run_dir, force)
+    except FileExistsError as exc:
+        fail(f"--out: {exc}")
     interrupted = False
     received: list[int] = []
     restore = _stop_signals_like_sigint(received)

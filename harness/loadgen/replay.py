@@ -86,7 +86,9 @@ class ReplayConfig(BaseModel):
     goodput: dict[str, float] | None = Field(
         None, description="goodput SLOs in ms, keys ttft/tpot/e2el (vLLM --goodput)"
     )
-    seed: int = Field(0, description="seed for arrivals, sampling and tiers (separate streams)")
+    seed: int = Field(
+        0, ge=0, description="seed for arrivals, sampling and tiers (separate streams)"
+    )
     out: Path | None = Field(None, description="run directory; None = reports/<run-id>")
     timeout_s: float = Field(600.0, gt=0, description="longest silence within one response, s")
     drain_timeout_s: float = Field(
@@ -222,6 +224,12 @@ async def check_ready(
             per = httpx.Timeout(max(0.05, min(left, 2.0)))
             try:
                 r = await client.get(base_url + "/v1/models", timeout=per)
+                if r.status_code in (401, 403):
+                    refused = " (the key given was refused)" if api_key else ""
+                    raise HarnessError(
+                        f"unauthorized: pass --api-key or HARNESS_API_KEY{refused} "
+                        f"(HTTP {r.status_code} from {base_url}/v1/models)"
+                    )
                 if r.status_code == 200:
                     if model is not None:
                         return model
@@ -465,6 +473,9 @@ def _engine_exit(base_url: str) -> int | None:
 def run_warnings(stats: DispatchStats, budget: FdBudget | None) -> list[str]:
     """Lines the CLI prints as ``warning:`` and run.json keeps: each names a cause and a fix."""
     out = []
+    if stats.done == 0 and stats.failed > stats.cancelled:
+        kinds = ", ".join(f"{k}={v}" for k, v in sorted(stats.error_kinds.items()))
+        out.append(f"no request succeeded ({kinds}); see error in requests.parquet")
     n = stats.error_kinds.get(ERROR_CLIENT_LIMIT, 0)
     if n:
         fix = budget.advice() if budget is not None else "raise `ulimit -n` or lower --rate"

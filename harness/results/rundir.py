@@ -220,6 +220,31 @@ def _list_parts(parts_dir: Path) -> list[Path]:
     return sorted(parts_dir.glob("part-*.parquet"))
 
 
+def claim_run_dir(run_dir: Path | str, force: bool = False) -> Path:
+    """Make sure ``run_dir`` may receive a new run: absent or empty, or (``force``) a run
+    directory, which is then deleted whole (its old faults.jsonl and report included).
+
+    Raises ``FileExistsError`` with one line otherwise: an existing run is never replaced
+    silently (issue 14, point 4), and a folder that is not a run is never deleted."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return run_dir
+    if not run_dir.is_dir():
+        raise FileExistsError(f"{run_dir} is a file, not a run directory")
+    if not any(run_dir.iterdir()):
+        return run_dir
+    if not (run_dir / schema.RUN_JSON).is_file():
+        raise FileExistsError(
+            f"{run_dir} is a non-empty folder that holds no run; choose another --out"
+        )
+    if not force:
+        raise FileExistsError(
+            f"{run_dir} already holds a run; pass --force to replace it, or choose another --out"
+        )
+    shutil.rmtree(run_dir)
+    return run_dir
+
+
 class RunWriter:
     """Writes one run directory incrementally; see the module docstring for the layout.
 
@@ -442,6 +467,14 @@ def _where(run_dir: Path, filename: str) -> str:
     return "none"
 
 
+def _read_json(path: Path) -> Any:
+    """A run's JSON file; a torn or edited one is a ValueError naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); the file is damaged") from None
+
+
 def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) -> Run:
     """Load a run directory (complete, partial, or killed mid-way). ``chunks=False`` /
     ``samples=False`` skip those tables (empty frames) when only request-level data is
@@ -450,7 +483,7 @@ def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) 
     meta_path = run_dir / schema.RUN_JSON
     if not meta_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {schema.RUN_JSON})")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = _read_json(meta_path)
 
     def load(filename: str, want: bool) -> pd.DataFrame:
         if not want:
@@ -460,7 +493,7 @@ def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) 
     summary = None
     sp = run_dir / schema.SUMMARY_JSON
     if sp.is_file():
-        summary = json.loads(sp.read_text(encoding="utf-8"))
+        summary = _read_json(sp)
     return Run(
         dir=run_dir,
         meta=meta,

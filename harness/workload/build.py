@@ -42,6 +42,7 @@ from harness.workload.arrivals import (
 )
 from harness.workload.sources import load_source
 from harness.workload.sources.base import SourceData, announce
+from harness.workload.sources.files import MAX_TOKENS
 from harness.workload.tiers import (
     Tier,
     TierMix,
@@ -170,6 +171,13 @@ def build_trace(
             "output_len": rows["output_len"].to_numpy(dtype=np.int64),
         }
     )
+    for col in ("prompt_len", "output_len"):  # every source, not only files (issue 14)
+        big = np.flatnonzero(df[col].to_numpy() > MAX_TOKENS)
+        if big.size:
+            raise TraceError(
+                f"{source}: row {int(big[0])}: {col}={int(df[col].iloc[big[0]])} is above the "
+                f"maximum of {MAX_TOKENS} tokens"
+            )
     ids_kept = "request_id" in rows.columns and not rows["request_id"].duplicated().any()
     df["request_id"] = (
         rows["request_id"].astype(str).to_numpy()

@@ -4,7 +4,10 @@ Row numbers in errors are file *lines* (1-based, the CSV header is line 1), so a
 open the file at the line named. Rows whose prompt or output length is 0 are common in
 production logs (failed or empty requests); they are dropped and the count announced
 (``zero_lengths="drop"``, the default) or refused (``zero_lengths="error"``). Anything that is
-not a non-negative integer is always an error naming file, line and field.
+not a non-negative integer is always an error naming file, line and field, and so is a length
+above :data:`MAX_TOKENS` (issue 14: a row asking for 10^12 prompt tokens used to be built
+into a prompt until the kernel killed the process). A file that is not UTF-8 is an error
+naming the first line with a bad byte.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from harness.workload.tiers import Tier
 from harness.workload.trace import COLUMNS, TraceError
 
 PARQUET_META_KEY = b"harness.trace"
+# Longest prompt or output accepted, tokens (2^20: beyond any served context window today, and
+# small enough that the prompt text built for it stays a few MB).
+MAX_TOKENS = 1 << 20
 
 FORMATS = ("project", "csv", "burstgpt", "mooncake", "azure")
 
@@ -96,6 +102,7 @@ def _drop_zero(
                 f"{path}: line {int(line_of[i])}: field {shown!r}={_show(df[col].iloc[i])} "
                 "is not a non-negative integer"
             )
+        _check_max(vals, shown, path, "line", line_of, df[col])
         df[col] = vals.astype("int64")
         z = (df[col] == 0).to_numpy()
         if z.any() and mode == "error":
@@ -105,9 +112,38 @@ def _drop_zero(
     return df.loc[~zero].reset_index(drop=True), int(zero.sum())
 
 
+def _check_max(
+    vals: pd.Series, shown: str, path: Path, where: str, line_of: np.ndarray, raw: pd.Series
+) -> None:
+    big = (vals > MAX_TOKENS).to_numpy()
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise TraceError(
+            f"{path}: {where} {int(line_of[i])}: field {shown!r}={_show(raw.iloc[i])} is "
+            f"above the maximum of {MAX_TOKENS} tokens"
+        )
+
+
+def _bad_utf8(path: Path, exc: UnicodeDecodeError) -> TraceError:
+    """The line of the first byte that is not UTF-8 (the decoder's offset is per buffer, so
+    the file is scanned once more, line by line)."""
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return TraceError(
+                    f"{path}: line {n}: not UTF-8 (byte {raw[e.start : e.start + 1]!r} at "
+                    f"column {e.start + 1}); re-save the file as UTF-8"
+                )
+    return TraceError(f"{path}: not UTF-8 ({exc.reason})")
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path, skipinitialspace=True)
+    except UnicodeDecodeError as e:
+        raise _bad_utf8(path, e) from None
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path}: trace file is empty") from None
     except pd.errors.ParserError as e:
@@ -254,18 +290,21 @@ def load_burstgpt(path: Path, options: dict[str, Any]) -> SourceData:
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], np.ndarray]:
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}: line {n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{path}: line {n}: expected a JSON object")
-            rows.append(obj)
-            lines.append(n)
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TraceError(f"{path}: line {n}: not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise TraceError(f"{path}: line {n}: expected a JSON object")
+                rows.append(obj)
+                lines.append(n)
+    except UnicodeDecodeError as e:
+        raise _bad_utf8(path, e) from None
     if not rows:
         raise TraceError(f"{path}: trace file is empty")
     return rows, np.asarray(lines)
@@ -323,7 +362,16 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
             raise TraceError(f"{path}: not a readable Parquet file ({e})") from None
         md = table.schema.metadata or {}
         if PARQUET_META_KEY in md:
-            info = json.loads(md[PARQUET_META_KEY])
+            try:
+                info = json.loads(md[PARQUET_META_KEY])
+            except ValueError:
+                raise TraceError(f"{path}: unreadable frozen-trace metadata") from None
+            if info.get("content_hash"):
+                # A frozen trace replays exactly what was frozen: an edited file is refused
+                # (the check is harness.workload.frozen's).
+                from harness.workload.frozen import load_trace as load_frozen
+
+                load_frozen(path)
             tiers = [Tier.from_dict(t) for t in info.get("tiers", [])] or None
             meta = info.get("meta", {})
         df = table.to_pandas()
@@ -351,6 +399,7 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
                 f"{path}: {where} {int(line_of[i])}: field {col!r}={_show(df[col].iloc[i])} "
                 "is not an integer >= 1"
             )
+        _check_max(vals, col, path, where, line_of, df[col])
         df[col] = vals.astype("int64")
     out = pd.DataFrame({"prompt_len": df["prompt_len"], "output_len": df["output_len"]})
     if "prompt" in df.columns:

@@ -1,0 +1,74 @@
+"""``--param POLICY.NAME=VALUE``: parsed and checked against the policy registry, so that a
+typo in a policy or parameter name is a one-line error listing the valid names instead of a
+silently ignored setting or a Python ``TypeError`` (issue 14, point 4)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterable
+from typing import Any
+
+
+def parse_params(items: Iterable[str] | None) -> dict[str, dict[str, Any]]:
+    """``["sarathi.order=spf"]`` -> ``{"sarathi": {"order": "spf"}}`` (values JSON when they
+    parse, else strings). Raises ``ValueError`` naming the malformed item."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        pol, dot, name = key.partition(".")
+        if not sep or not dot or not pol or not name:
+            raise ValueError(
+                f"--param {item!r}: expected POLICY.NAME=VALUE (e.g. sarathi.order=spf)"
+            )
+        try:
+            v: Any = json.loads(val)
+        except ValueError:
+            v = val
+        out.setdefault(pol, {})[name] = v
+    return out
+
+
+def _accepted(cls: type) -> list[str] | None:
+    """Keyword parameters of a policy's constructor; None when it takes ``**kwargs``."""
+    try:
+        sig = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return None
+    names = []
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.append(p.name)
+    return names
+
+
+def check_params(params: dict[str, dict[str, Any]], policies: Iterable[str]) -> None:
+    """Every ``--param`` names a policy of this run and a parameter that policy takes.
+
+    Raises ``ValueError`` with one line listing the valid choices."""
+    from harness.policies.registry import available, policy_class
+
+    used = list(policies)
+    known = available()
+    for pol, kv in params.items():
+        if pol not in known:
+            raise ValueError(
+                f"--param {pol}.{next(iter(kv))}: unknown policy {pol!r}; "
+                f"choose from: {', '.join(known)}"
+            )
+        if pol not in used:
+            raise ValueError(
+                f"--param {pol}.{next(iter(kv))}: policy {pol!r} is not in this run "
+                f"(--policy {','.join(used)})"
+            )
+        accepted = _accepted(policy_class(pol))
+        if accepted is None:
+            continue
+        for name in kv:
+            if name not in accepted:
+                valid = ", ".join(accepted) or "(none)"
+                raise ValueError(
+                    f"--param {pol}.{name}: {pol} has no parameter {name!r}; valid: {valid}"
+                )
