@@ -227,6 +227,9 @@ RUN_PANELS: tuple[tuple[str, Any], ...] = (
 def _run_context(rv: RunView, store: _FigureStore) -> None:
     # (panel name, figure id or None): an empty panel says which one it is (issue 20)
     rv.figs = [(name, store.add(b(rv))) for name, b in RUN_PANELS]  # type: ignore[attr-defined]
+    from harness.report.sessions import session_figures  # session runs only (issue 15)
+
+    rv.figs += [(name, store.add(f)) for name, f in session_figures(rv.dir, rv.requests)]  # type: ignore[attr-defined]
     rv.fig_ids = [fid for _, fid in rv.figs]  # type: ignore[attr-defined]
     rv.meta_rows = _flatten(rv.meta)  # type: ignore[attr-defined]
     rv.setup_rows = setup_rows(rv.meta)  # type: ignore[attr-defined]

@@ -254,3 +254,14 @@ async def test_context_from_the_server(echo: EchoServer, tmp_path: Path, listed:
     assert ("c/2" in echo.by_id()) is (not listed)
     assert ("max_model_len" in r.loc["c/2", "error"]) is listed
     assert sess.loc[0, "end_reason"] == "context_overflow"
+
+
+async def test_report_has_session_panels(echo: EchoServer, tmp_path: Path):
+    from harness.report import write_report
+
+    rows = conversation("a", 3) + conversation("b", 2)
+    run, _ = await replay(echo, calls(rows), tmp_path / "r")
+    html = write_report([run.dir]).read_text(encoding="utf-8")
+    for title in ("TTFT by turn", "Prompt tokens by turn", "Session SLO attainment per tier"):
+        assert title in html
+    assert "Timeline of 2 sessions" in html
