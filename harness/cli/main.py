@@ -43,12 +43,60 @@ def version() -> None:
 
 
 @app.command()
-def policies() -> None:
+def policies(
+    params: bool = typer.Option(
+        False, "--params", help="Also list each policy's parameters (for --param) and defaults."
+    ),
+) -> None:
     """List the scheduling policies every host can run."""
     from harness.policies.registry import available
 
     for name in available():
-        typer.echo(name)
+        if not params:
+            typer.echo(name)
+            continue
+        doc, rows = policy_params(name)
+        typer.echo(f"{name}: {doc}" if doc else name)
+        for pname, default in rows:
+            typer.echo(f"  --param {name}.{pname}={default}")
+        if not rows:
+            typer.echo("  (no parameters)")
+
+
+def policy_params(name: str) -> tuple[str, list[tuple[str, str]]]:
+    """(first docstring line, [(parameter, default as JSON-ish text)]) of a policy, read from
+    its constructor so the list never drifts from the code."""
+    import inspect
+    import json
+
+    from harness.policies.registry import policy_class
+
+    cls = policy_class(name)
+    doc = (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
+    rows = []
+    for klass in cls.__mro__:  # a subclass taking **kwargs inherits its base's parameters
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        sig = inspect.signature(init)
+        named = [
+            p
+            for p in sig.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        for p in named:
+            if p.default is inspect.Parameter.empty:
+                default = "REQUIRED"
+            else:
+                try:
+                    default = json.dumps(p.default)
+                except TypeError:
+                    default = repr(p.default)
+            if p.name not in (r[0] for r in rows):
+                rows.append((p.name, default))
+        if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+            break
+    return doc, rows
 
 
 def main() -> None:

@@ -51,7 +51,24 @@ def sweep(
     min_attainment: Annotated[
         float, typer.Option(help="Per-tier SLO attainment a rate needs to pass (0..1).")
     ] = 0.9,
-    out: Annotated[Path, typer.Option(help="Sweep folder.")] = Path("reports/sweep"),
+    out: Annotated[
+        Path,
+        typer.Option("-o", "--out", help="Folder this sweep writes (sweep.json, runs, report)."),
+    ] = Path("reports/sweep"),
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Runs per (policy, rate) with seeds SEED, SEED+1, ...: capacity gets the "
+            "range of the per-seed capacities."
+        ),
+    ] = 1,
+    warmup: Annotated[
+        str | None,
+        typer.Option(
+            help="Exclude the first N requests or DURATION (30s) of every run from metrics.",
+            show_default=False,
+        ),
+    ] = None,
     report: Annotated[bool, typer.Option(help="Write <out>/report.html.")] = True,
     ray: Annotated[
         str | None,
@@ -77,6 +94,16 @@ def sweep(
         fail("--policy: give at least one name")
     if not 0 <= min_attainment <= 1:
         fail(f"--min-attainment {min_attainment}: must be within 0..1")
+    if repeats < 1:
+        fail(f"--repeats {repeats}: must be >= 1")
+    warmup_spec = None
+    if warmup is not None:
+        from harness.results.warmup import parse_warmup
+
+        try:
+            warmup_spec = parse_warmup(warmup)
+        except ValueError as e:
+            fail(str(e))
     mode = "live" if (live or target) else "simulate"
     if ray is not None:
         if mode == "live":
@@ -135,14 +162,17 @@ def sweep(
             out_dir=out,
             min_attainment=min_attainment,
             report=report,
+            repeats=repeats,
+            warmup=warmup_spec,
         )
     except (ValidationError, ValueError) as e:
         fail(one_line(e, _FLAGS))
 
     def show(p: dict[str, Any]) -> None:
         mark = "PASS" if p["passes"] else ("FAIL" if p.get("fails", True) else "PASS?")
+        seed = f" seed {p['seed']}" if p.get("seed") is not None else ""
         typer.echo(
-            f"{p['policy']:>12} @ {p['rate']:g} req/s: {p['verdict']:<12} "
+            f"{p['policy']:>12} @ {p['rate']:g} req/s{seed}: {p['verdict']:<12} "
             f"SLOs {'met' if p['meets_slos'] else 'missed'}  [{mark}]"
         )
 
@@ -178,8 +208,10 @@ def capacity_line(policy: str, c: dict[str, Any]) -> str:
         text = f"capacity {policy}: below the lowest swept rate{why}"
     else:
         text = f"capacity {policy}: {cap:g} req/s"
-        if c.get("capacity_hi") is not None:
-            text += f" [{c['capacity_lo']:g}, {c['capacity_hi']:g}] over seeds"
+        if c.get("capacity_hi") is not None and c.get("capacity_lo") is not None:
+            cov = c.get("interval_coverage")
+            how = f", {cov:.0%} interval for the median seed" if cov else ""
+            text += f" [{c['capacity_lo']:g}, {c['capacity_hi']:g}] over seeds{how}"
         if c.get("confirmed") is False:
             text += " (unconfirmed: stability inconclusive)"
     tiers = {t: v for t, v in (c.get("by_tier") or {}).items()}

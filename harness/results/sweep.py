@@ -89,6 +89,10 @@ class SweepConfig(BaseModel):
         0.9, ge=0, le=1, description="per-tier SLO attainment a rate needs to pass"
     )
     report: bool = Field(True, description="write <out_dir>/report.html")
+    repeats: int = Field(1, ge=1, description="runs per (policy, rate), seeds seed, seed+1, ...")
+    warmup: dict[str, Any] | None = Field(
+        None, description="harness.results.warmup spec applied to every run"
+    )
 
     @field_validator("rates")
     @classmethod
@@ -233,12 +237,119 @@ def capacities(points: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 ),
                 None,
             ),
-            "hint": run_longer_hint(cap_rows if cap is not None else rows[:1]),
+            "hint": run_longer_hint(cap_rows),
         }
     return out
 
 
+def _agg_verdict(vs: Sequence[str]) -> str:
+    """Across seeds: unstable if any seed is, stable if all are, else inconclusive."""
+    if "unstable" in vs:
+        return "unstable"
+    return "stable" if vs and all(v == "stable" for v in vs) else "inconclusive"
+
+
+def _mean(xs: Sequence[Any]) -> float | None:
+    v = [float(x) for x in xs if isinstance(x, int | float) and not isinstance(x, bool)]
+    return sum(v) / len(v) if v else None
+
+
+def _span(xs: Sequence[Any]) -> list[float] | None:
+    v = [float(x) for x in xs if isinstance(x, int | float) and not isinstance(x, bool)]
+    return [min(v), max(v)] if len(v) > 1 else None
+
+
+def aggregate_seeds(points: Sequence[dict[str, Any]], min_attainment: float) -> list[dict]:
+    """One row per (policy, rate) from its seeds: metric means, per-tier [min, max] over
+    seeds (``tiers_ci``), the pooled verdict and the capacity rule on the mean attainment."""
+    out = []
+    keys = list(dict.fromkeys((p["policy"], p["rate"]) for p in points))
+    for pol, rate in keys:
+        ps = [p for p in points if p["policy"] == pol and p["rate"] == rate]
+        verdict = _agg_verdict([p["verdict"] for p in ps])
+        tiers = list(dict.fromkeys(t for p in ps for t in p.get("tiers") or {}))
+        tblocks, tci, att = {}, {}, {}
+        for t in tiers:
+            vals = [(p.get("tiers") or {}).get(t) or {} for p in ps]
+            tblocks[t] = {k: _mean([v.get(k) for v in vals]) for k in TIER_KEYS}
+            tci[t] = {k: _span([v.get(k) for v in vals]) for k in TIER_KEYS}
+            att[t] = tblocks[t]["slo_attainment"]
+        meets = all(a is None or a >= min_attainment for a in att.values())
+        row = {
+            "policy": pol,
+            "rate": rate,
+            "seeds": [p.get("seed") for p in ps],
+            "run_dir": ps[0]["run_dir"],
+            "verdict": verdict,
+            "meets_slos": meets,
+            "slo_attainment": att,
+            "tier_meets": {t: a is None or a >= min_attainment for t, a in att.items()},
+            "passes": meets and verdict == "stable",
+            "fails": (not meets) or verdict == "unstable",
+            "num_requests": max(int(p.get("num_requests") or 0) for p in ps),
+            "tiers": tblocks,
+            "tiers_ci": tci,
+        }
+        for k in (
+            "completed",
+            "failed",
+            "duration",
+            "request_throughput",
+            "output_throughput",
+            "mean_ttft_ms",
+            "p99_ttft_ms",
+            "p99_itl_ms",
+            "p99_tpot_ms",
+            "p99_e2el_ms",
+            "backlog_slope_rps",
+            "send_lag_p99_ms",
+        ):
+            row[k] = _mean([p.get(k) for p in ps])
+        out.append(row)
+    return out
+
+
+def _with_seed_interval(
+    caps: dict[str, dict[str, Any]], points: Sequence[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each policy's capacity per seed and their range (``capacity_lo``/``capacity_hi``): with
+    K seeds the range covers the median seed's capacity with probability 1 − 2^(1−K)
+    (order statistics; 94% for K = 5)."""
+    seeds = sorted({p.get("seed") for p in points if p.get("seed") is not None})
+    for pol, c in caps.items():
+        per = {}
+        for s in seeds:
+            sub = [p for p in points if p["policy"] == pol and p.get("seed") == s]
+            per[s] = capacities(sub)[pol]["capacity_rps"] if sub else None
+        vals = [v for v in per.values() if v is not None]
+        c["capacity_by_seed"] = {str(k): v for k, v in per.items()}
+        below = any(v is None for v in per.values())
+        c["capacity_lo"] = None if below or not vals else min(vals)
+        c["capacity_hi"] = max(vals) if vals else None
+        if below and vals:
+            c["capacity_lo"] = 0.0  # a seed failed at the lowest rate
+        c["interval_coverage"] = 1 - 2 ** (1 - len(seeds)) if len(seeds) > 1 else None
+    return caps
+
+
 def sweep_summary(cfg: SweepConfig, points: list[dict[str, Any]]) -> dict[str, Any]:
+    if cfg.repeats > 1:
+        rows = aggregate_seeds(points, cfg.min_attainment)
+        return {
+            "kind": "sweep",
+            "mode": cfg.mode,
+            "rates": cfg.rates,
+            "policies": cfg.policies,
+            "min_attainment": cfg.min_attainment,
+            "repeats": cfg.repeats,
+            "base": cfg.base,
+            "capacity_rule": "largest rate such that neither it nor any lower rate is "
+            "unstable (any seed) or misses a tier's mean SLO attainment >= min_attainment; "
+            "capacity_lo/hi: range of the per-seed capacities",
+            "runs": rows,
+            "seed_runs": points,
+            "capacity": _with_seed_interval(capacities(rows), points),
+        }
     return {
         "kind": "sweep",
         "mode": cfg.mode,
@@ -253,28 +364,46 @@ def sweep_summary(cfg: SweepConfig, points: list[dict[str, Any]]) -> dict[str, A
     }
 
 
-def _simulate_rate(cfg: SweepConfig, rate: float) -> list[tuple[str, Path]]:
+def _work(cfg: SweepConfig) -> list[float | tuple[float, int]]:
+    """The units of a sweep: rates, or (rate, seed) pairs with ``repeats``."""
+    if cfg.repeats == 1:
+        return list(cfg.rates)
+    seed0 = int(cfg.base.get("seed") or 0)
+    return [(r, seed0 + i) for i in range(cfg.repeats) for r in cfg.rates]
+
+
+def _rate_seed(item: float | tuple[float, int]) -> tuple[float, int | None]:
+    return (item[0], item[1]) if isinstance(item, tuple) else (item, None)
+
+
+def _simulate_rate(cfg: SweepConfig, item: float | tuple[float, int]) -> list[tuple[str, Path]]:
     from harness.engine.simulate import SimulateConfig, run_simulation
 
-    sim = SimulateConfig(
-        **{
-            **cfg.base,
-            "rate": rate,
-            "policies": list(cfg.policies),
-            "out_dir": cfg.out_dir,
-            "label": f"r{rate:g}",
-        }
-    )
+    rate, seed = _rate_seed(item)
+    fields = {
+        **cfg.base,
+        "rate": rate,
+        "policies": list(cfg.policies),
+        "out_dir": cfg.out_dir,
+        "label": f"r{rate:g}" if seed is None else f"r{rate:g}-s{seed}",
+    }
+    if seed is not None:
+        fields["seed"] = seed
+    sim = SimulateConfig(**fields)
     dirs = run_simulation(sim)
     return list(zip(cfg.policies, dirs, strict=True))
 
 
-def _live_rate(cfg: SweepConfig, rate: float) -> list[tuple[str, Path]]:
+def _live_rate(cfg: SweepConfig, item: float | tuple[float, int]) -> list[tuple[str, Path]]:
     from harness.loadgen.replay import ReplayConfig, run_replay
 
+    rate, seed = _rate_seed(item)
     out = []
     for pol in cfg.policies:
-        fields = {**cfg.base, "rate": rate, "out": cfg.out_dir / f"{pol}-r{rate:g}"}
+        name = f"{pol}-r{rate:g}" if seed is None else f"{pol}-r{rate:g}-s{seed}"
+        fields = {**cfg.base, "rate": rate, "out": cfg.out_dir / name}
+        if seed is not None:
+            fields["seed"] = seed
         if fields.get("target") is None:
             fields["policy"] = pol  # the built-in engine runs the policy
         fields.setdefault("progress", False)
@@ -302,11 +431,19 @@ def run_sweep(
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     points: list[dict[str, Any]] = []
     runner = _simulate_rate if cfg.mode == "simulate" else _live_rate
-    mapped = (map_fn or map)(functools.partial(runner, cfg), cfg.rates)
-    for rate, pairs in zip(cfg.rates, mapped, strict=True):
+    work = _work(cfg)
+    mapped = (map_fn or map)(functools.partial(runner, cfg), work)
+    for item, pairs in zip(work, mapped, strict=True):
+        rate, seed = _rate_seed(item)
         for pol, run_dir in pairs:
+            if cfg.warmup:
+                from harness.results.warmup import apply_warmup
+
+                apply_warmup(run_dir, cfg.warmup)
             p = sweep_point(run_dir, pol, rate, cfg.min_attainment)
             p["run_dir"] = str(Path(run_dir).resolve().relative_to(cfg.out_dir.resolve()))
+            if seed is not None:
+                p["seed"] = seed
             points.append(p)
             if on_point is not None:
                 on_point(p)

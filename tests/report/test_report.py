@@ -59,8 +59,7 @@ def test_capacity_is_largest_rate_with_every_lower_rate_passing() -> None:
 
 def test_inconclusive_sweep_says_run_longer() -> None:
     pts = [
-        {**_pt("a", r, "inconclusive", True), "num_requests": 200, "fails": False}
-        for r in (1, 2)
+        {**_pt("a", r, "inconclusive", True), "num_requests": 200, "fails": False} for r in (1, 2)
     ]
     c = capacities(pts)["a"]
     assert c["capacity_rps"] == 2 and c["confirmed"] is False
@@ -175,6 +174,39 @@ def test_simulated_sweep_finds_capacity(tmp_path: Path) -> None:
     assert (out / "report.html").is_file()
 
 
+def test_sweep_repeats_give_capacity_interval(tmp_path: Path) -> None:
+    """Two seeds per point: sweep.json keeps each seed's row, aggregates per (policy, rate)
+    with per-tier ranges, and gives the capacity with the range of per-seed capacities."""
+    cfg = SweepConfig(
+        rates=[3.0, 80.0],
+        policies=["vllm"],
+        base={"trace": "synthetic", "num_requests": 300, "kv_tokens": 100_000, "seed": 5},
+        out_dir=tmp_path / "sw",
+        min_attainment=0.5,
+        repeats=2,
+        warmup={"requests": 10},
+        report=False,
+    )
+    data = json.loads((run_sweep(cfg) / "sweep.json").read_text())
+    assert sorted((p["rate"], p["seed"]) for p in data["seed_runs"]) == [
+        (3.0, 5),
+        (3.0, 6),
+        (80.0, 5),
+        (80.0, 6),
+    ]
+    assert [(r["rate"], r["seeds"]) for r in data["runs"]] == [(3.0, [5, 6]), (80.0, [5, 6])]
+    low = data["runs"][0]
+    assert low["completed"] == 290  # 300 minus the 10 warm-up requests, in each seed
+    assert sum(t["completed"] for t in low["tiers"].values()) == 290
+    assert len(low["tiers_ci"]["free"]["p99_itl_ms"]) == 2
+    c = data["capacity"]["vllm"]
+    assert c["capacity_rps"] == 3.0 and c["capacity_by_seed"] == {"5": 3.0, "6": 3.0}
+    assert (c["capacity_lo"], c["capacity_hi"]) == (3.0, 3.0)
+    assert c["interval_coverage"] == 0.5
+    html = render_report([], sweep=data)
+    assert "3 [3, 3]" in html and "free capacity" in html
+
+
 def test_all_failed_run_still_renders(tmp_path: Path) -> None:
     """No successful request: no chunks, the latency panels say so instead of crashing."""
     from harness.report.synthetic import write_synthetic_run
@@ -191,7 +223,6 @@ def test_all_failed_run_still_renders(tmp_path: Path) -> None:
     assert 'class="bad">0<' not in html
     from harness.results.console import tier_table
     from harness.results.rundir import read_run
-
     from harness.results.summary import compute_summary
 
     table = tier_table(compute_summary(read_run(d)))
