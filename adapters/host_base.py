@@ -5,7 +5,9 @@
   its priority, and the token times the host sets after each step. ``adapters.vllm.view`` and
   ``adapters.sglang.view`` add the live token accounting read from their engine's request.
 - :class:`StepTally`, a step's composition counted when it is scheduled, turned into the
-  policy's :class:`~harness.policies.base.StepReport` once the step's outputs are in.
+  policy's :class:`~harness.policies.base.StepReport` once the step's outputs are in;
+- :func:`idle_wait_s`, how long a host whose policy holds every request back waits before
+  asking again (both engines' loops would otherwise spin a core while work waits).
 
 Nothing here imports an engine, so both adapters' venvs (and the harness's) can import it.
 """
@@ -18,6 +20,15 @@ from typing import Any
 
 from harness.policies.base import StepReport
 from harness.workload.tiers import request_tags
+
+IDLE_WAIT_MIN_S = 1e-3
+IDLE_WAIT_MAX_S = 20e-3
+
+
+def idle_wait_s(last_step_s: float | None) -> float:
+    """How long a held-back engine waits before re-asking the policy: one step's worth of
+    time, so a threshold policy sees arrivals within about a step, without busy-spinning."""
+    return min(max(last_step_s or 0.0, IDLE_WAIT_MIN_S), IDLE_WAIT_MAX_S)
 
 
 class HostRequestView:

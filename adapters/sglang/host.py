@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.host_base import StepTally
+from adapters.host_base import StepTally, idle_wait_s
 from adapters.sglang.view import SglRequestView
 from harness.policies.base import KVView, Plan, View
 
@@ -81,6 +81,8 @@ class SGLangHost:
         self._last_step_s: float | None = None
         self.ignored_preemptions = 0
         self.steps = 0
+        self.idle_waits = 0
+        self._idle_sleep: Callable[[float], None] = time.sleep  # tests replace it
 
     def now(self) -> float:
         return self._clock() - self._origin
@@ -169,6 +171,13 @@ class SGLangHost:
                 admit.append(r)
         self._last_admitted = ()
         if not admit and getattr(sched, "chunked_req", None) is None:
+            if queue and not self.running_reqs(sched, running_batch):
+                # Held back with nothing to decode: SGLang's loop is not "fully idle" while
+                # its queue holds requests (``Scheduler.is_fully_idle``), so ``on_idle`` never
+                # sleeps and the loop would re-ask the policy on a spinning core; wait one
+                # step's worth of time instead (as the vLLM host does).
+                self.idle_waits += 1
+                self._idle_sleep(idle_wait_s(self._last_step_s))
             return self._next_batch_plan(None, running_batch)  # decode (or idle) step
         sched.waiting_queue = admit
         try:

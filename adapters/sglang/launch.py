@@ -118,6 +118,10 @@ class SglangServerConfig:
             {
                 "PYTHONPATH": os.pathsep.join(paths),
                 "SGLANG_USE_CPU_ENGINE": "1",
+                # /health answers from the process state instead of generating one token:
+                # a probe must not be a request the policy schedules (a WAIT gate would hold
+                # it, and SGLang marks the server unhealthy after 20 s without an answer).
+                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
                 "HF_HUB_OFFLINE": "1",
                 "DO_NOT_TRACK": "1",
             }

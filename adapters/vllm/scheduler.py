@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import vllm
-from adapters.host_base import StepTally
+from adapters.host_base import StepTally, idle_wait_s
 from adapters.vllm import SUPPORTED_VLLM_VERSION
 from adapters.vllm.config import PolicyChoice, build_policy, resolve_policy
 from adapters.vllm.steplog import StepLog, request_row
@@ -75,14 +75,6 @@ from vllm.v1.request import Request, RequestStatus
 logger = logging.getLogger("harness.adapters.vllm")
 
 _WAITING_STATES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-IDLE_WAIT_MIN_S = 1e-3
-IDLE_WAIT_MAX_S = 20e-3
-
-
-def idle_wait_s(last_step_s: float | None) -> float:
-    """How long a held-back engine waits before re-asking the policy: one step's worth of
-    time, so a threshold policy sees arrivals within about a step, without busy-spinning."""
-    return min(max(last_step_s or 0.0, IDLE_WAIT_MIN_S), IDLE_WAIT_MAX_S)
 
 
 @dataclass(slots=True)

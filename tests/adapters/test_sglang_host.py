@@ -150,6 +150,20 @@ def test_empty_admit_is_a_decode_step_without_calling_sglang() -> None:
     assert pol.views[0].kv.total_blocks == 256 and pol.views[0].token_budget == 10_000
 
 
+def test_holding_every_request_with_nothing_running_waits_a_step_not_a_spin() -> None:
+    """SGLang's loop never sleeps while its queue holds requests (``is_fully_idle``), so a
+    held-back host waits one step's worth of time; with decodes to run it never waits."""
+    a = FakeReq("a", 10, 3)
+    host = SGLangHost(Scripted(Plan()), next_batch_plan=plan_factory)
+    waits: list[float] = []
+    host._idle_sleep = waits.append
+    host.around_prefill(fake_prefill, make_sched([a]), running_batch([]))
+    host.around_prefill(fake_prefill, make_sched([]), running_batch([]))  # nothing waits
+    b = FakeReq("b", 4, 3, output_ids=[1])
+    host.around_prefill(fake_prefill, make_sched([a]), running_batch([b]))  # b decodes
+    assert waits == [0.001] and host.idle_waits == 1  # no step measured yet: the 1 ms floor
+
+
 def test_admit_list_is_what_sglang_sees_in_plan_order_and_queue_is_restored() -> None:
     a, b, c = FakeReq("a", 10, 3), FakeReq("b", 5, 3), FakeReq("c", 8, 3)
     sched = make_sched([a, b, c], budget=12)
