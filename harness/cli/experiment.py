@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument(..., help="slai, wait, mcsf, stability, or 'list'"),
         full: bool = typer.Option(False, "--full", help="paper-sized run (slow) instead of small"),
         out: Path | None = typer.Option(
-            None, "--out", help="output folder (default reports/experiments/NAME[-full])"
+            None, "-o", "--out", help="output folder (default reports/experiments/NAME[-full])"
         ),
         seed: int | None = typer.Option(None, "--seed", help="override the experiment's seed"),
     ) -> None:

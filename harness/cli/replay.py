@@ -27,7 +27,7 @@ _FLAGS = {
     "ready_timeout_s": "ready-timeout",
     "sample_interval_s": "sample-interval",
     "send_priority": "priority",
-    "trace_options": "source-option",
+    "trace_options": "opt",
 }
 
 
@@ -36,7 +36,7 @@ def _kv_options(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, val = item.partition("=")
         if not sep or not key:
-            fail(f"--source-option {item!r}: expected key=value")
+            fail(f"--opt {item!r}: expected key=value")
         try:
             out[key] = json.loads(val)
         except ValueError:
@@ -59,7 +59,8 @@ def replay(
     target: Annotated[
         str | None,
         typer.Option(
-            help="Base URL of an OpenAI-compatible server; default: the built-in engine in-process."
+            help="Base URL of an OpenAI-compatible server; default: start the built-in engine "
+            "in a child process on a free loopback port."
         ),
     ] = None,
     model: Annotated[
@@ -114,7 +115,13 @@ def replay(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed (arrivals, sampling, tiers).")] = 0,
     out: Annotated[
-        Path | None, typer.Option(help="Run directory (default reports/replay-...).")
+        Path | None,
+        typer.Option(
+            "-o",
+            "--out",
+            help="Folder this replay writes: the run directory (default reports/replay-...); "
+            "with --repeats, a folder of one run directory per seed.",
+        ),
     ] = None,
     policy: Annotated[str | None, typer.Option(help="Built-in only: scheduling policy.")] = None,
     cost_model: Annotated[str | None, typer.Option(help="Built-in only: cost model.")] = None,
@@ -150,7 +157,22 @@ def replay(
         bool, typer.Option("--progress/--no-progress", help="Live progress bar.")
     ] = True,
     source_option: Annotated[
-        list[str] | None, typer.Option(help="key=value passed to the trace source (repeat).")
+        list[str] | None,
+        typer.Option(
+            "--opt",
+            "--source-option",
+            help="Trace source option KEY=VALUE (repeat), as in `harness trace build --opt`.",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int, typer.Option(help="Replays with seeds SEED, SEED+1, ...; report with intervals.")
+    ] = 1,
+    warmup: Annotated[
+        str | None,
+        typer.Option(
+            help="Exclude the first N requests or DURATION (30s) from metrics (kept, marked).",
+            show_default=False,
+        ),
     ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing run directory at --out.")
@@ -259,6 +281,10 @@ def replay(
         fail(one_line(exc, _FLAGS))
     if cfg.out is None:
         cfg = cfg.model_copy(update={"out": default_run_dir(cfg, trace)})
+    warmup_spec = _warmup_spec(warmup, repeats)
+    if repeats > 1:
+        _replay_repeats(cfg, repeats, warmup_spec, report=report, force=force)
+        return
     run_dir = cfg.out
     assert run_dir is not None
     from harness.results.rundir import claim_run_dir
@@ -279,6 +305,10 @@ def replay(
     finally:
         restore()
     signum = received[0] if received else int(signal.SIGINT)
+    if warmup_spec is not None and not interrupted and (run_dir / "run.json").is_file():
+        from harness.results.warmup import apply_warmup
+
+        apply_warmup(run_dir, warmup_spec)
     _print_result(run_dir, cfg.goodput, interrupted, signum)
     if report and (run_dir / "run.json").is_file():
         from harness.report import write_report
@@ -404,3 +434,56 @@ def _print_warnings(run_dir: Path) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
+
+
+def _warmup_spec(warmup: str | None, repeats: int) -> dict[str, Any] | None:
+    """--repeats / --warmup checked before anything runs (one error line, exit 2)."""
+    if repeats < 1:
+        fail(f"--repeats {repeats}: must be >= 1")
+    if warmup is None:
+        return None
+    from harness.results.warmup import parse_warmup
+
+    try:
+        return parse_warmup(warmup)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _replay_repeats(
+    cfg: Any, repeats: int, warmup_spec: dict[str, Any] | None, *, report: bool, force: bool
+) -> None:
+    """--repeats K: K replays, seeds cfg.seed.., one run directory each under --out, then
+    runs.json and one report with 95% intervals over seeds (harness.results.repeats)."""
+    from harness.loadgen.replay import run_replay
+    from harness.results.repeats import mark_run, seeds_for, write_index
+    from harness.results.rundir import claim_run_dir
+
+    folder = cfg.out
+    group = str(cfg.policy or cfg.engine or "replay")
+    runs: list[tuple[Path, str, int]] = []
+    for i, s in enumerate(seeds_for(cfg.seed, repeats)):
+        run_dir = folder / f"seed-{s}"
+        try:
+            claim_run_dir(run_dir, force)
+        except FileExistsError as exc:
+            fail(f"--out: {exc}")
+        try:
+            run_replay(cfg.model_copy(update={"seed": s, "out": run_dir}))
+        except HarnessError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            _echo(f"interrupted: partial run in {run_dir}")
+            raise typer.Exit(130) from None
+        mark_run(run_dir, group=group, seed=s, index=i, of=repeats)
+        if warmup_spec is not None:
+            from harness.results.warmup import apply_warmup
+
+            apply_warmup(run_dir, warmup_spec)
+        _print_result(run_dir, cfg.goodput, False, int(signal.SIGINT))
+        runs.append((run_dir, group, s))
+    write_index(folder, "replay", runs)
+    if report:
+        from harness.report import write_report
+
+        _echo(f"report: {write_report([folder])}")
