@@ -110,3 +110,14 @@ def test_replay_repeats_and_warmup_with_opt(tmp_path: Path) -> None:
         assert summary["warmup"]["excluded"] == 5 and summary["completed"] == 15
     html = (out / "report.html").read_text(encoding="utf-8")
     assert "Headline metrics with 95% intervals" in html and "vllm (2 seeds)" in html
+
+
+def test_chromium_launcher_prints_no_shell_error() -> None:
+    """scripts/setup-browser.sh fixes Debian's /etc/chromium.d/dev-shm snippet, which printed
+    "[: ...: unexpected operator" on every launch where /dev/shm is mounted twice."""
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium not installed: run `bash scripts/setup-browser.sh`")
+    proc = subprocess.run(
+        ["/usr/bin/chromium", "--headless", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert "unexpected operator" not in proc.stderr, proc.stderr
