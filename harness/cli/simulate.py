@@ -7,7 +7,6 @@ policy or preset, negative rate, malformed trace or tiers): one line, exit 2.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,18 +26,12 @@ _FLAGS = {
 
 def _params(items: list[str] | None) -> dict[str, dict[str, Any]]:
     """``--param sarathi.order=spf`` -> {"sarathi": {"order": "spf"}}."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in items or []:
-        key, sep, val = item.partition("=")
-        pol, dot, name = key.partition(".")
-        if not sep or not dot or not pol or not name:
-            fail(f"--param {item!r}: expected POLICY.NAME=VALUE (e.g. sarathi.order=spf)")
-        try:
-            v: Any = json.loads(val)
-        except ValueError:
-            v = val
-        out.setdefault(pol, {})[name] = v
-    return out
+    from harness.cli.params import parse_params
+
+    try:
+        return parse_params(items)
+    except ValueError as e:
+        fail(str(e))
 
 
 def simulate(
