@@ -1,0 +1,139 @@
+"""Live multi-turn ShareGPT replay: prefix-cache hits and TTFT per prompt token by turn.
+
+Against a real engine with prefix caching (stock vLLM CPU: ``scripts/vllm-cpu/serve.sh
+--stock``), or the built-in engine (no ``--target``). Sessions run one at a time
+(``max_active_sessions=1``) with a think time, so at most one call is in flight and the
+engine's own ``/metrics`` counters (``vllm:prefix_cache_queries_total`` /
+``vllm:prefix_cache_hits_total``, polled every 20 ms on the run clock) can be attributed to
+calls: a call's hits are the counter's increase between its send and its first token + the
+poll period. Prints per turn: calls, mean prompt tokens (server usage), prefix-cache hit share,
+mean TTFT and TTFT per prompt token.
+
+    python benchmarks/live_sessions.py --target http://127.0.0.1:8000 --sessions 12
+    python benchmarks/live_sessions.py --sessions 12          # built-in engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from harness.loadgen.replay import ReplayConfig, run_replay_async
+from harness.loadgen.sessions import SessionOptions
+from harness.results.rundir import read_run
+from harness.results.sessions import call_metrics
+
+POLL_S = 0.02
+KEYS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def _counters(text: str) -> tuple[float, float] | None:
+    vals = {}
+    for line in text.splitlines():
+        for k in KEYS:
+            if line.startswith(k + "{") or line.startswith(k + " "):
+                vals[k] = vals.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
+    return (vals[KEYS[0]], vals[KEYS[1]]) if len(vals) == 2 else None
+
+
+class Poller(threading.Thread):
+    """Polls /metrics; rows (unix time, queries, hits)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.rows, self.stop = url, [], threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=2.0) as c:
+            while not self.stop.is_set():
+                try:
+                    got = _counters(c.get(self.url + "/metrics").text)
+                except httpx.HTTPError:
+                    got = None
+                if got is not None:
+                    self.rows.append((time.time(), *got))
+                self.stop.wait(POLL_S)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--sessions", type=int, default=12)
+    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--think", default="0.3")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    out = args.out or Path(f"/tmp/live-sessions-{int(time.time())}")
+    cfg = ReplayConfig(
+        trace="sharegpt-conv",
+        arrival="trace",
+        target=args.target,
+        progress=False,
+        out=out,
+        seed=args.seed,
+        trace_options={"min_turns": 2, "max_turns": args.max_turns},
+        sessions=SessionOptions(
+            session_rate=50.0,
+            num_sessions=args.sessions,
+            max_active_sessions=1,
+            think_time=args.think,
+        ),
+    )
+    poller = Poller(args.target) if args.target else None
+    if poller:
+        poller.start()
+    try:
+        run_dir = asyncio.run(run_replay_async(cfg))
+    finally:
+        if poller:
+            poller.stop.set()
+            poller.join()
+    run = read_run(run_dir, samples=False)
+    calls = call_metrics(run)
+    req = run.requests.set_index("req")
+    t0 = float(run.meta["t0_unix"])
+    hits = np.full(len(calls), np.nan)
+    if poller and poller.rows:
+        m = pd.DataFrame(poller.rows, columns=["t", "q", "h"])
+        m["t"] -= t0
+        for i, c in calls.iterrows():
+            r = req.loc[c["req"]]
+            if not c["success"]:
+                continue
+            before = m[m["t"] <= r["send_s"]]
+            after = m[m["t"] >= r["first_chunk_s"] + POLL_S]
+            if len(before) and len(after):
+                dq = after["q"].iloc[0] - before["q"].iloc[-1]
+                dh = after["h"].iloc[0] - before["h"].iloc[-1]
+                hits[i] = dh / dq if dq > 0 else np.nan
+    calls["hit_share"] = hits
+    ok = calls[calls["success"]]
+    table = ok.groupby("call_index").agg(
+        calls=("req", "size"),
+        prompt_tokens=("prompt_tokens", "mean"),
+        hit_share=("hit_share", "mean"),
+        ttft_ms=("ttft_s", lambda x: 1000 * x.mean()),
+        ttft_per_token_ms=("ttft_per_prompt_token_ms", "mean"),
+    )
+    print(table.round(4).to_string())
+    errs = calls["error_kind"].dropna().value_counts().to_dict()
+    print(f"run: {run_dir}  errors: {errs}")
+    info = json.loads((Path(run_dir) / "run.json").read_text())["sessions"].get("sharegpt", {})
+    print(f"ShareGPT conversations recovered: {info.get('conversations_recovered')}")
+    if poller and poller.rows:
+        print(
+            f"vLLM /metrics overall: queries {poller.rows[-1][1]:.0f} hits {poller.rows[-1][2]:.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
