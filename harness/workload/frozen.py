@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.workload.sessions import SESSION_COLUMNS
 from harness.workload.sources.files import PARQUET_META_KEY
 from harness.workload.tiers import Tier
 from harness.workload.trace import COLUMNS, Trace, TraceError
@@ -25,7 +26,10 @@ def _jsonable(obj: Any) -> Any:
 
 def write_parquet(trace: Trace, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    cols = list(COLUMNS) + [c for c in ("hash_ids",) if c in trace.df.columns]
+    # Session columns (harness.workload.sessions) travel too: a frozen session trace replays
+    # its sessions, not independent calls.
+    extra = ("hash_ids", *SESSION_COLUMNS)
+    cols = list(COLUMNS) + [c for c in extra if c in trace.df.columns]
     df = trace.df[cols].copy()
     table = pa.Table.from_pandas(df, preserve_index=False)
     info = {

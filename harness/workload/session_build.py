@@ -81,6 +81,13 @@ def build_session_trace(
         path = Path(source).expanduser()
         if not path.is_file():
             raise TraceError(f"{source}: no such session trace")
+        if _is_frozen(path):  # a frozen session trace replays exactly as built
+            from harness.workload.frozen import load_trace
+
+            take_options(options, {}, source)
+            trace = load_trace(path)
+            sessions_from_frame(trace.df)
+            return trace
         if (
             path.suffix.lower() in conv.AGENT_SUFFIXES
             and path.suffix.lower() != ".json"
@@ -115,3 +122,13 @@ def build_session_trace(
     trace.meta["num_sessions"] = len(sessions)
     trace.meta["num_calls"] = len(trace)
     return trace
+
+
+def _is_frozen(path: Path) -> bool:
+    if path.suffix.lower() != ".parquet":
+        return False
+    import pyarrow.parquet as pq
+
+    from harness.workload.sources.files import PARQUET_META_KEY
+
+    return PARQUET_META_KEY in (pq.read_schema(path).metadata or {})

@@ -160,3 +160,15 @@ def test_think_time_specs() -> None:
     assert (think_times("uniform:1:2", 50, rng) >= 1).all()
     with pytest.raises(TraceError, match="think time 'soon'"):
         think_times("soon", 1, rng)
+
+
+def test_frozen_session_trace_round_trips(tmp_path: Path) -> None:
+    from harness.workload.build import save_trace
+
+    t = build_session_trace("synthetic-conv", num_sessions=4, session_rate=2.0, think_time=0.5)
+    path = save_trace(t, tmp_path / "s.parquet")
+    assert is_session_source(str(path))
+    back = build_session_trace(str(path))
+    cols = ["session_id", "call_index", "parents", "think_s", "arrival_s", "tier"]
+    pd.testing.assert_frame_equal(back.df[cols], t.df[cols])
+    assert back.content_hash() == t.content_hash()
