@@ -25,11 +25,24 @@ def _check_rendered(o, expected_figs: int) -> None:
     assert o.dialogs == []
 
 
+def _trace_names(o, title_part: str) -> list[str]:
+    """Legend names of the drawn figure whose title contains ``title_part``."""
+    return o.page.evaluate(
+        """t => { for (const d of document.querySelectorAll('div[data-fig]')) {
+             const tt = (d.layout && d.layout.title && d.layout.title.text) || '';
+             if (tt.includes(t)) return d.data.map(x => x.name || ''); }
+           return null; }""",
+        title_part,
+    )
+
+
 def test_single_run_report_renders(runs_dir: Path, open_report, tmp_path: Path) -> None:
     path = write_report([runs_dir / "slots8"], tmp_path / "one.html")
     o = open_report(path)
-    # TTFT CDF, ITL, throughput, backlog, KV/GPU, send lag, timeline
-    _check_rendered(o, 7)
+    # TTFT CDF, TBT tail per tier, ITL, throughput, backlog, KV/GPU, send lag, timeline
+    _check_rendered(o, 8)
+    assert _trace_names(o, "TBT per tier") == ["paid", "free"]  # per-tier TBT drawn
+    assert o.page.inner_text("#confidence").count("[") >= 8  # headline intervals
     text = o.page.inner_text("body")
     for needle in ("Per-tier SLOs", "p99_ttft_ms", "stable", "paid", "free", "Backlog and queue"):
         assert needle in text
@@ -43,7 +56,7 @@ def test_hostile_text_renders_as_text(runs_dir: Path, open_report, tmp_path: Pat
     raw = path.read_text(encoding="utf-8")
     assert "<script>alert(1)" not in raw  # escaped in tables and inside the figure JSON
     o = open_report(path)
-    _check_rendered(o, 7)
+    _check_rendered(o, 8)
     assert o.dialogs == []  # no alert() ran
     o.page.click("text=run.json")  # open the metadata table
     visible = o.page.get_by_text(XSS, exact=True)
@@ -57,11 +70,17 @@ def test_hostile_text_renders_as_text(runs_dir: Path, open_report, tmp_path: Pat
 def test_comparison_with_paired_differences(runs_dir: Path, open_report, tmp_path: Path) -> None:
     path = write_report([runs_dir / "slots8", runs_dir / "slots12"], tmp_path / "cmp.html")
     o = open_report(path)
-    # 4 overlays + paired CDF + 7 per run
-    _check_rendered(o, 4 + 1 + 2 * 7)
+    # tier bars, TBT and TTFT per tier, 4 all-tier overlays, paired CDF, 8 per run
+    _check_rendered(o, 3 + 4 + 1 + 2 * 8)
     text = o.page.inner_text("#compare")
     assert "Paired per-request differences" in text
     assert "fcfs12" in text and "fcfs8" in text
+    names = _trace_names(o, "TBT per tier: share of gaps")
+    a, b = "fcfs8 @ 3 req/s", "fcfs12 @ 3 req/s"
+    assert names.count(a) == 2 and names.count(b) == 2  # one panel per tier
+    verdicts = o.page.inner_text("#confidence")
+    assert f"Verdicts at 95% confidence ({a} is the base)" in verdicts
+    assert "paid tier" in verdicts and "paired by request" in verdicts
 
 
 def test_sweep_report_renders(runs_dir: Path, open_report, tmp_path: Path) -> None:
@@ -83,5 +102,8 @@ def test_sweep_report_renders(runs_dir: Path, open_report, tmp_path: Path) -> No
     path = write_report([sweep])
     assert path == sweep / "report.html"
     o = open_report(path)
-    _check_rendered(o, 2)
+    # latency, throughput, then attainment / goodput / P99 TBT per tier vs rate
+    _check_rendered(o, 2 + 3)
     assert "capacity per policy" in o.page.inner_text("#sweep")
+    assert "paid capacity" in o.page.inner_text("#sweep")
+    assert _trace_names(o, "SLO attainment per tier vs rate").count("slots8") == 2
