@@ -52,6 +52,7 @@ def _layout(
         height=height,
         margin={"l": 60, "r": 20, "t": margin_top, "b": 45},
         template="plotly_white",
+        colorway=list(PALETTE),  # default trace colours: never red/green (they mean SLOs)
         **kw,
     )
     return fig
@@ -203,7 +204,7 @@ def itl_distribution(rv: RunView) -> go.Figure | None:
         column_widths=[0.68, 0.32],
         subplot_titles=(
             "ITL distribution (share of gaps)",
-            "P99 ITL per tier vs TBT SLO (green: meets, red: misses)",
+            "P99 ITL per tier vs TBT SLO<br>(green: meets it, red: misses it)",
         ),
     )
     names, p99s, slos, colors = [], [], [], []
@@ -269,7 +270,9 @@ def throughput(rv: RunView) -> go.Figure | None:
     t_max = float(max(rv.chunk_t.max(), np.nanmax(end) if np.isfinite(end).any() else 0))
     x, tok, w = binned(rv.chunk_t, rv.chunk_tokens.astype(float), t_max)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=x, y=tok / w, mode="lines", name="output tokens/s"))
+    fig.add_trace(
+        go.Scatter(x=x, y=tok / w, mode="lines", name="output tokens/s", line={"color": PALETTE[0]})
+    )
     last = end[succ]  # rm rows: the warm-up (if any) is already left out
     last = last[np.isfinite(last)]
     x2, done, w2 = binned(last, None, t_max, bins=completion_bins(last.size, t_max))
@@ -279,7 +282,7 @@ def throughput(rv: RunView) -> go.Figure | None:
             y=done / w2,
             mode="lines",
             name=f"completed req/s ({w2:g} s bins)",
-            line={"dash": "dot", "shape": "hvh"},
+            line={"dash": "dot", "shape": "hvh", "color": "#444"},
         ),
         secondary_y=True,
     )
