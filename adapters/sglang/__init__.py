@@ -18,7 +18,9 @@ Modules: ``view`` (SGLang ``Req`` as a :class:`~harness.policies.base.RequestVie
 (the per-step logic, duck-typed on the scheduler so it is testable with SGLang's real ``Req``
 objects and without a GPU), ``plugin`` (the entry point; the only module that imports
 SGLang). The policy choice reuses ``adapters.vllm.config`` (``HARNESS_POLICY``,
-``HARNESS_POLICY_PARAMS``).
+``HARNESS_POLICY_PARAMS``). ``launch`` starts a real server on a CPU-only machine
+(``--device cpu``, with the pure-torch ``sgl_kernel`` stand-in in ``kernel_path/``);
+``CONFORMANCE.md`` lists which host rules SGLang's loop can and cannot express.
 """
 
 SUPPORTED_SGLANG_VERSION = "0.5.23"
