@@ -2,21 +2,21 @@
 
 1. Build two frozen traces with exact-token prompts for the tiny model: a calibration trace and
    an evaluation trace (different seeds, same shape).
-2. vLLM with the adapter hosting the ``vllm`` policy and ``HARNESS_STEP_LOG`` on: replay the
-   calibration trace (its steps fit the cost model), then the evaluation trace.
-3. Stock vLLM (no adapter, vLLM's defaults incl. async scheduling): replay the evaluation trace.
-4. Fit an affine cost model (``fit_cost_model``) to the calibration steps only; simulate the
-   evaluation trace with the ``vllm`` policy, the same KV / budget / max_num_seqs, and the
-   arrival times the server actually saw (the runs' ``send_s``, so load-generator lag on a busy
-   box is not charged to the simulator).
-5. Compare TTFT, per-request TPOT and ITL distributions (percentiles + two-sample KS distance).
+2. For each policy (``vllm``, ``wait``, ``slai``; :data:`POLICIES`): vLLM with the adapter
+   hosting it and ``HARNESS_STEP_LOG`` on: replay the calibration trace (its steps fit the
+   cost model), then the evaluation trace.
+3. Fit an affine cost model (``fit_cost_model``) to that policy's calibration steps only;
+   simulate the evaluation requests with the same policy and parameters, the same KV / budget /
+   max_num_seqs, and the arrival times the engine core saw (the adapter's request lines).
+4. Compare engine-side TTFT and TPOT (the adapter's own token times, no HTTP or client):
+   percentiles, relative errors against the target (p50 within 10%, p99 within 20%), KS.
 
 Run from the repo root with the harness venv (vLLM itself runs from .venv-vllm)::
 
     .venv/bin/python scripts/vllm-cpu/fidelity.py --out reports/fidelity
 
-Writes ``fidelity.json`` and prints a markdown table. Takes ~6-10 min on a 2-core box
-(two server starts dominate).
+Writes ``fidelity.json`` and prints a markdown table. Takes ~8-15 min on a 2-core box
+(three server starts and six replays).
 """
 
 from __future__ import annotations
@@ -65,24 +65,6 @@ def replay(url: str, trace: Path, out: Path) -> Path:
     return out
 
 
-def real_metrics(run_dir: Path) -> dict[str, np.ndarray]:
-    """TTFT from send, per-request TPOT, and ITL (gap of each streamed chunk, per token)."""
-    req = pd.read_parquet(run_dir / "requests.parquet")
-    chunks = pd.read_parquet(run_dir / "chunks.parquet").sort_values(["req", "t_s"])
-    ok = req[req["success"]]
-    ttft = (ok["first_chunk_s"] - ok["send_s"]).to_numpy()
-    n = ok["output_tokens"].to_numpy()
-    tpot = ((ok["last_chunk_s"] - ok["first_chunk_s"]).to_numpy() / np.maximum(n - 1, 1))[n > 1]
-    itl: list[float] = []
-    for _, g in chunks.groupby("req"):
-        t = g["t_s"].to_numpy()
-        k = g["tokens"].to_numpy()
-        for i in range(1, len(t)):  # a chunk of k tokens: one gap, then k-1 zero gaps
-            itl.append(t[i] - t[i - 1])
-            itl.extend([0.0] * (int(k[i]) - 1))
-    return {"ttft": ttft, "tpot": tpot, "itl": np.asarray(itl)}
-
-
 def engine_metrics(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """TTFT and TPOT as the engine saw them (the adapter's request lines): no HTTP, no client.
 
@@ -104,20 +86,6 @@ def front_end_ms(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {f"p{q}": round(float(np.percentile(lag, q)), 2) for q in (50, 90, 99)}
 
 
-def client_trace_frame(run_dir: Path) -> pd.DataFrame:
-    """The run's requests with the arrival times the server actually saw (send_s)."""
-    req = pd.read_parquet(run_dir / "requests.parquet").sort_values("send_s")
-    return pd.DataFrame(
-        {
-            "request_id": req["request_id"].astype(str),
-            "arrival_s": req["send_s"].to_numpy() - float(req["send_s"].min()),
-            "prompt_len": req["prompt_tokens"].astype(int),
-            "output_len": req["output_len"].astype(int),
-            "tier": req["tier"].astype(str),
-        }
-    )
-
-
 def engine_trace_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The engine-core arrivals and lengths of the adapter's finished requests."""
     df = pd.DataFrame(requests_only(rows)).sort_values("engine_arrival_s")
@@ -133,8 +101,17 @@ def engine_trace_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def sim_metrics(df: pd.DataFrame, cost: Any, kv_blocks: int, budget: int, seqs: int) -> dict:
-    """Simulate these requests (their arrival times) with the fitted cost model."""
+def sim_metrics(
+    df: pd.DataFrame,
+    cost: Any,
+    kv_blocks: int,
+    budget: int,
+    seqs: int,
+    policy: str = "vllm",
+    params: dict[str, Any] | None = None,
+) -> dict:
+    """Simulate these requests (their arrival times) with the fitted cost model and the same
+    policy (and parameters) the real server hosted."""
     from harness.engine.config import EngineConfig
     from harness.engine.simulate import simulate
     from harness.policies.registry import make_policy
@@ -145,7 +122,7 @@ def sim_metrics(df: pd.DataFrame, cost: Any, kv_blocks: int, budget: int, seqs: 
     cfg = EngineConfig(
         block_size=32, num_blocks=kv_blocks - 1, token_budget=budget, max_num_seqs=seqs
     )
-    res = simulate(trace, make_policy("vllm"), cost, cfg)
+    res = simulate(trace, make_policy(policy, **(params or {})), cost, cfg)
     arr = trace.df["arrival_s"].to_numpy()
     ttft = res.first_s - arr
     n = res.out_tokens
@@ -177,15 +154,77 @@ def compare(real: dict, sim: dict) -> dict[str, Any]:
     return out
 
 
+# The three policies measured (README "One policy in three hosts"): vLLM's own rule, WAIT
+# (one output-length type, threshold 4: cohorts at 5 req/s) and SLAI with a tight budget.
+POLICIES: dict[str, dict[str, Any]] = {
+    "vllm": {},
+    "wait": {"output_lens": [128], "thresholds": [4], "flush_after_s": 1.0},
+    "slai": {"token_budget": 256},
+}
+TARGET = {"p50": 0.10, "p99": 0.20}  # |sim - real| / real, engine side
+
+
+def run_policy(
+    name: str, params: dict[str, Any], cal: Path, ev: Path, out: Path, common: dict[str, Any]
+) -> dict[str, Any]:
+    """Serve ``name`` on real vLLM, replay calibration then evaluation, fit on the calibration
+    steps, simulate the evaluation arrivals with the same policy: engine-side comparison."""
+    from harness.engine.costmodel import fit_cost_model
+
+    step_log = out / f"steps-{name}.jsonl"
+    step_log.unlink(missing_ok=True)
+    cfg = VllmServerConfig(
+        policy=name,
+        policy_params=params,
+        step_log=step_log,
+        log_path=out / f"adapter-{name}.log",
+        **common,
+    )
+    with running_vllm(cfg) as srv:
+        replay(srv.url, cal, out / f"{name}-calibration")
+        n_cal = len(read_step_log(step_log))
+        replay(srv.url, ev, out / f"{name}-evaluation")
+    all_rows = read_step_log(step_log)
+    rows, eval_rows = all_rows[:n_cal], all_rows[n_cal:]
+    fit = fit_cost_model(step_log_samples(rows), name=f"vllm-cpu-tiny-{name}", with_floor=True)
+    (out / f"costmodel-{name}.json").write_text(json.dumps(fit.model.to_dict(), indent=2))
+    shape = (common["kv_blocks"], common["max_num_batched_tokens"], common["max_num_seqs"])
+    cmp = compare(
+        engine_metrics(eval_rows),
+        sim_metrics(engine_trace_frame(eval_rows), fit.model, *shape, name, params),
+    )
+    ok = all(
+        abs(cmp[m][f"{q}_rel_err"]) <= TARGET[q]
+        for m in ("ttft", "tpot")
+        for q in ("p50", "p99")
+        if cmp[m][f"{q}_rel_err"] is not None
+    )
+    return {
+        "params": params,
+        "fit": {"r2": fit.r2, "rmse_ms": fit.rmse_s * 1e3, "n_steps": fit.n, **fit.model.to_dict()},
+        "engine_vs_sim": cmp,
+        "within_target": ok,
+        "front_end_ms": front_end_ms(eval_rows),
+    }
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description="vLLM-CPU vs simulator fidelity")
+    ap = argparse.ArgumentParser(description="vLLM-CPU vs simulator fidelity, per policy")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "fidelity")
     ap.add_argument("--num-requests", type=int, default=80)
     ap.add_argument("--rate", type=float, default=5.0)
     ap.add_argument("--kv-blocks", type=int, default=256)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
     args = ap.parse_args()
+    names = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        print(
+            f"error: --policies: unknown {unknown}; choose from {list(POLICIES)}", file=sys.stderr
+        )
+        return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     cal = build(out / "calibration.parquet", seed=11, n=args.num_requests, rate=args.rate)
@@ -194,54 +233,26 @@ def main() -> int:
         kv_blocks=args.kv_blocks,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.budget,
+        # random prompts share no 32-token block; off so the comparison is free of it
+        prefix_caching=False,
         ready_timeout_s=600,
     )
-    step_log = out / "steps.jsonl"
-    step_log.unlink(missing_ok=True)
-    cfg = VllmServerConfig(policy="vllm", step_log=step_log, log_path=out / "adapter.log", **common)
-    with running_vllm(cfg) as srv:
-        replay(srv.url, cal, out / "adapter-calibration")
-        n_cal = len(read_step_log(step_log))
-        replay(srv.url, ev, out / "adapter-evaluation")
-    stock = VllmServerConfig(policy=None, log_path=out / "stock.log", **common)
-    with running_vllm(stock) as srv:
-        replay(srv.url, ev, out / "stock-evaluation")
-
-    from harness.engine.costmodel import fit_cost_model
-
-    all_rows = read_step_log(step_log)
-    rows, eval_rows = all_rows[:n_cal], all_rows[n_cal:]
-    fit = fit_cost_model(step_log_samples(rows), name="vllm-cpu-tiny-fit", with_floor=True)
-    (out / "costmodel.json").write_text(json.dumps(fit.model.to_dict(), indent=2))
-    shape = (args.kv_blocks, args.budget, args.max_num_seqs)
-    result = {
-        "fit": {"r2": fit.r2, "rmse_ms": fit.rmse_s * 1e3, "n_steps": fit.n, **fit.model.to_dict()},
-        # client-side: what harness replay measured (HTTP, API server, busy client included)
-        "stock_client_vs_sim": compare(
-            real_metrics(out / "stock-evaluation"),
-            sim_metrics(client_trace_frame(out / "stock-evaluation"), fit.model, *shape),
-        ),
-        "adapter_client_vs_sim": compare(
-            real_metrics(out / "adapter-evaluation"),
-            sim_metrics(client_trace_frame(out / "adapter-evaluation"), fit.model, *shape),
-        ),
-        # engine-side: the adapter's own request lines vs the simulator on the same arrivals
-        "adapter_engine_vs_sim": compare(
-            engine_metrics(eval_rows),
-            sim_metrics(engine_trace_frame(eval_rows), fit.model, *shape),
-        ),
-        "front_end_ms": front_end_ms(eval_rows),
-        "config": vars(args) | {"out": str(out)},
-    }
-    (out / "fidelity.json").write_text(json.dumps(result, indent=2))
-    print(f"fit: r2={fit.r2:.3f} rmse={fit.rmse_s * 1e3:.2f} ms over {fit.n} steps")
-    print(f"vLLM front end (API-server stamp to engine receipt), ms: {result['front_end_ms']}")
-    for name in ("stock_client_vs_sim", "adapter_client_vs_sim", "adapter_engine_vs_sim"):
-        print(f"\n{name}\n| metric | p50 real/sim ms | p90 real/sim ms | p99 real/sim ms | KS |")
-        print("|---|---|---|---|---|")
-        for key, r in result[name].items():
-            cells = [f"{r[f'p{q}_real_ms']:.1f} / {r[f'p{q}_sim_ms']:.1f}" for q in (50, 90, 99)]
-            print(f"| {key} | " + " | ".join(cells) + f" | {r['ks']:.3f} |")
+    result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
+    for name in names:
+        result[name] = run_policy(name, POLICIES[name], cal, ev, out, common)
+        (out / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
+    print("engine side, real vLLM-CPU vs harness simulate (fit on a separate calibration run)")
+    print("| policy | metric | p50 real / sim ms (err) | p99 real / sim ms (err) | fit r2 |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        r = result[name]
+        for key in ("ttft", "tpot"):
+            c = r["engine_vs_sim"][key]
+            cells = [
+                f"{c[f'{q}_real_ms']:.2f} / {c[f'{q}_sim_ms']:.2f} ({c[f'{q}_rel_err']:+.0%})"
+                for q in ("p50", "p99")
+            ]
+            print(f"| {name} | {key} | " + " | ".join(cells) + f" | {r['fit']['r2']:.3f} |")
     return 0
 
 
