@@ -188,6 +188,9 @@ class _Nvml:
                 row["gpu_mem_total_mib"] = mem.total / 2**20
             with contextlib.suppress(Exception):
                 row["gpu_util_perc"] = float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            with contextlib.suppress(Exception):  # mJ since driver load (Volta+); J per token
+                e_mj = self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                row["gpu_energy_j"] = float(e_mj) / 1000.0
             rows.append(row)
         return rows
 

@@ -51,6 +51,7 @@ def write_synthetic_run(
     sample_interval_s: float = 0.25,
     seed: int = 0,
     extra_meta: dict[str, Any] | None = None,
+    gpu_power_w: float | None = None,
 ) -> Path:
     """Write one synthetic run directory (all schema tables + run.json) and return its path.
 
@@ -208,6 +209,12 @@ def write_synthetic_run(
                     "gpu_mem_used_mib": 20000.0 + 50000.0 * kv,
                     "gpu_mem_total_mib": np.full(len(grid), 81559.0),
                     "gpu_util_perc": 100.0 * (running > 0),
+                    # NVML's counter: J since driver load; a constant draw when asked for
+                    "gpu_energy_j": (
+                        np.full(len(grid), np.nan)
+                        if gpu_power_w is None
+                        else 1.0e6 + gpu_power_w * grid
+                    ),
                 }
             )
         )

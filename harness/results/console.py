@@ -74,6 +74,15 @@ def overall_table(s: Mapping[str, Any]) -> Table:
             )
         )
         rows.append(("preemptions", _num(srv.get("preemptions_delta"), ",.0f")))
+    en = s.get("energy")
+    if isinstance(en, Mapping):
+        rows.append(
+            (
+                "energy (J) / J per token / per good token",
+                f"{_num(en.get('energy_j'), ',.0f')} / {_num(en.get('j_per_output_token'), '.3g')}"
+                f" / {_num(en.get('j_per_good_token'), '.3g')}",
+            )
+        )
     stab = s.get("stability")
     if isinstance(stab, Mapping) and stab.get("verdict"):
         rows.append(("stability", str(stab["verdict"])))

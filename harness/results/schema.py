@@ -135,5 +135,7 @@ SAMPLES = pa.schema(
         pa.field("gpu_mem_used_mib", pa.float64()),
         pa.field("gpu_mem_total_mib", pa.float64()),
         pa.field("gpu_util_perc", pa.float64()),
+        # NVML total energy since the driver loaded, joules (Volta+); deltas give a run's energy
+        pa.field("gpu_energy_j", pa.float64()),
     ]
 )

@@ -354,10 +354,39 @@ def compute_summary(
     out["tiers"] = tiers_out
 
     out.update(M.server_stats(run.samples))
+    energy = _energy(run, rm, sm, duration)
+    if energy is not None:  # only with NVML energy readings (a GPU): absent otherwise
+        out["energy"] = energy
     if stability:
         out["stability"] = _stability(full_run)  # its own MSER warm-up cut, every request
     out["metrics_reference"] = VLLM_REFERENCE
     return json_safe(out)
+
+
+def _energy(run: Run, rm: pd.DataFrame, sm: SloMasks, duration: float) -> dict | None:
+    """Energy over the measured window and per token, overall and per tier
+    (:mod:`harness.results.energy`)."""
+    from harness.results.energy import per_token, run_energy
+
+    t0 = 0.0
+    from harness.results.warmup import spec_of
+
+    if len(run.requests) and spec_of(run.meta):
+        t0 = float(np.nanmin(run.requests["target_s"].to_numpy(dtype=float)))
+    e = run_energy(run.samples, t0, t0 + duration if duration > 0 else math.inf)
+    if e is None:
+        return None
+    e.update(
+        per_token(
+            e,
+            sm.masks,
+            sm.success,
+            sm.attained,
+            rm["prompt_tokens"].to_numpy(),
+            rm["output_tokens"].to_numpy(),
+        )
+    )
+    return e
 
 
 def _stability(run: Run) -> dict[str, Any] | None:
