@@ -34,6 +34,7 @@ from harness.loadgen.dialects import Endpoint, get_dialect
 from harness.loadgen.dispatcher import (
     Dispatcher,
     DispatchStats,
+    Job,
     jobs_from_frame,
     synthetic_prompt,
 )
@@ -81,6 +82,9 @@ class ReplayConfig(BaseModel):
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight")
     workers: int | None = Field(
         None, ge=1, description="load-generator processes; None = automatic from rate and cores"
+    )
+    ray: str | None = Field(
+        None, description="Ray cluster address: load-generator shards as actors on its hosts"
     )
     tiers: str | None = Field(None, description="tier spec; None = the SLAI paper's defaults")
     goodput: dict[str, float] | None = Field(
@@ -207,10 +211,15 @@ def load_trace(cfg: ReplayConfig) -> Trace:
 
 # -- target -----------------------------------------------------------------------------------
 async def check_ready(
-    base_url: str, model: str | None, timeout_s: float, api_key: str | None = None
+    base_url: str,
+    model: str | None,
+    timeout_s: float,
+    api_key: str | None = None,
+    info: dict[str, Any] | None = None,
 ) -> str:
     """Wait (up to ``timeout_s``) until the target answers ``/health`` or ``/v1/models``;
-    return the model to use (``model``, else the first id ``/v1/models`` lists)."""
+    return the model to use (``model``, else the first id ``/v1/models`` lists). ``info``,
+    when given, receives ``max_model_len`` if ``/v1/models`` states it (vLLM does)."""
     deadline = clock.now() + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last = "no answer"
@@ -231,6 +240,8 @@ async def check_ready(
                         f"(HTTP {r.status_code} from {base_url}/v1/models)"
                     )
                 if r.status_code == 200:
+                    if info is not None:
+                        info.update(_model_info(r, model))
                     if model is not None:
                         return model
                     try:
@@ -249,6 +260,31 @@ async def check_ready(
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             await asyncio.sleep(min(0.2, max(0.0, deadline - clock.now())))
+
+
+def _model_info(resp: httpx.Response, model: str | None) -> dict[str, Any]:
+    """``max_model_len`` of ``model`` (else the first listed) from a /v1/models answer."""
+    try:
+        data = resp.json().get("data") or []
+        pick = next((d for d in data if d.get("id") == model), data[0] if data else {})
+        n = pick.get("max_model_len")
+    except (ValueError, AttributeError, TypeError):
+        return {}
+    return {"max_model_len": int(n)} if isinstance(n, int) and n > 0 else {}
+
+
+def context_warning(jobs: list[Job], max_model_len: int | None) -> str | None:
+    """A warning when rows ask for more than the model's context (prompt + output): the
+    server will reject them (``rejected``); named by the first trace row."""
+    if not max_model_len:
+        return None
+    over = [j.req for j in jobs if j.prompt_len + j.output_len > max_model_len]
+    if not over:
+        return None
+    return (
+        f"{len(over)} requests need more than the model's context ({max_model_len} tokens, "
+        f"from /v1/models; first: trace row {over[0]}): the server will reject them"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -395,8 +431,13 @@ async def run_replay_async(
     # then what is left after the writer's reserve caps the requests in flight.
     budget = fd_budget()
     async with _target(cfg, run_dir) as (base_url, engine_info):
-        model = await check_ready(base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key)
+        model_info: dict[str, Any] = {}
+        model = await check_ready(
+            base_url, cfg.model, cfg.ready_timeout_s, cfg.api_key, info=model_info
+        )
+        ctx_warning = context_warning(jobs, model_info.get("max_model_len"))
         meta = _meta(cfg, trace, base_url, model, len(jobs))
+        meta.update(model_info)
         meta["engine_info"] = engine_info
         meta.update(session_run_meta(cfg, trace))
         try:
@@ -412,6 +453,7 @@ async def run_replay_async(
                     cfg.workers,
                     jobs,
                     shard_keys=session_keys(trace.df, len(jobs)),
+                    ray_address=cfg.ray,
                     session=session,
                     base_url=base_url,
                     model=model,
@@ -444,6 +486,8 @@ async def run_replay_async(
                     if not math.isnan(disp.stats.end_s):
                         extra["duration_s"] = disp.stats.end_s
                     warnings = run_warnings(disp.stats, budget)
+                    if ctx_warning:
+                        warnings.insert(0, ctx_warning)
                     died = _engine_exit(base_url)
                     if died is not None:
                         extra["engine_died"] = {"exit_code": died}

@@ -346,3 +346,14 @@ async def test_rows_in_a_slow_flush_survive_the_end_of_the_run(tmp_path: Path) -
             stats = await disp.run(clock.now())
     assert stats.failed == 12
     assert len(read_run(tmp_path / "run").requests) == 12
+
+
+def test_context_warning_names_the_first_row_too_long() -> None:
+    from harness.loadgen.dispatcher import Job
+    from harness.loadgen.replay import context_warning
+
+    jobs = [Job(i, f"r{i}", 0.1 * i, None, p, o, None) for i, (p, o) in
+            enumerate([(100, 10), (4000, 200), (10, 10), (5000, 1)])]  # fmt: skip
+    msg = context_warning(jobs, 4096)
+    assert msg is not None and msg.startswith("2 requests") and "trace row 1" in msg
+    assert context_warning(jobs, None) is None and context_warning(jobs[:1], 4096) is None
