@@ -30,30 +30,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity import POLICIES, TIERS  # noqa: E402
+from fidelity import POLICIES, TIERS, build  # noqa: E402
 
 from adapters.sglang.launch import SglangServerConfig, running_sglang  # noqa: E402
-from adapters.vllm.launch import DEFAULT_MODEL, VllmServerConfig, running_vllm  # noqa: E402
+from adapters.vllm.launch import VllmServerConfig, running_vllm  # noqa: E402
 
 BLOCK = 32
 HOSTS = ("builtin", "vllm-cpu", "sglang-cpu")
-
-
-def build(path: Path, n: int, rate: float, seed: int) -> Path:
-    from harness.workload import build_trace, save_trace
-
-    trace = build_trace(
-        "synthetic",
-        num_requests=n,
-        rate=rate,
-        tiers=TIERS,
-        seed=seed,
-        input_len=192,
-        output_len=48,
-        range_ratio=0.66,
-        prompts=f"tokenizer:{DEFAULT_MODEL}",
-    )
-    return save_trace(trace, path)
 
 
 def replay(url: str, engine: str, trace: Path, out: Path, extra: list[str]) -> str:
@@ -111,11 +94,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "three-hosts")
     ap.add_argument("--num-requests", type=int, default=60)
     ap.add_argument("--rate", type=float, default=5.0)
-    ap.add_argument("--kv-tokens", type=int, default=8192)
+    # fidelity.py's 256 vLLM blocks of 32, less vLLM's null block
+    ap.add_argument("--kv-tokens", type=int, default=255 * BLOCK)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument(
         "--cost-model", default=str(ROOT / "reports" / "fidelity" / "costmodel-vllm.json")
+    )
+    ap.add_argument("--trace", type=Path, default=None, help="a frozen trace (default: build)")
+    ap.add_argument(
+        "--vllm-runs",
+        type=Path,
+        default=None,
+        help="reuse fidelity.py's real-vLLM runs of this trace (DIR/<policy>-evaluation)",
     )
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--hosts", default=",".join(HOSTS))
@@ -132,7 +123,7 @@ def main() -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    trace = build(out / "trace.parquet", args.num_requests, args.rate, seed=21)
+    trace = args.trace or build(out / "trace.parquet", 21, args.num_requests, args.rate)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}}
     for name in names:
         params = POLICIES[name]
@@ -143,6 +134,8 @@ def main() -> int:
                 asyncio.run(
                     _builtin(name, params, args.cost_model, args.kv_tokens, args, trace, run_dir)
                 )
+            elif host == "vllm-cpu" and args.vllm_runs is not None:
+                run_dir = args.vllm_runs / f"{name}-evaluation"  # same trace, same shape
             elif host == "vllm-cpu":
                 cfg = VllmServerConfig(
                     policy=name,
