@@ -48,6 +48,7 @@ def admit_list(
     order: str = "fcfs",
     whole: bool = False,
     free_blocks: int | None = None,
+    full_kv: bool = False,
 ) -> list[tuple[str, int]]:
     """Waiting requests to admit, head first, while budget, seats and KV allow.
 
@@ -56,7 +57,8 @@ def admit_list(
     except that a prompt larger than the whole budget may start alone, chunked by the host,
     so it can never deadlock (seed-stability.md §7 REC 6). Otherwise the last admission takes a
     chunk of what is left. Stops at the first request whose first chunk does not fit the free
-    KV blocks (head-of-line, like the host).
+    KV blocks (head-of-line, like the host); with ``full_kv`` at the first whose whole remaining
+    prefill does not fit (so an admission never has to preempt to finish its prompt).
     """
     out: list[tuple[str, int]] = []
     bs = view.kv.block_size
@@ -69,7 +71,7 @@ def admit_list(
         if whole and rem > budget_left and not oversize_alone:
             break
         n = min(rem, budget_left)
-        need = blocks_for(n, bs)
+        need = blocks_for(rem if full_kv else n, bs)
         if need > free:
             break
         out.append((r.request_id, n))

@@ -16,18 +16,28 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §3.3-§3.5, §7 #18-#19):
   ``n = 1024`` (none are in the paper). Budget/``max_num_seqs`` of the host still apply.
 * A recompute-preempted request returns to the waiting queue and is re-prefilled FCFS.
 * State across cycles is only the queue and the cycle counter (Lemma 2's Markov structure).
+* KV (the paper assumes it never binds): a prefill chunk that does not fit the free KV blocks
+  waits, and the decode batch runs instead (line 6 with "no KV room" beside "no seat room"), so
+  decodes drain and free KV; without this RAD asked for an admission the host cannot make, and
+  stalled with work left. A decode batch short of KV loses its newest members (host rule 2).
+* The FCFS-oldest waiting request comes from a heap kept by ``on_arrival``/``on_step``
+  (O(log n) per change, not a sort of the whole queue per step), rebuilt from the view
+  whenever its size disagrees with the host's waiting queue (a host that skips the hooks).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
 from harness.policies.base import (
     BasePolicy,
     Plan,
+    RequestView,
     StepReport,
     View,
+    blocks_for,
     is_decoding,
     prefill_remaining,
     remaining_tokens,
@@ -55,34 +65,77 @@ class RADPolicy(BasePolicy):
         self.t_lcm = math.lcm(self.t_row, self.t_col, self.t_red)
         self.requests_in_cycle = 0
         self.cycles = 0
+        self._heap: list[tuple[float, str]] = []  # (arrival, id) of waiting, lazily deleted
+        self._waiting: dict[str, RequestView] = {}  # the waiting requests the heap covers
+        self._known: dict[str, RequestView] = {}  # every request seen and not finished
+
+    def _oldest_waiting(self, view: View) -> RequestView | None:
+        """FCFS-oldest waiting request by (arrival, id), O(log n) amortised."""
+        if len(self._waiting) != len(view.waiting):  # the hooks missed something: resync
+            self._waiting = {r.request_id: r for r in view.waiting}
+            self._known.update(self._waiting)
+            self._heap = [(r.arrival_s, r.request_id) for r in self._waiting.values()]
+            heapq.heapify(self._heap)
+        heap = self._heap
+        while heap and heap[0][1] not in self._waiting:
+            heapq.heappop(heap)
+        return self._waiting[heap[0][1]] if heap else None
 
     def schedule(self, view: View) -> Plan:
         chunk = min(self.t_lcm, view.token_budget)
+        bs = view.kv.block_size
+        free = view.kv.free_blocks
         prefilling = [r for r in view.running if prefill_remaining(r) > 0]
         decoding = [r for r in view.running if is_decoding(r)]
+
+        def decode_batch() -> Plan:  # lines 6-8: one batch with a DI for every request in D
+            run = [(r.request_id, 1) for r in sorted(decoding, key=lambda r: r.arrival_s)]
+            return Plan(run=run, steady=not prefilling and len(run) <= view.token_budget)
+
         if prefilling:  # lines 12-16: finish the current prefill, one chunk per batch, alone
             r = min(prefilling, key=lambda r: (r.arrival_s, r.request_id))
-            return Plan(run=[(r.request_id, min(chunk, prefill_remaining(r)))])
+            c = min(chunk, prefill_remaining(r))
+            c0 = r.num_computed_tokens
+            if decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
+                return decode_batch()  # no KV for the chunk yet: let decodes drain
+            return Plan(run=[(r.request_id, c)])
         if not decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1
-        waiting = sorted(view.waiting, key=lambda r: (r.arrival_s, r.request_id))
-        if not waiting and not decoding:
+        head = self._oldest_waiting(view)
+        if head is None and not decoding:
             return Plan()  # line 5: idle
         seq_room = len(view.running) < view.max_num_seqs
         if (
             len(decoding) >= self.t_col
-            or not waiting
+            or head is None
             or self.requests_in_cycle >= self.n
             or not seq_room
-        ):  # lines 6-8: one batch with a DI for every request in D
-            run = [(r.request_id, 1) for r in sorted(decoding, key=lambda r: r.arrival_s)]
-            return Plan(run=run, steady=len(run) <= view.token_budget)
-        r = waiting[0]  # lines 11-17: FCFS prefill of one request (counted in on_step)
-        return Plan(admit=[(r.request_id, min(chunk, remaining_tokens(r)))])
+        ):
+            return decode_batch()
+        c = min(chunk, remaining_tokens(head))
+        if decoding and blocks_for(c, bs) > free:
+            return decode_batch()  # no KV room for the first chunk: decodes drain first
+        # lines 11-17: FCFS prefill of one request (counted in on_step)
+        return Plan(admit=[(head.request_id, c)])
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        rid = request.request_id
+        self._known[rid] = request
+        self._waiting[rid] = request
+        heapq.heappush(self._heap, (request.arrival_s, rid))
 
     def on_step(self, report: StepReport) -> None:
         self.requests_in_cycle += len(report.admitted)  # line 18
+        for rid in report.admitted:
+            self._waiting.pop(rid, None)
+        for rid in report.preempted:  # back to waiting (recompute)
+            r = self._known.get(rid)
+            if r is not None:
+                self._waiting[rid] = r
+                heapq.heappush(self._heap, (r.arrival_s, rid))
+        for rid in report.finished:
+            self._known.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "t_col": self.t_col, "t_row": self.t_row, "t_red": self.t_red}

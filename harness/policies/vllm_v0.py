@@ -6,6 +6,11 @@ FCFS while their sum fits the budget (and seats and KV); otherwise the step is d
 token for each decoding request in running order, up to the budget. A prompt longer than the
 whole budget starts alone and is chunked (never a silent deadlock, §7 REC 6); its remaining
 chunks then run as prefill-only steps. Preempted requests re-enter through waiting (front).
+
+Watermark: a prompt is admitted only if its blocks leave ``watermark`` (1%) of all KV blocks
+free, as vLLM v0's block manager (``watermark=0.01``) and Vidur's vLLM scheduler
+(``watermark_blocks_fraction=0.01``, anchors-engines.md §5.1) do, so decodes of running
+requests rarely run out of blocks and get preempted. It is waived when nothing runs.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ from harness.policies.registry import register
 @register("vllm-v0")
 class VLLMV0Policy(BasePolicy):
     """Prefill-only steps whenever a prompt can be admitted, else decode-only steps."""
+
+    def __init__(self, *, watermark: float = 0.01) -> None:
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError("vllm-v0: watermark must be in [0, 1)")
+        self.watermark = float(watermark)
+
+    def params(self) -> dict[str, float]:
+        return {"watermark": self.watermark}
 
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget
@@ -32,8 +45,16 @@ class VLLMV0Policy(BasePolicy):
         admit: list[tuple[str, int]] = []
         seats = view.max_num_seqs - len(view.running)
         if view.waiting and budget > 0 and seats > 0:
-            admit = admit_list(view, budget, seats, whole=True)
+            # With nothing running the watermark is waived: a prompt that fits the whole
+            # cache but not cache - watermark must still run (never a stall, §7 REC 6).
+            reserve = int(self.watermark * view.kv.total_blocks) if view.running else 0
+            free = max(0, view.kv.free_blocks - reserve)
+            # v0's block manager allocates a prompt's blocks whole at admission (full_kv)
+            admit = admit_list(view, budget, seats, whole=True, free_blocks=free, full_kv=True)
         if run or admit:
+            # decodes listed with 0 tokens: they stay KV victims for an oversize prompt's next
+            # chunk, which would otherwise evict itself, re-enter and livelock (issue 13)
+            run.extend((r.request_id, 0) for r in decoding)
             return Plan(run=run, admit=admit)
         run = [(r.request_id, 1) for r in decoding[: view.token_budget]]
         return Plan(run=run, steady=len(run) == len(view.running))
