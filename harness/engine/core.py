@@ -233,6 +233,8 @@ class EngineCore:
         self.total_blocks = self.config.total_blocks
         self.used_blocks = 0
         self.token_budget = self.config.token_budget
+        # cost models with per-request context terms get the prefill attention work too
+        self._prefill_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
         self.max_num_seqs = self.config.max_num_seqs
         self._requests: dict[str, EngineRequest] = {}
         self._front: deque[EngineRequest] = deque()  # preempted, front of waiting
@@ -486,6 +488,7 @@ class EngineCore:
         n_prefill = 0
         n_decode = 0
         kv_read = 0
+        attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
         scheduled: list[tuple[str, int, bool]] = []
         for rid, (r, n) in sched.items():
             c = r.num_computed_tokens
@@ -495,9 +498,13 @@ class EngineCore:
             else:
                 prefill += n
                 n_prefill += 1
+                attn += n * (c + n / 2)
             kv_read += c + n
             scheduled.append((rid, n, is_dec))
-        duration = self.cost_model.step_time(prefill, n_decode, kv_read)
+        if self._prefill_attn:
+            duration = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+        else:
+            duration = self.cost_model.step_time(prefill, n_decode, kv_read)
 
         # Fast-forward (Plan.steady): every running request decodes, nothing else happens.
         k = 1

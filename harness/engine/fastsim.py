@@ -108,6 +108,7 @@ def fast_simulate(
     calls = 0
     waiting: deque[int] = deque()
     step_time = cost_model.step_time
+    use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
 
     def retire(keep: np.ndarray, R: int) -> int:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
@@ -172,6 +173,7 @@ def fast_simulate(
             sp: np.ndarray | None = None  # scheduled positions (None = all R, one token each)
             sg: np.ndarray | None = None
             prefill = n_decode = kv_read = 0
+            attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
             if R:
                 Cv = Cr[:R]
                 if npf == 0 and budget >= R:
@@ -263,6 +265,9 @@ def fast_simulate(
                         pos_g = sg > 0
                         n_decode = int(np.count_nonzero(d & pos_g))
                         prefill = int(sg[~d].sum())
+                        if use_attn:
+                            pg = sg[~d]
+                            attn = float((pg * (Co[~d] + pg / 2)).sum())
                         kv_read = int((Co + sg)[pos_g].sum())
 
             # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
@@ -296,6 +301,7 @@ def fast_simulate(
                     seats -= 1
                     prefill += g
                     kv_read += g
+                    attn += g * g / 2
 
             if n_decode == 0 and prefill == 0:
                 if preempted_any:
@@ -306,7 +312,10 @@ def fast_simulate(
                 raise SimulationStalled(
                     f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
                 )
-            dur = step_time(prefill, n_decode, kv_read)
+            if use_attn:
+                dur = step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+            else:
+                dur = step_time(prefill, n_decode, kv_read)
 
             # ---- fast-forward a steady run of pure decode steps --------------------------------
             k = 1

@@ -68,3 +68,39 @@ def test_only_exact_policies_take_the_fast_kernel() -> None:
     assert fast_budget(make_policy("vllm", long_prefill_token_threshold=8), cfg) is None
     assert fast_budget(make_policy("orca"), cfg) is None
     assert fast_budget(make_policy("vllm", scheduling_policy="priority"), cfg) is None
+
+
+class _AttnCost:
+    """A cost model with a per-request context term: charges the prefill attention work."""
+
+    uses_prefill_attn = True
+
+    def __init__(self) -> None:
+        self.base = get_cost_model("a100-llama2-7b")
+        self.attn_seen: list[float] = []
+
+    def step_time(self, prefill_tokens, decode_seqs, kv_tokens, prefill_attn=None) -> float:
+        assert prefill_attn is not None
+        self.attn_seen.append(prefill_attn)
+        return self.base.step_time(prefill_tokens, decode_seqs, kv_tokens) + 1e-7 * prefill_attn
+
+    def step_times(self, prefill_tokens, decode_seqs, kv_tokens):
+        return self.base.step_times(prefill_tokens, decode_seqs, kv_tokens)
+
+
+def test_prefill_attention_term_reaches_both_kernels() -> None:
+    # One request, prompt 100, budget 64: chunks 64 (context 0) and 36 (context 64).
+    tr = make_trace([0.0], [100], [3])
+    cfg = EngineConfig(kv_tokens=4096, token_budget=64)
+    for kernel in ("auto", "reference"):
+        cost = _AttnCost()
+        simulate(tr, make_policy("vllm"), cost, cfg, kernel=kernel)
+        assert cost.attn_seen[:2] == [64 * 32.0, 36 * (64 + 18.0)], kernel
+    # identical token times with the context term on a trace with preemptions
+    tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
+    for policy in ("vllm", "sarathi"):
+        fast = simulate(tr, make_policy(policy), _AttnCost(), cfg)
+        ref = simulate(tr, make_policy(policy), _AttnCost(), cfg, kernel="reference")
+        assert fast.counters.get("kernel") == "fast"
+        _same(fast, ref)
