@@ -366,7 +366,7 @@ def fmt_drift(bins: Any) -> str:
     if isinstance(bins, str):  # an older summary.json stored it as text
         return bins
     return " · ".join(
-        f"{fmt_value(b['level_lo'])}–{fmt_value(b['level_hi'])}: "
+        f"{b['level_lo']:,.0f}–{b['level_hi']:,.0f}: "
         f"{'+' if (b['drift_per_s'] or 0) > 0 else ''}{fmt_value(b['drift_per_s'])}/s"
         for b in bins
     )

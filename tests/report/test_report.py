@@ -232,3 +232,65 @@ def test_all_failed_run_still_renders(tmp_path: Path) -> None:
     con.print(table)
     assert " 0.0 " not in con.export_text(clear=False)
     assert "\x1b[31m" not in con.export_text(styles=True)  # nothing red
+
+
+def test_issue20_report_defects(tmp_path: Path) -> None:
+    """Title of a five-run comparison, one fallback banner, completions binned coarsely, the
+    P99 bar coloured against the tier's own SLO, stability values explained."""
+    from harness.report import comparison_title
+    from harness.report.data import _notices, stability_rows
+    from harness.report.figures import SLO_MET, SLO_MISSED, completion_bins, itl_distribution
+    from harness.report.synthetic import write_synthetic_run
+
+    labels = [f"p{i}" for i in range(5)]
+    assert comparison_title(labels) == "Comparison: p0 vs p1 vs p2 vs p3 vs p4"
+    assert comparison_title([f"p{i}" for i in range(9)]).endswith("p4 and 4 more")
+
+    reason = "HF hub unreachable"
+    meta = {
+        "trace_meta": {
+            "fallback": True,
+            "reason": reason,
+            "notes": [f"lmsys: real dataset not available ({reason}); using the length profile"],
+        },
+        "notes": ["trace fell back to a length profile"],
+    }
+    notices = _notices(meta, {})
+    assert sum("fallback" in t or "length profile" in t for _, t in notices) == 1
+
+    # ~1 completion/s over 300 s: ~25 per bin, never 0.1 s bins of 0 or 10
+    assert completion_bins(300, 300.0) == 12 and completion_bins(0, 10.0) == 1
+
+    # the free tier (500 ms SLO) meets it, the paid tier (1 ms SLO) misses: green / red
+    d = write_synthetic_run(
+        tmp_path / "r",
+        num_requests=200,
+        rate=3.0,
+        tiers=(("paid", 0.3, 2.0, 0.001), ("free", 0.7, 10.0, 0.5)),
+    )
+    fig = itl_distribution(load_run_view(d))
+    bars = [t for t in fig.data if t.type == "bar"][0]
+    assert list(bars.x) == ["paid", "free"] and list(bars.marker.color) == [SLO_MISSED, SLO_MET]
+
+    rows = {
+        label: (v, h)
+        for label, v, h in stability_rows(
+            {
+                "little_law_ratio": 0.0613,
+                "queue_mean": 0.0,
+                "mean_backlog": 56.0,
+                "conditional_drift": [
+                    {"level_lo": 1.0, "level_hi": 5.0, "drift_per_s": 2.5, "points": 9},
+                    {"level_lo": 5.0, "level_hi": 9.0, "drift_per_s": -1.25, "points": 9},
+                ],
+            }
+        )
+    }
+    assert (
+        rows["Little's law L/(λW)"][0] == "0.061" and "censored" in rows["Little's law L/(λW)"][1]
+    )
+    assert (
+        rows["engine queue, mean"][0] == "0 requests"
+        and "not queued" in rows["engine queue, mean"][1]
+    )
+    assert rows["conditional drift"][0] == "1–5: +2.500/s · 5–9: -1.250/s"
