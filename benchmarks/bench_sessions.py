@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,10 @@ def measure(url: str, rate: float, duration_s: float, turns: float, think: str |
             out=Path(tmp) / "run",
             sessions=SessionOptions(),
         )
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         run_dir = asyncio.run(run_replay_async(cfg, trace=trace))
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         run = read_run(run_dir, chunks=False, samples=False)
         sess = pq.read_table(run_dir / schema.SESSIONS_FILE).to_pandas()
     r = run.requests
@@ -71,6 +75,9 @@ def measure(url: str, rate: float, duration_s: float, turns: float, think: str |
         "lag_p50_ms": float(np.percentile(lag, 50)),
         "lag_p99_ms": float(np.percentile(lag, 99)),
         "arrival_lag_p99_ms": float(np.percentile(lag[roots], 99)),
+        # client CPU per call: robust on a shared machine (its inverse is what one
+        # uncontended core could drive, server excluded)
+        "cpu_ms_per_call": 1000.0 * cpu / max(1, len(r)),
     }
 
 
@@ -90,7 +97,8 @@ def main() -> None:
                 f"{rate:7g} sess/s offered: {row['sessions_per_s']:7.1f} sess/s "
                 f"{row['calls_per_s']:8.1f} calls/s  lag p50 {row['lag_p50_ms']:.2f} ms "
                 f"p99 {row['lag_p99_ms']:.2f} ms (arrivals p99 {row['arrival_lag_p99_ms']:.2f})  "
-                f"complete {row['complete']}/{row['sessions']} failed calls {row['failed']}",
+                f"complete {row['complete']}/{row['sessions']} failed calls {row['failed']}  "
+                f"client CPU {row['cpu_ms_per_call']:.2f} ms/call",
                 flush=True,
             )
     ok = [r for r in rows if r["lag_p99_ms"] <= 5.0 and r["complete"] == r["sessions"]]
