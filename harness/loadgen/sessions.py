@@ -503,7 +503,7 @@ def session_run_meta(cfg: Any, trace: Any) -> dict[str, Any]:
         "num_sessions": n,
         "num_calls": len(trace),
     }
-    for key in ("sharegpt", "fallback", "agent_graph", "profile"):
+    for key in ("sharegpt", "lmsys", "fallback", "agent_graph", "profile"):
         if key in trace.meta:
             info[key] = trace.meta[key]
     return {"sessions": info}

@@ -163,7 +163,7 @@ def session_summary(run_dir: Path | str) -> dict[str, Any] | None:
     out["tiers"] = {str(t): _block(g, float(duration)) for t, g in s.groupby("tier", sort=True)}
     out["per_turn"] = per_turn(calls).to_dict(orient="records")
     info = run.meta.get("sessions") or {}
-    for key in ("sharegpt", "fallback", "agent_graph"):
+    for key in ("sharegpt", "lmsys", "fallback", "agent_graph"):
         if key in info:
             out[key] = info[key]
     return out

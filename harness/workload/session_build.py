@@ -56,6 +56,8 @@ def build_session_trace(
                 f"sharegpt-conv: {info['conversations_recovered']} conversations recovered; "
                 f"{conv.SHAREGPT_NOTE}"
             )
+    elif source == "lmsys-conv" and _real_lmsys(options, meta, n, seed, quiet):
+        df = meta.pop("_frame")
     elif source in ("synthetic-conv", "lmsys-conv"):
         base = dict(conv.LMSYS_CONV_PROFILE) if source == "lmsys-conv" else {}
         allowed = {
@@ -73,7 +75,7 @@ def build_session_trace(
         if source == "lmsys-conv":
             meta["fallback"] = (
                 "LMSYS-Chat-1M conversation PROFILE (mean 2.0 turns, first prompt ~70 tokens, "
-                "reply ~215 tokens), not the dataset: the hub copy is gated"
+                f"reply ~215 tokens), not the dataset: {meta.pop('_why', 'unavailable')}"
             )
             if not quiet:
                 announce(f"lmsys-conv: {meta['fallback']}")
@@ -132,3 +134,30 @@ def _is_frozen(path: Path) -> bool:
     from harness.workload.sources.files import PARQUET_META_KEY
 
     return PARQUET_META_KEY in (pq.read_schema(path).metadata or {})
+
+
+def _real_lmsys(
+    options: dict[str, Any], meta: dict[str, Any], n: int | None, seed: int, quiet: bool
+) -> bool:
+    """Load real LMSYS conversations into ``meta["_frame"]`` when ``path=`` is given or the
+    gated hub is reachable (``fallback=always`` skips, ``never`` makes absence an error);
+    otherwise leave the reason in ``meta["_why"]`` and strip these options for the profile."""
+    path, dataset = options.pop("path", None), options.pop("dataset", None)
+    mode = options.pop("fallback", "auto")
+    max_rows = int(options.pop("max_rows", 20000))
+    if mode not in ("auto", "never", "always"):
+        raise TraceError(f"lmsys-conv: fallback must be auto, never or always, got {mode!r}")
+    if mode == "always":
+        meta["_why"] = "fallback=always"
+        return False
+    got = conv.load_lmsys_conversations(path, dataset, max_rows)
+    if isinstance(got, str):
+        if mode == "never":
+            raise TraceError(f"lmsys-conv: real dataset not available ({got})")
+        meta["_why"] = got
+        return False
+    items, info = got
+    df = conv.conversation_rows(items)
+    meta["_frame"] = conv.sample_sessions(df, n or DEFAULT_NUM_SESSIONS, seed)
+    meta["lmsys"] = info
+    return True

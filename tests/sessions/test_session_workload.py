@@ -172,3 +172,27 @@ def test_frozen_session_trace_round_trips(tmp_path: Path) -> None:
     cols = ["session_id", "call_index", "parents", "think_s", "arrival_s", "tier"]
     pd.testing.assert_frame_equal(back.df[cols], t.df[cols])
     assert back.content_hash() == t.content_hash()
+
+
+def test_lmsys_conv_real_file_or_announced_profile(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network in tests
+    path = tmp_path / "lmsys.jsonl"
+    rec = {
+        "conversation_id": "abc",
+        "conversation": [
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "first answer"},
+            {"role": "user", "content": "second question"},
+            {"role": "assistant", "content": "second answer"},
+        ],
+    }
+    path.write_text(json.dumps(rec) + "\n")
+    real = build_session_trace("lmsys-conv", path=str(path), session_rate=1.0)
+    assert real.meta["lmsys"]["conversations_read"] == 1 and "fallback" not in real.meta
+    assert real.df["prompt"].tolist() == ["first question", "second question"]
+    prof = build_session_trace("lmsys-conv", num_sessions=50, session_rate=1.0, quiet=True)
+    assert "PROFILE" in prof.meta["fallback"] and "HF_HUB_OFFLINE" in prof.meta["fallback"]
+    turns = prof.df.groupby("session_id").size().mean()
+    assert 1.3 < turns < 2.8  # the profile's mean of 2.0 turns
+    with pytest.raises(TraceError, match="real dataset not available"):
+        build_session_trace("lmsys-conv", fallback="never")

@@ -205,6 +205,28 @@ def synthetic_conversations(
     )
 
 
+def load_lmsys_conversations(
+    path: str | None, dataset: str | None, max_rows: int
+) -> tuple[list[Any], dict[str, Any]] | str:
+    """LMSYS-Chat-1M conversations (a local JSON/JSONL/Parquet copy, or the gated hub through
+    ``datasets``) as ShareGPT-style items, or the reason they are unavailable (a str)."""
+    from harness.workload.sources import datasets_hf as hf
+
+    opts = {"path": path, "dataset": dataset, "split": "train"}
+    try:
+        records, where = hf._open_records("lmsys", opts)
+    except hf._Unavailable as exc:
+        return str(exc)
+    items: list[Any] = []
+    for i, rec in enumerate(records):
+        if i >= max_rows:
+            break
+        msgs = hf._messages(rec, where, i)
+        cid = rec.get("conversation_id") or f"lmsys{i}"
+        items.append({"id": cid, "conversations": [{"from": r, "value": t} for r, t in msgs]})
+    return items, {"source": where, "conversations_read": len(items)}
+
+
 # LMSYS-Chat-1M conversation profile (issue 15, from the real dataset's statistics): mean 2.0
 # turns, first prompt ~70 tokens, reply ~215 tokens. Announced as a profile, never the data.
 LMSYS_CONV_PROFILE = {"turns": 2.0, "prompt_len": 70.0, "output_len": 215.0, "sigma": 1.0}
