@@ -101,6 +101,14 @@ def replay(
             "(default: automatic from the peak rate and the cores; 1 = in-process)."
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Ray cluster address (or auto): run the --workers shards as Ray actors "
+            "spread over its hosts, clocks aligned by measured offsets (needs the [ray] extra).",
+        ),
+    ] = None,
     tiers: Annotated[
         str | None,
         typer.Option(
@@ -218,6 +226,14 @@ def replay(
     from harness.loadgen.sessions import session_options
     from harness.results.metrics import parse_goodput
 
+    if ray is not None:
+        from harness.distributed import require_ray
+
+        try:
+            require_ray()
+        except HarnessError as exc:
+            fail(str(exc))
+
     try:
         gp = parse_goodput(" ".join(goodput)) if goodput else None
     except ValueError as exc:
@@ -245,6 +261,7 @@ def replay(
             duration_s=duration,
             max_concurrency=max_concurrency,
             workers=workers,
+            ray=ray,
             tiers=tiers,
             goodput=gp,
             seed=seed,

@@ -83,6 +83,9 @@ class ReplayConfig(BaseModel):
     workers: int | None = Field(
         None, ge=1, description="load-generator processes; None = automatic from rate and cores"
     )
+    ray: str | None = Field(
+        None, description="Ray cluster address: load-generator shards as actors on its hosts"
+    )
     tiers: str | None = Field(None, description="tier spec; None = the SLAI paper's defaults")
     goodput: dict[str, float] | None = Field(
         None, description="goodput SLOs in ms, keys ttft/tpot/e2el (vLLM --goodput)"
@@ -450,6 +453,7 @@ async def run_replay_async(
                     cfg.workers,
                     jobs,
                     shard_keys=session_keys(trace.df, len(jobs)),
+                    ray_address=cfg.ray,
                     session=session,
                     base_url=base_url,
                     model=model,

@@ -468,10 +468,18 @@ def make_dispatcher(
     jobs: list[Job],
     *,
     shard_keys: Sequence[Any] | None = None,
+    ray_address: str | None = None,
     **kw: Any,
-) -> Dispatcher | ShardedDispatcher:
+) -> Any:
     """``Dispatcher`` for one worker (today's in-process path, unchanged), else a
-    :class:`ShardedDispatcher`; ``workers=None`` = :func:`auto_workers`."""
+    :class:`ShardedDispatcher`; ``workers=None`` = :func:`auto_workers`. With
+    ``ray_address`` the shards are Ray actors across the cluster's hosts
+    (:class:`harness.distributed.loadgen.RayShardedDispatcher`; ``workers=None`` = one per
+    node)."""
+    if ray_address is not None:
+        from harness.distributed.loadgen import RayShardedDispatcher
+
+        return RayShardedDispatcher(jobs, workers, address=ray_address, shard_keys=shard_keys, **kw)
     cap = kw.get("max_concurrency")
     n = auto_workers(jobs, cap) if workers is None else resolve_workers(workers, jobs, cap)
     if n <= 1:

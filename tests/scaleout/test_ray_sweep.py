@@ -64,7 +64,7 @@ def test_ray_sweep_matches_serial_bit_for_bit_and_is_faster(tmp_path: Path) -> N
     from harness.distributed.pool import mapper
 
     serial_s = sweep_all(tmp_path / "serial")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         ray_s = sweep_all(tmp_path / "ray", mapper("auto"))
     finally:

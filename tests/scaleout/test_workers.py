@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from scaleout_traces import make_trace
 
 from harness.loadgen.bench import fast_server
 from harness.loadgen.dispatcher import Job
@@ -15,8 +15,6 @@ from harness.loadgen.replay import ReplayConfig, run_replay_async
 from harness.loadgen.workers import auto_workers, peak_rate, shard_jobs, split_cap
 from harness.results import schema
 from harness.results.rundir import read_run
-from harness.workload.tiers import default_tiers
-from harness.workload.trace import Trace
 
 
 def jobs(n: int, gap_s: float = 0.01) -> list[Job]:
@@ -46,23 +44,6 @@ def test_auto_workers_follow_the_peak_rate() -> None:
     assert peak_rate([0.0, 0.1, 0.2, 5.0]) == 3.0
     assert auto_workers(jobs(50, gap_s=0.1)) == 1  # 10 req/s: one process, today's path
     assert split_cap(5, 2) == [3, 2] and split_cap(None, 2) == [None, None]
-
-
-def make_trace(n: int, rate: float, output_len: int = 20) -> Trace:
-    rng = np.random.default_rng(1)
-    arr = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, n - 1))])
-    tiers = default_tiers()
-    df = pd.DataFrame(
-        {
-            "request_id": [f"r{i}" for i in range(n)],
-            "arrival_s": arr,
-            "prompt": [None] * n,
-            "prompt_len": [16] * n,
-            "output_len": [output_len] * n,
-            "tier": [tiers[i % len(tiers)].name for i in range(n)],
-        }
-    )
-    return Trace.from_frame(df, tiers, meta={"source": "test"})
 
 
 @pytest.mark.parametrize("workers", [1, 2])
