@@ -196,3 +196,27 @@ def test_lmsys_conv_real_file_or_announced_profile(tmp_path: Path, monkeypatch) 
     assert 1.3 < turns < 2.8  # the profile's mean of 2.0 turns
     with pytest.raises(TraceError, match="real dataset not available"):
         build_session_trace("lmsys-conv", fallback="never")
+
+
+@pytest.mark.parametrize(
+    ("graph", "msg"),
+    [
+        ("calls:\n  - {parents: [1]}\n  - {parents: [0]}\n", "cycle"),
+        ("calls:\n  - {}\n  - {parents: [5]}\n", "unknown parent 5"),
+    ],
+)
+def test_cli_bad_graph_is_one_error_line(tmp_path: Path, graph: str, msg: str) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "g.yaml"
+    path.write_text(graph)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli.main", "replay", "--trace", str(path),
+         "--session-rate", "1", "--no-progress", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
