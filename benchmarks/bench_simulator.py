@@ -1,94 +1,177 @@
-"""Simulator speed: simulated requests/s and steps/s per policy, near the preset's capacity.
+"""Simulator speed and memory: a table for every registered policy, two workloads, and overload.
 
 Usage::
 
-    python benchmarks/bench_simulator.py [--num-requests 100000] [--load 0.9]
-        [--policies vllm,sarathi] [--cost-model a100-llama2-7b] [--write] [--out DIR]
+    python benchmarks/bench_simulator.py [--num-requests 100000] [--policies all|vllm,rad]
+        [--workloads lmsys,azure] [--no-overload] [--timeout 300] [--json OUT.json]
 
-1. Capacity: simulate 5,000 lmsys requests all arriving at once (overload) and take the
-   completion rate as the capacity C (req/s) of the preset's engine (KV from the preset's GPU).
-2. Build ``--num-requests`` requests of /work/shared/data/lmsys_sample_lengths.csv (Poisson,
-   rate = load x C) and simulate each policy, timing the simulation alone (wall and CPU time;
-   CPU time is what the run costs when the machine is shared) and, with ``--write``, the full
-   run-directory write (requests, per-token chunks, samples) plus summary.json.
+Workloads (issue 13):
+
+- ``lmsys``: /work/shared/data/lmsys_sample_lengths.csv, Poisson at 0.9 x capacity, where the
+  capacity C is the completion rate of 5,000 requests all arriving at once under ``vllm``.
+- ``azure``: Azure LLM-inference 2023 conversation lengths, Poisson at 4 req/s.
+- overload: the lmsys lengths at 1.5 x the policy's *own* capacity (its 5,000-request
+  all-at-once completion rate); the run must finish, and its stability verdict (summary.json)
+  should say ``unstable``.
+
+Per row: *whole process* = ``harness simulate --no-report`` in a child process (import, trace
+build, simulate, run-directory and summary.json writing), its wall time and peak RSS (from
+``wait4``); *kernel* = :func:`~harness.engine.simulate.simulate` alone in this process on the
+same trace (token times kept in memory). Requests/s = requests / seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.engine.costmodel import get_cost_model
-from harness.engine.simulate import SimulateConfig, simulate, write_run
+from harness.engine.simulate import SimulateConfig, SimulationStalled, simulate
 from harness.policies import make_policy
+from harness.policies.registry import available
 from harness.shared_data import shared_data_dir
 from harness.workload import build_trace
 
-DATA = str(shared_data_dir() / "lmsys_sample_lengths.csv")
+LMSYS = str(shared_data_dir() / "lmsys_sample_lengths.csv")
+AZURE = str(shared_data_dir() / "azure_conv_2023.csv")
+HARNESS = str(Path(sys.executable).parent / "harness")
+
+
+def capacity(trace: str, policy: str, cost_model: str, n: int = 5000, seed: int = 0) -> float:
+    """Completion rate (req/s) of ``n`` requests all arriving at time 0 (overload)."""
+    econf = SimulateConfig(trace=trace, cost_model=cost_model).engine_config()
+    probe = build_trace(trace, num_requests=n, rate=float("inf"), seed=seed, quiet=True)
+    res = simulate(probe, make_policy(policy), get_cost_model(cost_model), econf)
+    return len(probe) / res.end_s
+
+
+def whole_process(
+    trace: str, rate: float, n: int, policy: str, cost_model: str, timeout: float, seed: int
+) -> dict[str, Any]:
+    """``harness simulate`` in a child: wall seconds, peak RSS (MiB), stability verdict."""
+    with tempfile.TemporaryDirectory(prefix="bench-sim-") as out:
+        cmd = [HARNESS, "simulate", "--trace", trace, "--rate", f"{rate}"]
+        cmd += ["--num-requests", str(n), "--policy", policy, "--cost-model", cost_model]
+        cmd += ["--seed", str(seed), "--no-report", "--out", out]
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = t0 + timeout
+        status = None
+        while status is None:
+            pid, st, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                status = st
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                os.wait4(p.pid, 0)
+                return {"wall_s": None, "rss_mib": None, "verdict": None, "error": "timeout"}
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read().decode(errors="replace").strip().splitlines() if p.stderr else []
+        row: dict[str, Any] = {"wall_s": wall, "rss_mib": ru.ru_maxrss / 1024, "verdict": None}
+        if p.returncode != 0:
+            row["error"] = err[-1] if err else f"exit {p.returncode}"
+            return row
+        summaries = list(Path(out).glob("*/summary.json"))
+        if summaries:
+            stab = json.loads(summaries[0].read_text()).get("stability") or {}
+            row["verdict"] = stab.get("verdict")
+        return row
+
+
+def kernel_only(trace: Any, src: str, policy: str, cost_model: str) -> dict[str, Any]:
+    """The simulation loop alone (this process), wall and CPU seconds."""
+    econf = SimulateConfig(trace=src, cost_model=cost_model).engine_config()
+    w0, c0 = time.perf_counter(), time.process_time()
+    try:
+        r = simulate(trace, make_policy(policy), get_cost_model(cost_model), econf)
+    except SimulationStalled as e:
+        return {"kernel_s": None, "error": str(e)}
+    return {
+        "kernel_s": time.perf_counter() - w0,
+        "kernel_cpu_s": time.process_time() - c0,
+        "steps": r.num_steps,
+        "policy_calls": r.num_calls,
+        "kernel": r.counters.get("kernel", "reference"),
+    }
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-requests", type=int, default=100_000)
-    ap.add_argument("--load", type=float, default=0.9, help="rate as a fraction of capacity")
-    ap.add_argument("--policies", default="vllm,sarathi")
+    ap.add_argument("--policies", default="all", help="comma-separated, or 'all' registered")
+    ap.add_argument("--workloads", default="lmsys,azure")
+    ap.add_argument("--load", type=float, default=0.9, help="lmsys rate / capacity")
+    ap.add_argument("--azure-rate", type=float, default=4.0)
+    ap.add_argument("--overload", type=float, default=1.5, help="0 skips the overload rows")
     ap.add_argument("--cost-model", default="a100-llama2-7b")
-    ap.add_argument("--trace", default=DATA)
-    ap.add_argument("--write", action="store_true", help="also time writing the run dirs")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--timeout", type=float, default=600.0, help="per whole-process run, s")
+    ap.add_argument("--no-kernel", action="store_true", help="skip the kernel-only timing")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
 
-    cfg = SimulateConfig(trace=args.trace, cost_model=args.cost_model)
-    econf = cfg.engine_config()
-    cost = get_cost_model(args.cost_model)
-    probe = build_trace(
-        args.trace, num_requests=5000, rate=float("inf"), seed=args.seed, quiet=True
-    )
-    res = simulate(probe, make_policy("vllm"), cost, econf)
-    capacity = len(probe) / res.end_s
-    rate = args.load * capacity
+    policies = available() if args.policies == "all" else args.policies.split(",")
+    n, cm = args.num_requests, args.cost_model
+    cap_lmsys = capacity(LMSYS, "vllm", cm, seed=args.seed)
+    rates = {"lmsys": (LMSYS, args.load * cap_lmsys), "azure": (AZURE, args.azure_rate)}
     print(
-        f"cost model {args.cost_model}: KV {econf.capacity_tokens} tokens, budget "
-        f"{econf.token_budget}, max_num_seqs {econf.max_num_seqs}; capacity ~{capacity:.1f} req/s"
-        f" (vllm, overload probe); rate = {args.load} x capacity = {rate:.1f} req/s"
+        f"# {n:,} requests, cost model {cm}; lmsys capacity (vllm) {cap_lmsys:.1f} req/s -> "
+        f"{args.load} x = {rates['lmsys'][1]:.1f} req/s; azure {args.azure_rate} req/s; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
     )
-    t0 = time.perf_counter()
-    trace = build_trace(
-        args.trace, num_requests=args.num_requests, rate=rate, seed=args.seed, quiet=True
+    head = (
+        "| policy | workload | rate req/s | whole s | whole req/s | peak RSS MiB | kernel s "
+        "| kernel req/s | steps | policy calls | kernel | verdict |"
     )
-    print(f"built {len(trace)} requests in {time.perf_counter() - t0:.1f} s")
+    print(head + "\n|" + "---|" * 12, flush=True)
+    rows: list[dict[str, Any]] = []
 
-    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        w0, c0 = time.perf_counter(), time.process_time()
-        r = simulate(trace, make_policy(name), cost, econf)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        n = len(trace)
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        ws, ks = row.get("wall_s"), row.get("kernel_s")
         print(
-            f"{name:>18} simulate only : {n / wall:9,.0f} req/s wall ({n / cpu:9,.0f} req/s CPU)"
-            f"  {r.num_steps / cpu:9,.0f} steps/s CPU  steps={r.num_steps:,} "
-            f"policy calls={r.num_calls:,} wall={wall:.2f}s cpu={cpu:.2f}s "
-            f"tokens={int(r.out_tokens.sum()):,} kernel={r.counters.get('kernel', 'reference')}"
-            f" preemptions={r.counters['preemptions_total']}"
+            f"| {row['policy']} | {row['workload']} | {row['rate']:.1f} | {_fmt(ws, '.1f')} | "
+            f"{_fmt(n / ws if ws else None, ',.0f')} | {_fmt(row.get('rss_mib'), ',.0f')} | "
+            f"{_fmt(ks, '.1f')} | {_fmt(n / ks if ks else None, ',.0f')} | "
+            f"{row.get('steps', '-')} | {row.get('policy_calls', '-')} | "
+            f"{row.get('kernel', '-')} | {row.get('verdict') or row.get('error', '-')} |",
+            flush=True,
         )
-        if args.write:
-            from harness.results.summary import write_summary
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
 
-            out = args.out or Path(tempfile.mkdtemp(prefix="bench-sim-"))
-            w0, c0 = time.perf_counter(), time.process_time()
-            run_dir, r = write_run(
-                out / f"bench-{name}", trace, make_policy(name), cost, econf, {"rate": rate}
-            )
-            wall_w, cpu_w = time.perf_counter() - w0, time.process_time() - c0
-            write_summary(run_dir)
-            wall_s, cpu_s = time.perf_counter() - w0, time.process_time() - c0
-            print(
-                f"{name:>18} + run dir      : {n / wall_w:9,.0f} req/s wall ({n / cpu_w:9,.0f} "
-                f"req/s CPU)  wall={wall_w:.2f}s cpu={cpu_w:.2f}s; + summary.json: "
-                f"wall={wall_s:.2f}s cpu={cpu_s:.2f}s -> {run_dir}"
-            )
+    for wl in args.workloads.split(","):
+        src, rate = rates[wl]
+        trace = None
+        for pol in policies:
+            row: dict[str, Any] = {"policy": pol, "workload": wl, "rate": rate}
+            row.update(whole_process(src, rate, n, pol, cm, args.timeout, args.seed))
+            if not args.no_kernel and row.get("error") is None:
+                if trace is None:
+                    trace = build_trace(src, num_requests=n, rate=rate, seed=args.seed, quiet=True)
+                row.update(kernel_only(trace, src, pol, cm))
+            emit(row)
+    if args.overload > 0:
+        for pol in policies:
+            rate = args.overload * capacity(LMSYS, pol, cm, seed=args.seed)
+            row = {"policy": pol, "workload": f"lmsys {args.overload}x own capacity", "rate": rate}
+            row.update(whole_process(LMSYS, rate, n, pol, cm, args.timeout, args.seed))
+            emit(row)
 
 
 if __name__ == "__main__":
