@@ -21,6 +21,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "harness.experiments.mcsf",
         "MC-SF vs alpha-protection: latency slope vs arrivals (001)",
     ),
+    "capacity": (
+        "harness.experiments.capacity",
+        "a100-llama2-7b cost model: capacity vs Vidur's profile, Azure conversation (issue 19)",
+    ),
     "stability": (
         "harness.experiments.stability",
         "vLLM / FasterTransformer unstable where Sarathi / Orca are stable (004)",

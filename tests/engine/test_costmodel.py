@@ -20,8 +20,11 @@ def test_a100_llama2_preset_values() -> None:
     m = get_cost_model("a100-llama2-7b")
     # 2048 prefill tokens: 2.20 ms + 2048 * 64.2 us = 133.7 ms (anchors §5.2 lists 133.4 ms)
     assert m.step_time(2048, 0, 0) == pytest.approx(2.20e-3 + 2048 * 64.2e-6)
-    # 8 decodes with 1000 KV tokens read: floor 9.4 ms + 1000 * 0.37 us
-    assert m.step_time(0, 8, 1000) == pytest.approx(9.4e-3 + 1000 * 0.37e-6)
+    # 8 decodes with 1000 KV tokens read: floor 9.4 ms + 1000 * 0.32 us (halfway in log2 from
+    # 0.37 us at one decode to 0.27 at 64, Vidur's attention profile, issue 19)
+    assert m.step_time(0, 8, 1000) == pytest.approx(9.4e-3 + 1000 * 0.32e-6)
+    # one 4,096-token prompt with its causal attention work 4096 * 2048: Vidur's 343 ms
+    assert m.step_time(4096, 0, 4096, prefill_attn=4096 * 2048.0) == pytest.approx(0.343, abs=1e-3)
 
 
 def test_staircase_matches_v3_worked_numbers() -> None:
@@ -48,7 +51,7 @@ def test_vectorised_equals_scalar(name: str) -> None:
     assert vec == pytest.approx(
         [m.step_time(int(a), int(b), int(c)) for a, b, c in zip(p, d, k, strict=True)]
     )
-    assert m.to_dict()["kind"] in ("affine", "staircase", "piecewise")
+    assert m.to_dict()["kind"] in ("affine", "context", "staircase", "piecewise")
 
 
 def test_user_files_yaml_and_json(tmp_path) -> None:
@@ -88,10 +91,18 @@ def test_fit_recovers_known_coefficients() -> None:
             "kv_used_tokens": kv,
         }
     )
-    fit = fit_cost_model(df)
+    df["prefill_attn"] = p * (p / 2.0)  # one prompt per step, no context before it
+    t = true.step_times(p, d, kv) + true.per_prefill_attn_s * df["prefill_attn"].to_numpy()
+    df["step_duration_s"] = t * (1 + rng.normal(0, 0.005, n))
+    fit = fit_cost_model(df, kind="context")
     assert fit.r2 > 0.99
     assert fit.model.per_token_s == pytest.approx(64.2e-6, rel=0.05)
     assert fit.model.per_kv_s == pytest.approx(0.37e-6, rel=0.1)
+    assert fit.model.per_kv_lo_s == pytest.approx(0.27e-6, rel=0.1)
+    assert fit.model.per_prefill_attn_s == pytest.approx(9.10e-9, rel=0.1)
+    # the affine fit sees one KV rate, between the two ends
+    flat = fit_cost_model(df).model
+    assert 0.27e-6 < flat.per_kv_s < 0.37e-6
     with pytest.raises(CostModelError):
         fit_cost_model(df.head(2))
 

@@ -221,3 +221,17 @@ def test_experiment_cli_runs_without_the_shared_data(tmp_path, monkeypatch, name
     # the paper's direction survives the profile's lengths: MC-SF has the smallest latency
     # slope; SLAI lowers the median TTFT at high load
     assert data["claims"][0]["agrees"] in ("yes", "same direction"), data["claims"][0]
+
+
+@pytest.mark.timeout(120)
+def test_capacity_within_3pct_of_vidur_profile(tmp_path):
+    """Issue 19 must-show: a100-llama2-7b's saturated capacity on the Azure-conversation
+    lengths is within 3% of Vidur's profile for sarathi and vllm-v0 (measured -1.9%, +1.9%);
+    the affine preset before the context terms was 6-9% below it."""
+    res = run_experiment("capacity", tmp_path)
+    by = {(r["policy"], r["cost_model"]): r for r in res.rows}
+    for policy, new, old in (("sarathi", -1.9, -9.5), ("vllm-v0", 1.9, -5.7)):
+        assert by[(policy, "a100-llama2-7b")]["vs_ref"] == pytest.approx(new, abs=1.0)
+        assert abs(by[(policy, "a100-llama2-7b")]["vs_ref"]) <= 3.0
+        assert by[(policy, "affine (before issue 19)")]["vs_ref"] == pytest.approx(old, abs=1.5)
+    assert [c["verdict"] for c in res.claims] == ["reproduced", "reproduced"]
