@@ -24,6 +24,12 @@ def bench_client(
     tokenizer: Annotated[
         str | None, typer.Option(help="Local tokenizer dir for vllm bench serve.")
     ] = None,
+    workers: Annotated[
+        str, typer.Option(help="Load-generator worker settings, e.g. 1,2,auto (1 = in-process).")
+    ] = "1",
+    accuracy_rate: Annotated[
+        float, typer.Option(help="Offered rate of the timestamp-accuracy check, req/s.")
+    ] = 100.0,
 ) -> None:
     """Drive a fast local SSE server (separate process) and print achieved rate, chunks/s,
     send lag and TTFT p99 per offered rate."""
@@ -35,11 +41,25 @@ def bench_client(
         fail("--rates must be > 0")
     if duration <= 0 or output_len < 1:
         fail("--duration must be > 0 and --output-len >= 1")
-    from harness.loadgen.bench import main
+    from harness.loadgen.bench import main, parse_workers
+
+    try:
+        worker_list = parse_workers(workers)
+    except ValueError as exc:
+        fail(f"--workers: {exc}")
 
     if vllm_python is not None and tokenizer is None:
         fail("--vllm-python needs --tokenizer (a local tokenizer dir; the HF hub is offline)")
-    main(rate_list, duration, output_len, accuracy, vllm_python, tokenizer)
+    main(
+        rate_list,
+        duration,
+        output_len,
+        accuracy,
+        vllm_python,
+        tokenizer,
+        worker_list,
+        accuracy_rate=accuracy_rate,
+    )
 
 
 def register(app: typer.Typer) -> None:
