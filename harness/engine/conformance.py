@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from harness.policies.base import BasePolicy, Plan, StepReport, View
 
@@ -378,8 +378,20 @@ class CoreDriver:
 
 def core_factory(policy: ScriptedPolicy, spec: HostSpec) -> HostDriver:
     """Host factory for the engine core (a fixed 1 ms step)."""
-    from harness.engine.config import EngineConfig
     from harness.engine.core import EngineCore
+
+    return _core_driver(EngineCore, policy, spec)
+
+
+def reference_core_factory(policy: ScriptedPolicy, spec: HostSpec) -> HostDriver:
+    """Host factory for the reference step (harness.engine.reference_core)."""
+    from harness.engine.reference_core import ReferenceCore
+
+    return _core_driver(ReferenceCore, policy, spec)
+
+
+def _core_driver(cls: Any, policy: ScriptedPolicy, spec: HostSpec) -> HostDriver:
+    from harness.engine.config import EngineConfig
     from harness.engine.costmodel import AffineCostModel
 
     cfg = EngineConfig(
@@ -388,4 +400,4 @@ def core_factory(policy: ScriptedPolicy, spec: HostSpec) -> HostDriver:
         token_budget=spec.token_budget,
         max_num_seqs=spec.max_num_seqs,
     )
-    return CoreDriver(EngineCore(policy, AffineCostModel(name="1ms", base_s=1e-3), cfg))
+    return CoreDriver(cls(policy, AffineCostModel(name="1ms", base_s=1e-3), cfg))

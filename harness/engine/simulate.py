@@ -33,6 +33,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.costmodel import DEFAULT_COST_MODEL, HARDWARE, CostModel, get_cost_model
 from harness.engine.fastsim import fast_budget, fast_simulate
+from harness.engine.reference_core import ReferenceCore
 from harness.engine.simresult import (
     SAMPLE_COLS,
     ChunkLog,
@@ -72,7 +73,9 @@ def simulate(
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
     (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for the policies it implements
-    exactly (built-in ``vllm`` and FCFS ``sarathi``), ``reference`` always uses the engine core.
+    exactly (built-in ``vllm`` and FCFS ``sarathi``) and the engine core otherwise; ``reference``
+    always uses the reference step (:mod:`harness.engine.reference_core`), the yardstick of
+    the identity tests.
     """
     if kernel not in ("auto", "reference"):
         raise ValueError(f"kernel must be 'auto' or 'reference', not {kernel!r}")
@@ -99,7 +102,7 @@ def simulate(
     tier_info = {t.name: t for t in trace.tiers}
     arr_l = arr.tolist()
 
-    core = EngineCore(policy, cost_model, config)
+    core = (ReferenceCore if kernel == "reference" else EngineCore)(policy, cost_model, config)
     first_s = np.full(n, np.nan)
     last_s = np.full(n, np.nan)
     out_tokens = np.zeros(n, dtype=np.int64)
