@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness import clock
 from harness.loadgen.client import RequestResult, encode_body, stream_request
+from harness.loadgen.dialects import Endpoint
 from harness.loadgen.dispatcher import Dispatcher
 from harness.loadgen.sse import DONE
 from harness.results import schema
@@ -240,7 +241,9 @@ class SessionDispatcher(Dispatcher):
 
     def _history_pieces(
         self, s: Session, c: Call, states: dict[int, _CallState]
-    ) -> tuple[str, int]:
+    ) -> tuple[str, int, list[dict[str, str]] | None]:
+        """The call's prompt text, its token hint, and (chat endpoint, ``history`` context)
+        the same history as chat messages: system, then user/assistant turns."""
         real = self.options.history == "reply"
         by = {x.index: x for x in s.calls}
 
@@ -250,6 +253,16 @@ class SessionDispatcher(Dispatcher):
             return self._trace_reply(a)
 
         prompt, pieces = compose(s, c, self._text, reply_of)
+        messages = None
+        if self.endpoint is Endpoint.CHAT and c.context == "history":
+            role = {"system": "system", "user": "user", "new": "user", "reply": "assistant"}
+
+            def content(kind: str, i: int) -> str:
+                if kind == "system":
+                    return s.system or ""
+                return reply_of(by[i]) if kind == "reply" else self._text(by[i])
+
+            messages = [{"role": role[k], "content": content(k, i)} for k, i in pieces]
         n = 0
         for kind, i in pieces:
             if kind == "system":
@@ -260,7 +273,7 @@ class SessionDispatcher(Dispatcher):
                 n += states[i].output_tokens
             else:
                 n += by[i].output_len
-        return prompt, max(1, n)
+        return prompt, max(1, n), messages
 
     async def _call(
         self,
@@ -272,7 +285,7 @@ class SessionDispatcher(Dispatcher):
     ) -> None:
         st = states[c.index]
         opts = self.options
-        prompt, plen = self._history_pieces(s, c, states)
+        prompt, plen, messages = self._history_pieces(s, c, states)
         attempt = 0
         req, rid = c.req, c.request_id
         while True:
@@ -302,7 +315,7 @@ class SessionDispatcher(Dispatcher):
                 rec.end_reason = ERROR_CONTEXT
                 return
             captured: list[str] = []
-            await self._send(s, c, prompt, res, captured)
+            await self._send(s, c, prompt, res, captured, messages)
             if res.error_kind == schema.ERROR_REJECTED and "context length" in (res.error or ""):
                 # the engine's own check (vLLM: "maximum context length is N tokens")
                 res.error_kind = ERROR_CONTEXT
@@ -337,9 +350,18 @@ class SessionDispatcher(Dispatcher):
         self._record(res)
 
     async def _send(
-        self, s: Session, c: Call, prompt: str, res: RequestResult, captured: list[str]
+        self,
+        s: Session,
+        c: Call,
+        prompt: str,
+        res: RequestResult,
+        captured: list[str],
+        messages: list[dict[str, str]] | None = None,
     ) -> None:
         stats = self.stats
+        extra = self.extra_body
+        if messages is not None:  # chat: the history as turns, not one user message
+            extra = {**(extra or {}), "messages": messages}
         body = self.dialect.body(
             self.endpoint,
             self.model,
@@ -347,7 +369,7 @@ class SessionDispatcher(Dispatcher):
             res.prompt_len,
             c.output_len,
             self.tiers.get(s.tier) if s.tier is not None else None,
-            self.extra_body,
+            extra,
         )
         headers = dict(self.headers)
         headers["x-request-id"] = res.request_id

@@ -111,6 +111,11 @@ def build_session_trace(
         keep = roots if has is None else (roots | has)
         old = df["think_s"] if "think_s" in df.columns else 0.0
         df = df.assign(think_s=np.where(keep, old, draw))
+    if session_rate is None and "arrival_s" not in df.columns and not quiet:
+        announce(
+            f"{source}: no session rate and no timestamps: every session arrives at t=0 "
+            "(give --session-rate, or cap with --max-active-sessions)"
+        )
     frame = finish_frame(
         df,
         tiers=tier_list,

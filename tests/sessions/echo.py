@@ -54,11 +54,11 @@ class EchoServer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         rid = request.headers.get("x-request-id", "")
-        n = int(body.get("max_tokens", 1))
-        self.log.append(
-            Received(rid, request.headers.get("x-session-id"), body["prompt"], n, clock.now())
-        )
-        if self.context_limit and len(body["prompt"].split()) + n > self.context_limit:
+        chat = "messages" in body
+        n = int(body.get("max_completion_tokens" if chat else "max_tokens", 1))
+        prompt = json.dumps(body["messages"]) if chat else body["prompt"]
+        self.log.append(Received(rid, request.headers.get("x-session-id"), prompt, n, clock.now()))
+        if self.context_limit and len(prompt.split()) + n > self.context_limit:
             msg = f"This model's maximum context length is {self.context_limit} tokens."
             return web.json_response({"error": {"message": msg}}, status=400)
         base = rid.split("#")[0]
@@ -73,11 +73,14 @@ class EchoServer:
         for i in range(n):
             if i and self.itl_s:
                 await asyncio.sleep(self.itl_s)
-            chunk = {"choices": [{"index": 0, "text": f"w{i}@{rid} ", "finish_reason": None}]}
+            piece = f"w{i}@{rid} "
+            c0: dict[str, Any] = {"index": 0, "finish_reason": None}
+            c0.update({"delta": {"content": piece}} if chat else {"text": piece})
+            chunk = {"choices": [c0]}
             if i == n - 1:
                 chunk["choices"][0]["finish_reason"] = "length"
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": n}
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n}
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -93,6 +96,7 @@ async def start_echo(**kw: Any) -> tuple[EchoServer, web.AppRunner]:
     srv = EchoServer(**kw)
     app = web.Application()
     app.router.add_post("/v1/completions", srv.handle)
+    app.router.add_post("/v1/chat/completions", srv.handle)
     app.router.add_get("/v1/models", srv.models)
     runner, srv.url = await start_app(app)
     return srv, runner

@@ -265,3 +265,26 @@ async def test_report_has_session_panels(echo: EchoServer, tmp_path: Path):
     for title in ("TTFT by turn", "Prompt tokens by turn", "Session SLO attainment per tier"):
         assert title in html
     assert "Timeline of 2 sessions" in html
+
+
+async def test_chat_endpoint_sends_history_as_turns(echo: EchoServer, tmp_path: Path):
+    import json
+
+    rows = conversation("m", 3, replies=False)
+    trace = calls(rows)
+    trace.df["system"] = "be brief"
+    cfg = ReplayConfig(
+        trace="test",
+        arrival="trace",
+        target=echo.url,
+        endpoint="chat",
+        progress=False,
+        out=tmp_path / "r",
+        sample_interval_s=None,
+        sessions=SessionOptions(history="reply"),
+    )
+    await run_replay_async(cfg, trace=trace)
+    msgs = json.loads(echo.by_id()["m/2"].prompt)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[0]["content"] == "be brief" and msgs[-1]["content"] == "question-m-2"
+    assert msgs[2]["content"] == EchoServer.reply_text("m/0", 3)  # the real reply, via delta
