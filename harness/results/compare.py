@@ -15,6 +15,7 @@ would shrink the interval enough to decide, assuming the difference stays as mea
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,9 +111,9 @@ def samples(rv: RunLike, metric: str, tier: str) -> Samples:
     tiers = rv.rm["tier"].to_numpy(dtype=object)
     in_tier = np.ones(n, dtype=bool) if tier == ALL else tiers == tier
     if metric == "p99_tbt":
-        g = rv.itl_grp
+        v, g = _sorted_itl(rv)  # sorted once per run; a tier's subset stays sorted
         keep = in_tier[g] if g.size else np.zeros(0, dtype=bool)
-        return Samples(rv.itl_s[keep] * 1000.0, unit_of_row[g[keep]], n)
+        return Samples(v[keep], unit_of_row[g[keep]], n)
     if metric in ("p99_ttft", "median_ttft"):
         v = rv.rm["ttft_s"].to_numpy(dtype=float) * 1000.0
         rows = np.flatnonzero(in_tier & np.isfinite(v))
@@ -123,6 +124,25 @@ def samples(rv: RunLike, metric: str, tier: str) -> Samples:
         rows = np.flatnonzero(in_tier & rv.has_slo)
         return Samples(rv.attained[rows].astype(float), unit_of_row[rows], n)
     raise ValueError(f"unknown metric {metric!r}")
+
+
+def _sorted_itl(rv: RunLike) -> tuple[np.ndarray, np.ndarray]:
+    """(ITL in ms ascending, rm row of each), cached on the run (millions of gaps)."""
+    cached = getattr(rv, "_itl_sorted", None)
+    if cached is None:
+        order = np.argsort(rv.itl_s, kind="stable")
+        cached = (rv.itl_s[order] * 1000.0, rv.itl_grp[order])
+        with contextlib.suppress(AttributeError):  # a frozen object: no cache
+            rv._itl_sorted = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _weights(g: Group, n_boot: int, seed: int) -> np.ndarray:
+    """The group's resamples, drawn once and shared by every metric and tier."""
+    from harness.results.confidence import resample_weights
+
+    sizes = [len(rv.rm) for rv in g.runs]
+    return resample_weights(sizes, n_boot, np.random.default_rng(seed))
 
 
 def _paired(a: Group, b: Group) -> bool:
@@ -139,9 +159,9 @@ def _paired(a: Group, b: Group) -> bool:
 
 
 def _resamples(groups: Sequence[Group]) -> int:
-    """Fewer resamples for very large runs: the weight matrix stays under ~100 MB."""
+    """Fewer resamples for very large runs (at least 200): the weights stay under ~40 MB."""
     units = max((sum(len(r.rm) for r in g.runs) for g in groups), default=1)
-    return int(min(DEFAULT_RESAMPLES, max(200, 25_000_000 // max(units, 1))))
+    return int(min(DEFAULT_RESAMPLES, max(200, 10_000_000 // max(units, 1))))
 
 
 def tiers_of(groups: Sequence[Group]) -> list[str]:
@@ -165,19 +185,20 @@ def compare_groups(
     n_boot = _resamples(groups)
     tiers = [ALL] + tiers_of(groups)
     intervals: dict[str, dict[str, dict[str, Any]]] = {}
-    for g in groups:
+    weights = [_weights(g, n_boot, seed + i) for i, g in enumerate(groups)]
+    for g, w in zip(groups, weights, strict=True):
         per: dict[str, dict[str, Any]] = {}
         for m in HEADLINE:
             for t in tiers:
                 parts = [samples(rv, m.key, t) for rv in g.runs]
                 if sum(p.values.size for p in parts) == 0:
                     continue
-                iv = interval(parts, m.stat, level=level, n_boot=n_boot, seed=seed)
+                iv = interval(parts, m.stat, level=level, weights=w)
                 per.setdefault(m.key, {})[t] = iv.as_dict()
         intervals[g.label] = per
     verdicts = []
     base = groups[0] if groups else None
-    for other in groups[1:]:
+    for j, other in enumerate(groups[1:], start=1):
         assert base is not None
         paired = _paired(base, other)
         for m in HEADLINE:
@@ -193,8 +214,7 @@ def compare_groups(
                     paired=paired,
                     higher_is_better=m.higher_is_better,
                     level=level,
-                    n_boot=n_boot,
-                    seed=seed,
+                    weights=(weights[0], weights[j]),
                 )
                 row = {"a": base.label, "b": other.label, "metric": m.key, "tier": t}
                 row.update(d.as_dict())

@@ -80,9 +80,13 @@ class Samples:
         v = np.asarray(self.values, dtype=float)
         u = np.asarray(self.unit, dtype=np.int64)
         ok = np.isfinite(v)
-        order = np.argsort(v[ok], kind="stable")
-        self.values = v[ok][order]
-        self.unit = u[ok][order]
+        if not ok.all():
+            v, u = v[ok], u[ok]
+        if v.size > 1 and not bool(np.all(v[1:] >= v[:-1])):  # callers may pass sorted data
+            order = np.argsort(v, kind="stable")
+            v, u = v[order], u[order]
+        self.values = v
+        self.unit = u
         self.per_unit = np.bincount(self.unit, minlength=self.n_units).astype(float)
         self.sum_per_unit = np.bincount(self.unit, weights=self.values, minlength=self.n_units)
 
@@ -114,7 +118,8 @@ class Samples:
         # a tail quantile only needs the samples near that tail: take a window 5x wider than
         # the tail (plus a margin) and fall back to all samples if a resample needs more
         tail = min(q, 1.0 - q)
-        k = n if tail > 0.1 else min(n, int(5 * tail * n) + 200)
+        # 3x the tail: a resample's tail count has sd ~ sqrt(tail·n), far inside that margin
+        k = n if tail > 0.1 else min(n, int(3 * tail * n) + 200)
         top = q > 0.5
         # top tail: walk down from the largest sample until the weight above exceeds 1 - q;
         # otherwise walk up until the weight reaches q (inverted CDF)
@@ -201,6 +206,8 @@ class Interval:
 
 def pooled(parts: Sequence[Samples]) -> tuple[Samples, list[int]]:
     """One Samples over several strata (seeds), unit ids offset per stratum."""
+    if len(parts) == 1:
+        return parts[0], [parts[0].n_units]
     off = 0
     vals, units, sizes = [], [], []
     for p in parts:
@@ -220,10 +227,17 @@ def interval(
     level: float = DEFAULT_LEVEL,
     n_boot: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    weights: np.ndarray | None = None,
 ) -> Interval:
-    """``stat`` over the pooled samples of every stratum, with its two-stage interval."""
+    """``stat`` over the pooled samples of every stratum, with its two-stage interval.
+    ``weights``: resamples to reuse (:func:`resample_weights` of the same strata sizes), so
+    that every metric of a run is judged on the same resamples, drawn once."""
     s, sizes = pooled(parts)
-    w = resample_weights(sizes, n_boot, np.random.default_rng(seed))
+    w = (
+        weights
+        if weights is not None
+        else resample_weights(sizes, n_boot, np.random.default_rng(seed))
+    )
     lo, hi = percentile_interval(stat_boot(s, stat, w), level)
     return Interval(stat_value(s, stat), lo, hi, level, s.n_units, len(sizes))
 
@@ -294,6 +308,7 @@ def difference(
     level: float = DEFAULT_LEVEL,
     n_boot: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    weights: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Difference:
     """B − A of ``stat``. ``paired``: stratum i of A and of B replayed the same trace, unit j
     the same request in both (the same weights are drawn for both)."""
@@ -302,8 +317,12 @@ def difference(
     rng = np.random.default_rng(seed)
     if paired and sizes_a != sizes_b:
         paired = False
-    wa = resample_weights(sizes_a, n_boot, rng)
-    wb = wa if paired else resample_weights(sizes_b, n_boot, rng)
+    if weights is not None:  # (A's, B's) resamples, drawn once for every metric
+        wa, wb = weights
+        wb = wa if paired else wb
+    else:
+        wa = resample_weights(sizes_a, n_boot, rng)
+        wb = wa if paired else resample_weights(sizes_b, n_boot, rng)
     d = stat_boot(sb, stat, wb) - stat_boot(sa, stat, wa)
     lo, hi = percentile_interval(d, level)
     a, b = stat_value(sa, stat), stat_value(sb, stat)
