@@ -155,7 +155,7 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
 
-    for wl in args.workloads.split(","):
+    for wl in [w for w in args.workloads.split(",") if w]:
         src, rate = rates[wl]
         trace = None
         for pol in policies:

@@ -394,6 +394,13 @@ class EngineCore:
         sched: dict[str, tuple[EngineRequest, int]] = {}
         items: list[tuple[EngineRequest, int]] = []
         seen: set[str] = set()
+        # Fast pass (speed only, same result): validate, clip to remaining tokens and budget,
+        # and sum the KV blocks every item needs. When they all fit (the common case) they are
+        # allocated in one go; otherwise the sequential pass below decides victims exactly.
+        need_total = 0
+        prefill = n_prefill = n_decode = kv_read = 0
+        attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
+        scheduled: list[tuple[str, int, bool]] = []
         for rid, n in plan.run:
             r = reqs.get(rid)
             if r is None or r.status != RUNNING or rid in seen:
@@ -401,12 +408,6 @@ class EngineCore:
                 continue
             seen.add(rid)
             items.append((r, n))
-        order = [r for r, _ in items]
-        preempted_in_run = False
-        free = self.total_blocks - self.used_blocks
-        for r, n in items:
-            if r.status != RUNNING:  # preempted earlier in this step as a victim
-                continue
             c = r.num_computed_tokens
             rem = r.num_prompt_tokens + r.num_output_tokens - c
             if n > rem:
@@ -415,28 +416,80 @@ class EngineCore:
                 n = budget
             if n <= 0:
                 continue
-            need = _blocks(c + n, bs) - r.num_blocks
-            if need > free:
-                while need > free and order:
-                    victim = order.pop()
-                    if victim.status != RUNNING:
-                        continue
-                    got = sched.pop(victim.request_id, None)
-                    if got is not None:
-                        budget += got[1]
-                    self._preempt(victim)
-                    free = self.total_blocks - self.used_blocks
-                    preempted.append(victim.request_id)
-                    preempted_in_run = True
-                    if victim is r:
-                        break
-                if r.status != RUNNING:
-                    continue
-            r.num_blocks += need
-            self.used_blocks += need
-            free -= need
-            sched[r.request_id] = (r, n)
+            need_total += -(-(c + n) // bs) - r.num_blocks
+            sched[rid] = (r, n)
             budget -= n
+            # composition (rule 5 input to the cost model), redone below after a preemption
+            o = r.num_output_tokens
+            is_dec = n == 1 and o > 0 and c == r.num_prompt_tokens + o - 1
+            if is_dec:
+                n_decode += 1
+            else:
+                prefill += n
+                n_prefill += 1
+                attn += n * (c + n / 2)
+            kv_read += c + n
+            scheduled.append((rid, n, is_dec))
+        preempted_in_run = False
+        free = self.total_blocks - self.used_blocks
+        if need_total <= free:
+            for r, n in sched.values():
+                nb = -(-(r.num_computed_tokens + n) // bs)
+                self.used_blocks += nb - r.num_blocks
+                r.num_blocks = nb
+            free -= need_total
+        else:
+            sched.clear()
+            budget = self.token_budget
+            prefill = n_prefill = n_decode = kv_read = 0
+            attn = 0.0
+            scheduled = []
+            order = [r for r, _ in items]
+            for r, n in items:
+                if r.status != RUNNING:  # preempted earlier in this step as a victim
+                    continue
+                c = r.num_computed_tokens
+                rem = r.num_prompt_tokens + r.num_output_tokens - c
+                if n > rem:
+                    n = rem
+                if n > budget:
+                    n = budget
+                if n <= 0:
+                    continue
+                need = _blocks(c + n, bs) - r.num_blocks
+                if need > free:
+                    while need > free and order:
+                        victim = order.pop()
+                        if victim.status != RUNNING:
+                            continue
+                        got = sched.pop(victim.request_id, None)
+                        if got is not None:
+                            budget += got[1]
+                        self._preempt(victim)
+                        free = self.total_blocks - self.used_blocks
+                        preempted.append(victim.request_id)
+                        preempted_in_run = True
+                        if victim is r:
+                            break
+                    if r.status != RUNNING:
+                        continue
+                r.num_blocks += need
+                self.used_blocks += need
+                free -= need
+                sched[r.request_id] = (r, n)
+                budget -= n
+            for rid, (r, n) in sched.items():  # composition of what survived
+                c = r.num_computed_tokens
+                o = r.num_output_tokens
+                is_dec = n == 1 and o > 0 and c == r.num_prompt_tokens + o - 1
+                if is_dec:
+                    n_decode += 1
+                else:
+                    prefill += n
+                    n_prefill += 1
+                    attn += n * (c + n / 2)
+                kv_read += c + n
+                scheduled.append((rid, n, is_dec))
 
         # Rule 3: admissions in order, only if step 2 preempted nothing; head-of-line blocking.
         admitted: list[str] = []
@@ -463,6 +516,11 @@ class EngineCore:
                 sched[rid] = (r, n)
                 budget -= n
                 admitted.append(rid)
+                prefill += n  # a waiting request has nothing computed: a prefill chunk
+                n_prefill += 1
+                attn += n * (n / 2)
+                kv_read += n
+                scheduled.append((rid, n, False))
 
         if not sched:
             report = None
@@ -483,24 +541,6 @@ class EngineCore:
                 now, 0.0, 0, np.empty(0), [], 0, [], preempted, admitted, [], report, True, bugs
             )
 
-        # Composition (rule 5 input to the cost model).
-        prefill = 0
-        n_prefill = 0
-        n_decode = 0
-        kv_read = 0
-        attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
-        scheduled: list[tuple[str, int, bool]] = []
-        for rid, (r, n) in sched.items():
-            c = r.num_computed_tokens
-            is_dec = n == 1 and r.num_output_tokens > 0 and c == r.num_tokens - 1
-            if is_dec:
-                n_decode += 1
-            else:
-                prefill += n
-                n_prefill += 1
-                attn += n * (c + n / 2)
-            kv_read += c + n
-            scheduled.append((rid, n, is_dec))
         if self._prefill_attn:
             duration = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
         else:

@@ -18,7 +18,8 @@ def split_running(
     dec: list[RequestView] = []
     pre: list[RequestView] = []
     for r in running:
-        if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1:
+        o = r.num_output_tokens
+        if o > 0 and r.num_computed_tokens == r.num_prompt_tokens + o - 1:
             dec.append(r)
         else:
             pre.append(r)
