@@ -373,6 +373,19 @@ def _echo(text: str) -> None:
         _silence_stdout()
 
 
+def _stdout_console() -> Any:
+    """A rich Console for stdout that goes quiet when the reader leaves (rich's default on a
+    broken pipe is ``SystemExit(1)``, which would skip the summary and report)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            _silence_stdout()
+
+    return _Console()
+
+
 def _silence_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     with contextlib.suppress(OSError):
@@ -396,11 +409,9 @@ def _print_result(
 def _print_result_inner(
     run_dir: Path, goodput: dict[str, float] | None, interrupted: bool, signum: int
 ) -> None:
-    from rich.console import Console
-
     from harness.results import schema
 
-    console = Console()
+    console = _stdout_console()
     if not (run_dir / schema.RUN_JSON).is_file():
         if interrupted:
             fail("interrupted before the run started", code=128 + signum)
