@@ -97,7 +97,7 @@ class Servers:
             policy_params=params,
             max_total_tokens=8192,
             log_path=self.tmp / f"sglang-{key}.log",
-            ready_timeout_s=300,
+            ready_timeout_s=600,  # as the vLLM tier: a loaded 2-core box can take minutes
         )
         server = SglangServer(cfg)
         self.current = (key, server)
