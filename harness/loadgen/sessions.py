@@ -397,12 +397,13 @@ class SessionDispatcher(Dispatcher):
                 await post()
 
         stats.in_flight += 1
-        task = asyncio.create_task(gated())
+        patience = self.options.patience_s
+        task: asyncio.Task[None] | None = None
         try:
-            patience = self.options.patience_s
             if patience is None:
-                await asyncio.shield(task)
+                await gated()  # in this task: no extra loop hops before the children's release
                 return
+            task = asyncio.create_task(gated())
             done, _ = await asyncio.wait({task}, timeout=patience)
             if done or res.chunk_t:
                 await asyncio.shield(task)
@@ -416,8 +417,9 @@ class SessionDispatcher(Dispatcher):
             rec.abandoned = True
             rec.end_reason = ERROR_ABANDONED
         except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             if res.error_kind is None:
                 res.fail(schema.ERROR_CANCELLED, "cancelled before it was sent")
             raise
