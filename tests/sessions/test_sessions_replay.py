@@ -288,3 +288,25 @@ async def test_chat_endpoint_sends_history_as_turns(echo: EchoServer, tmp_path: 
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert msgs[0]["content"] == "be brief" and msgs[-1]["content"] == "question-m-2"
     assert msgs[2]["content"] == EchoServer.reply_text("m/0", 3)  # the real reply, via delta
+
+
+async def test_duration_bound_cancels_sessions_in_progress(echo: EchoServer, tmp_path: Path):
+    rows = conversation("d", 3)
+    rows[1]["think_s"] = 30.0  # would wait long past the bound
+    trace = calls(rows + conversation("e", 1))
+    cfg = ReplayConfig(
+        trace="test",
+        arrival="trace",
+        target=echo.url,
+        progress=False,
+        out=tmp_path / "r",
+        sample_interval_s=None,
+        duration_s=0.3,
+        drain_timeout_s=0.2,
+        sessions=SessionOptions(),
+    )
+    run_dir = await run_replay_async(cfg, trace=trace)
+    sess = pq.read_table(run_dir / schema.SESSIONS_FILE).to_pandas().set_index("session_id")
+    assert sess.loc["d", "end_reason"] == "cancelled" and sess.loc["d", "calls_done"] == 1
+    assert sess.loc["e", "end_reason"] == "complete"
+    assert sorted(read_run(run_dir).requests["request_id"]) == ["d/0", "e/0"]  # d/1 never sent
