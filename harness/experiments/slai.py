@@ -33,6 +33,11 @@ TIERS = "paid:0.05:tbt=100ms,free:0.95:tbt=500ms"
 TTFT_LIMIT_S = 0.5
 TBT_LIMITS = {"paid": 0.1, "free": 0.5}
 HIGH_LOAD = 1.6
+PAPER_SARATHI_CAPACITY = 1.15  # §6.5: Sarathi-Serve's capacity on the paper's setting
+# Calibration (issue 19): every step of the rtx6000ada-mistral-7b fit runs TIME_SCALE x slower,
+# so Sarathi-Serve's simulated capacity is ~1.15 req/s as in the paper (1.18 small, seed 42;
+# 1.46 unscaled). 1.6 req/s is then ~1.39 x capacity in both, i.e. matched relative load.
+TIME_SCALE = 1.15
 BASELINE = "Sarathi-Serve (FCFS)"
 SLAI_BEST = "SLAI (SPF, dynamic offset)"
 
@@ -87,16 +92,14 @@ def capacity(rates: list[float], rows: list[dict[str, Any]]) -> float:
 
 
 def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResult:
-    from harness.engine.costmodel import get_cost_model
-
     lengths = load_lengths("sharegpt4_lengths_llama2.csv")
     lengths_source = lengths.attrs["source"]
-    cm = get_cost_model("rtx6000ada-mistral-7b")
+    cm = calibrated_cost_model()
     if full:
-        rates = [round(x, 2) for x in np.arange(0.4, 2.01, 0.1)]
+        rates = [round(x, 2) for x in np.arange(0.4, 2.41, 0.1)]
         n = 2000
-    else:
-        rates = [0.8, 1.1, 1.3, 1.45, 1.6, 1.8, 2.0]
+    else:  # up to 2.4: past the matched-load and capacity points of both policies
+        rates = [0.8, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0, 2.4]
         n = 300
     rows: list[dict[str, Any]] = []
     per_policy: dict[str, list[dict[str, Any]]] = {}
@@ -117,24 +120,55 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
             rows.append(row)
             per_policy.setdefault(cfg.label, []).append(m)
     caps = {name: capacity(rates, ms) for name, ms in per_policy.items()}
+    ttft_caps = {
+        name: crossing(rates, [m["ttft_median_s"] for m in ms], TTFT_LIMIT_S)
+        for name, ms in per_policy.items()
+    }
     hi = max((r for r in rates if r <= HIGH_LOAD), default=rates[-1])
     i_hi = rates.index(hi)
     base_ttft = per_policy[BASELINE][i_hi]["ttft_median_s"]
     slai_ttft = per_policy[SLAI_BEST][i_hi]["ttft_median_s"]
     d_ttft = pct_change(slai_ttft, base_ttft)
     d_cap = pct_change(caps[SLAI_BEST], caps[BASELINE])
+    d_ttft_cap = pct_change(ttft_caps[SLAI_BEST], ttft_caps[BASELINE])
+    rel = hi / caps[BASELINE] if caps[BASELINE] else float("nan")
+    paid_hi = max(
+        (m.get("tbt_p99_paid_s", 0.0) for m in per_policy[SLAI_BEST]), default=float("nan")
+    )
+    setting = f"seed {seed}, 1 seed, {n} requests/rate, steps x{TIME_SCALE:g}"
     claims = [
         {
-            "claim": f"median TTFT at high load ({hi:g} req/s), SLAI vs Sarathi FCFS",
-            "paper": "1.5 s -> 0.7 s (-53%)",
-            "measured": f"{base_ttft:.2f} s -> {slai_ttft:.2f} s ({d_ttft:+.0f}%)",
-            "agrees": _agree(d_ttft, -53, 20),
+            "claim": f"median TTFT at {hi:g} req/s (paper's absolute rate; {rel:.2f} x Sarathi's "
+            f"capacity here vs {HIGH_LOAD / PAPER_SARATHI_CAPACITY:.2f} x in the paper: matched "
+            "relative load), SLAI vs Sarathi FCFS",
+            "paper": "1.5 s -> 0.7 s (-53%) (paper)",
+            "measured": f"{base_ttft:.2f} s -> {slai_ttft:.2f} s ({d_ttft:+.0f}%), {setting}",
+            "delta_pct": d_ttft,
+            "agrees": _agree(d_ttft, -53, 5),
+            "verdict": "reproduced" if _agree(d_ttft, -53, 5) == "yes" else "not reproduced",
+            "cause": "SPF prefill order with the dynamic offset keeps short prompts ahead",
         },
         {
             "claim": "capacity at median TTFT <= 0.5 s with both P99 TBT SLOs",
-            "paper": "1.15 -> 1.45 req/s (+26%)",
-            "measured": f"{caps[BASELINE]:.2f} -> {caps[SLAI_BEST]:.2f} req/s ({d_cap:+.0f}%)",
-            "agrees": _agree(d_cap, 26, 15),
+            "paper": "1.15 -> 1.45 req/s (+26%) (paper)",
+            "measured": f"{caps[BASELINE]:.2f} -> {caps[SLAI_BEST]:.2f} req/s ({d_cap:+.0f}%), "
+            f"{setting}",
+            "delta_pct": d_cap,
+            "agrees": _agree(d_cap, 26, 5),
+            "verdict": "reproduced" if _agree(d_cap, 26, 5) == "yes" else "not reproduced",
+            "cause": f"SLAI's paid P99 TBT reaches {paid_hi:.3f} s (> 0.1 s) before its median "
+            "TTFT reaches 0.5 s: at the calibrated speed a 512-token step plus 128 decodes' KV "
+            "reads nears 100 ms, so the TBT SLO, not TTFT, binds",
+        },
+        {
+            "claim": "capacity at median TTFT <= 0.5 s only (isolating the TBT SLO)",
+            "paper": "+26% (paper, with both SLOs)",
+            "measured": f"{ttft_caps[BASELINE]:.2f} -> {ttft_caps[SLAI_BEST]:.2f} req/s "
+            f"({d_ttft_cap:+.0f}%), {setting}",
+            "delta_pct": d_ttft_cap,
+            "agrees": _agree(d_ttft_cap, 26, 5),
+            "verdict": "reproduced" if _agree(d_ttft_cap, 26, 5) == "yes" else "not reproduced",
+            "cause": "TTFT-bound capacity gap without the TBT SLO",
         },
     ]
     for name, cap in caps.items():
@@ -143,8 +177,9 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
         f"Lengths: {lengths_source}.",
         f"{n} requests per rate (seed {seed}); Poisson arrivals; TTFT over requests that got a "
         "token; TBT pooled per tier, first token excluded (seed-rad-slai.md §7 #15).",
-        "Cost model rtx6000ada-mistral-7b is this project's fit to the SLAI repo's Fig. 5a data "
-        "(affine in tokens + KV read), not the authors' GPU: compare relative gaps, not rates.",
+        f"Cost model rtx6000ada-mistral-7b (this project's fit to the SLAI repo's Fig. 5a data) "
+        f"with every step x{TIME_SCALE:g}, calibrated so Sarathi-Serve's capacity is ~1.15 req/s "
+        "as in the paper (unscaled it is ~1.46 small, ~1.56 full).",
         "The paper's runs stop at a 2100 s wall clock and count completed requests only (#25); "
         "these runs finish every request.",
     ]
@@ -156,6 +191,21 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
         notes,
         out_dir,
         full,
+    )
+
+
+def calibrated_cost_model(scale: float = TIME_SCALE) -> Any:
+    """``rtx6000ada-mistral-7b`` with every coefficient x ``scale`` (a uniformly slower GPU)."""
+    from dataclasses import replace
+
+    from harness.engine.costmodel import get_cost_model
+
+    base = get_cost_model("rtx6000ada-mistral-7b")
+    keys = ("base_s", "per_token_s", "per_decode_s", "per_kv_s", "floor_s")
+    return replace(
+        base,  # type: ignore[type-var]
+        name=f"rtx6000ada-mistral-7b x{scale:g}",
+        **{k: getattr(base, k) * scale for k in keys},
     )
 
 
