@@ -17,6 +17,7 @@ from adapters.sglang.launch import (
     ROOT,
     SglangServerConfig,
     main,
+    omp_cores,
     sglang_python,
 )
 
@@ -65,6 +66,10 @@ def test_environment_puts_the_kernel_stand_in_first_and_the_plugin_only_with_a_p
     assert e["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
     stock = SglangServerConfig(policy=None, venv=venv).environment()
     assert "HARNESS_POLICY" not in stock and str(PLUGIN_PATH) not in stock["PYTHONPATH"]
+    assert e["SGLANG_CPU_OMP_THREADS_BIND"] == omp_cores()  # one core left for the front end
+    assert (omp_cores(2), omp_cores(16)) == ("0", "0-14")
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "1")
+    assert env.environment()["SGLANG_CPU_OMP_THREADS_BIND"] == "1"  # the user's choice wins
 
 
 def test_missing_venv_and_bad_params_are_one_line_errors(
