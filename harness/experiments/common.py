@@ -317,6 +317,15 @@ def pct_change(new: float, old: float) -> float:
     )
 
 
+def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and the 95% normal-approximation half-width over seeds (nan for one seed)."""
+    a = np.asarray([x for x in xs if math.isfinite(x)], dtype=float)
+    if not len(a):
+        return float("nan"), float("nan")
+    hw = 1.96 * float(a.std(ddof=1)) / math.sqrt(len(a)) if len(a) > 1 else float("nan")
+    return float(a.mean()), hw
+
+
 def ols_slope(x: Sequence[float], y: Sequence[float]) -> float:
     xa, ya = np.asarray(x, float), np.asarray(y, float)
     ok = np.isfinite(xa) & np.isfinite(ya)

@@ -27,6 +27,7 @@ from harness.experiments.common import (
     ExperimentResult,
     load_lengths,
     make_trace,
+    mean_ci,
     ols_slope,
     run_config,
 )
@@ -126,15 +127,6 @@ def _slopes(
             )
         slopes[cfg.label] = ols_slope(counts, ael)
     return slopes
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    """Mean and the 95% normal-approximation half-width over seeds (nan for one seed)."""
-    a = np.asarray([x for x in xs if math.isfinite(x)], dtype=float)
-    if not len(a):
-        return float("nan"), float("nan")
-    hw = 1.96 * float(a.std(ddof=1)) / math.sqrt(len(a)) if len(a) > 1 else float("nan")
-    return float(a.mean()), hw
 
 
 def run(out_dir: Path, *, full: bool = False, seed: int = 0) -> ExperimentResult:

@@ -27,6 +27,7 @@ from harness.experiments.common import (
     ExperimentResult,
     load_lengths,
     make_trace,
+    mean_ci,
     pct_change,
     run_config,
     typed_trace,
@@ -451,9 +452,8 @@ def authors_setting(
         ("vLLM", "+20-30% ([S] abstract, paper)", "+13..+31%"),
         ("Sarathi", "not claimed ([S] compares with vLLM)", "-5..+1%"),
     ):
-        ds = np.asarray(deltas[key])
-        mean = float(ds.mean())
-        ci = 1.96 * float(ds.std(ddof=1)) / math.sqrt(len(ds)) if len(ds) > 1 else float("nan")
+        ds = deltas[key]
+        mean, ci = mean_ci(ds)
         ok = mean >= 20 if key == "vLLM" else -10 <= mean <= 5
         claims.append(
             {

@@ -260,3 +260,18 @@ def test_capacity_within_3pct_of_vidur_profile(tmp_path):
         assert abs(by[(policy, "a100-llama2-7b")]["vs_ref"]) <= 3.0
         assert by[(policy, "affine (before issue 19)")]["vs_ref"] == pytest.approx(old, abs=1.5)
     assert [c["verdict"] for c in res.claims] == ["reproduced", "reproduced"]
+
+
+def test_word_like_lengths_match_the_papers_word_statistics():
+    """seed-mcsf.md §4.1: input mean 40.6 / median 11, output mean 85 / median 45 (words)."""
+    from harness.experiments.common import load_lengths
+    from harness.experiments.mcsf import word_like
+
+    tokens = load_lengths("lmsys_sample_lengths.csv")
+    w = word_like(tokens)
+    assert w["prompt_len"].median() == pytest.approx(11, abs=1)
+    assert w["output_len"].median() == pytest.approx(45, abs=1)
+    assert w["prompt_len"].mean() == pytest.approx(40.6, rel=0.1)
+    assert w["output_len"].mean() == pytest.approx(85, rel=0.1)
+    # the sample's order is kept: the longest token prompt is still the longest prompt
+    assert w["prompt_len"].idxmax() == tokens["prompt_len"].rank(method="first").idxmax()
