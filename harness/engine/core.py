@@ -364,13 +364,20 @@ class EngineCore:
         )
 
     # ------------------------------------------------------------------ the step
-    def step(self, now: float, fast_forward_until: float | None = None) -> StepOutcome:
+    def step(
+        self,
+        now: float,
+        fast_forward_until: float | None = None,
+        hold_until: float | None = None,
+    ) -> StepOutcome:
         """Execute one step starting at ``now`` (rules 1-5 of base.py).
 
         With ``fast_forward_until`` set and a ``steady`` plan that decodes every running request,
         the host also executes the following identical decode steps in closed form, as long as
         each starts strictly before ``fast_forward_until`` (the next arrival), no request
-        finishes before the last one, and KV blocks suffice (rule: Plan.steady).
+        finishes before the last one, and KV blocks suffice (rule: Plan.steady). A plan that also
+        ``hold``s runs up to ``hold_until`` instead (the simulator's stop time): arrivals would
+        not change it, so they join ``waiting`` after the run, at their own times.
         """
         plan: Plan = self.policy.schedule(self.view(now))
         bs = self.block_size
@@ -558,7 +565,11 @@ class EngineCore:
             and len(sched) == len(self._running)
         ):
             k, step_ends = self._fast_forward_len(
-                now, duration, n_decode, kv_read, fast_forward_until
+                now,
+                duration,
+                n_decode,
+                kv_read,
+                hold_until if plan.hold and hold_until is not None else fast_forward_until,
             )
         else:
             step_ends = np.array([now + duration])

@@ -28,7 +28,12 @@ from harness.policies.base import Plan, StepReport
 class ReferenceCore(EngineCore):
     """The engine core with the reference (unoptimised) step."""
 
-    def step(self, now: float, fast_forward_until: float | None = None) -> StepOutcome:
+    def step(
+        self,
+        now: float,
+        fast_forward_until: float | None = None,
+        hold_until: float | None = None,  # noqa: ARG002 - the reference never skips arrivals
+    ) -> StepOutcome:
         """Execute one step starting at ``now`` (rules 1-5 of base.py).
 
         With ``fast_forward_until`` set and a ``steady`` plan that decodes every running request,

@@ -40,6 +40,7 @@ from harness.engine.simresult import (
     SimResult,
     SimulationStalled,
     new_samples,
+    no_cyclic_gc,
 )
 from harness.policies.base import Policy
 from harness.policies.registry import make_policy, policy_class
@@ -79,6 +80,36 @@ def simulate(
     """
     if kernel not in ("auto", "reference"):
         raise ValueError(f"kernel must be 'auto' or 'reference', not {kernel!r}")
+    with no_cyclic_gc():
+        return _simulate(
+            trace,
+            policy,
+            cost_model,
+            config,
+            stop_at_s=stop_at_s,
+            chunk_sink=chunk_sink,
+            chunk_flush_rows=chunk_flush_rows,
+            fast_forward=fast_forward,
+            max_stall_calls=max_stall_calls,
+            kernel=kernel,
+            on_interrupt=on_interrupt,
+        )
+
+
+def _simulate(
+    trace: Trace,
+    policy: Policy,
+    cost_model: CostModel,
+    config: EngineConfig,
+    *,
+    stop_at_s: float | None,
+    chunk_sink: Callable[[np.ndarray, np.ndarray], None] | None,
+    chunk_flush_rows: int,
+    fast_forward: bool,
+    max_stall_calls: int,
+    kernel: str,
+    on_interrupt: str,
+) -> SimResult:
     if kernel == "auto" and fast_budget(policy, config) is not None:
         return fast_simulate(
             trace,
@@ -160,7 +191,11 @@ def simulate(
             if t >= stop:
                 break
             nxt = arr_l[i] if i < n else math.inf
-            out = core.step(t, fast_forward_until=min(nxt, stop) if fast_forward else None)
+            out = core.step(
+                t,
+                fast_forward_until=min(nxt, stop) if fast_forward else None,
+                hold_until=stop if fast_forward else None,
+            )
             calls += 1
             if out.idle:
                 stall += 1

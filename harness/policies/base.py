@@ -140,12 +140,17 @@ class Plan:
     simulator may then fast-forward identical decode steps in closed form without calling
     the policy (seed-stability.md §2 makes such runs common under any work-conserving
     policy). Leave it False when unsure: it is only a speed hint.
+
+    ``hold`` (with ``steady``): arrivals would not change the plan either (it ignores the
+    waiting queue, e.g. FasterTransformer while anyone decodes), so the simulator may
+    fast-forward past arrivals too, up to the next finish or KV boundary.
     """
 
     run: list[tuple[str, int]] = field(default_factory=list)
     admit: list[tuple[str, int]] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
     steady: bool = False
+    hold: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ class FasterTransformerPolicy(BasePolicy):
         if decoding:
             run = [(r.request_id, 1) for r in decoding[: view.token_budget]]
             # Arrivals never change this decision, so the plan holds until a finish.
-            return Plan(run=run, steady=len(run) == len(view.running))
+            steady = len(run) == len(view.running)
+            return Plan(run=run, steady=steady, hold=steady)
         budget = view.token_budget
         run: list[tuple[str, int]] = []
         for r in prefilling:
