@@ -95,10 +95,15 @@ def build_session_trace(
             and path.suffix.lower() != ".json"
             or (path.suffix.lower() == ".json" and conv.is_session_source(source))
         ):
-            take_options(options, {}, source)
+            # target=run: every agent on the run's own target; target=URL: every agent there
+            opts = take_options(options, {"target": None}, source)
             spec = conv.load_agent_graph(path)
             df = conv.agent_sessions(spec, n or DEFAULT_NUM_SESSIONS, seed, str(path))
+            if opts["target"] is not None:
+                df["target"] = None if opts["target"] == "run" else str(opts["target"])
             meta["agent_graph"] = {"file": str(path), "name": spec.get("name")}
+            if opts["target"] is not None:
+                meta["agent_graph"]["target_override"] = opts["target"]
         else:
             take_options(options, {}, source)
             df = conv.load_session_file(path)

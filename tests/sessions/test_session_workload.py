@@ -220,3 +220,11 @@ def test_cli_bad_graph_is_one_error_line(tmp_path: Path, graph: str, msg: str) -
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_agent_targets_can_be_overridden() -> None:
+    path = str(AGENTS / "tandem.yaml")
+    run = build_session_trace(path, num_sessions=2, session_rate=1.0, target="run")
+    assert run.df["target"].isna().all()  # every agent on the run's own target
+    one = build_session_trace(path, num_sessions=2, session_rate=1.0, target="http://h:9")
+    assert set(one.df["target"]) == {"http://h:9"}
