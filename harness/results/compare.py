@@ -104,14 +104,34 @@ def _order(rv: RunLike) -> tuple[np.ndarray, np.ndarray]:
     return req[order], unit_of_row
 
 
-def samples(rv: RunLike, metric: str, tier: str) -> Samples:
+MAX_GAPS = 4_000_000  # above this many token gaps, intervals use a request subsample
+
+
+def subsample_fraction(groups: Sequence[Group]) -> float:
+    """Share of requests the intervals use: all, unless the largest group has more than
+    ``MAX_GAPS`` gaps (a 100k-request run has 30M); then a deterministic subset by request
+    id (the same requests in every run, so pairing holds) keeping about ``MAX_GAPS``."""
+    gaps = max((sum(r.itl_s.size for r in g.runs) for g in groups), default=0)
+    return 1.0 if gaps <= MAX_GAPS else MAX_GAPS / gaps
+
+
+def _in_subsample(req: np.ndarray, frac: float) -> np.ndarray:
+    if frac >= 1.0:
+        return np.ones(req.size, dtype=bool)
+    h = (req.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)  # Knuth hash
+    return h < np.uint64(int(frac * 2**32))
+
+
+def samples(rv: RunLike, metric: str, tier: str, frac: float = 1.0) -> Samples:
     """One run's samples of ``metric`` for ``tier`` (``all``: every request), unit = request."""
     _, unit_of_row = _order(rv)
     n = len(rv.rm)
     tiers = rv.rm["tier"].to_numpy(dtype=object)
     in_tier = np.ones(n, dtype=bool) if tier == ALL else tiers == tier
+    if frac < 1.0:
+        in_tier &= _in_subsample(rv.rm["req"].to_numpy(dtype=np.int64), frac)
     if metric == "p99_tbt":
-        v, g = _sorted_itl(rv)  # sorted once per run; a tier's subset stays sorted
+        v, g = _sorted_itl(rv, frac)  # sorted once per run; a tier's subset stays sorted
         keep = in_tier[g] if g.size else np.zeros(0, dtype=bool)
         return Samples(v[keep], unit_of_row[g[keep]], n)
     if metric in ("p99_ttft", "median_ttft"):
@@ -126,15 +146,22 @@ def samples(rv: RunLike, metric: str, tier: str) -> Samples:
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def _sorted_itl(rv: RunLike) -> tuple[np.ndarray, np.ndarray]:
-    """(ITL in ms ascending, rm row of each), cached on the run (millions of gaps)."""
-    cached = getattr(rv, "_itl_sorted", None)
-    if cached is None:
-        order = np.argsort(rv.itl_s, kind="stable")
-        cached = (rv.itl_s[order] * 1000.0, rv.itl_grp[order])
+def _sorted_itl(rv: RunLike, frac: float) -> tuple[np.ndarray, np.ndarray]:
+    """(ITL in ms ascending, rm row of each) of the subsampled requests, cached on the run
+    (sorting 30M gaps is the expensive part: subsample first)."""
+    cache = getattr(rv, "_itl_sorted", None)
+    if not isinstance(cache, dict):
+        cache = {}
         with contextlib.suppress(AttributeError):  # a frozen object: no cache
-            rv._itl_sorted = cached  # type: ignore[attr-defined]
-    return cached
+            rv._itl_sorted = cache  # type: ignore[attr-defined]
+    if frac not in cache:
+        v, g = rv.itl_s, rv.itl_grp
+        if frac < 1.0 and g.size:
+            keep = _in_subsample(rv.rm["req"].to_numpy(dtype=np.int64), frac)[g]
+            v, g = v[keep], g[keep]
+        order = np.argsort(v, kind="stable")
+        cache[frac] = (v[order] * 1000.0, g[order])
+    return cache[frac]
 
 
 def _weights(g: Group, n_boot: int, seed: int) -> np.ndarray:
@@ -183,6 +210,7 @@ def compare_groups(
     """Intervals of every headline metric per group and tier, and verdicts of every other
     group against the first. JSON-ready."""
     n_boot = _resamples(groups)
+    frac = subsample_fraction(groups)
     tiers = [ALL] + tiers_of(groups)
     intervals: dict[str, dict[str, dict[str, Any]]] = {}
     weights = [_weights(g, n_boot, seed + i) for i, g in enumerate(groups)]
@@ -190,7 +218,7 @@ def compare_groups(
         per: dict[str, dict[str, Any]] = {}
         for m in HEADLINE:
             for t in tiers:
-                parts = [samples(rv, m.key, t) for rv in g.runs]
+                parts = [samples(rv, m.key, t, frac) for rv in g.runs]
                 if sum(p.values.size for p in parts) == 0:
                     continue
                 iv = interval(parts, m.stat, level=level, weights=w)
@@ -203,8 +231,8 @@ def compare_groups(
         paired = _paired(base, other)
         for m in HEADLINE:
             for t in tiers:
-                pa = [samples(rv, m.key, t) for rv in base.runs]
-                pb = [samples(rv, m.key, t) for rv in other.runs]
+                pa = [samples(rv, m.key, t, frac) for rv in base.runs]
+                pb = [samples(rv, m.key, t, frac) for rv in other.runs]
                 if not sum(p.values.size for p in pa) or not sum(p.values.size for p in pb):
                     continue
                 d = difference(
@@ -223,6 +251,7 @@ def compare_groups(
     return {
         "level": level,
         "resamples": n_boot,
+        "request_fraction": frac,
         "seeds": {g.label: len(g.runs) for g in groups},
         "tiers": tiers,
         "metrics": [m.__dict__ for m in HEADLINE],
