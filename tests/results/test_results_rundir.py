@@ -260,3 +260,18 @@ def test_nan_in_meta_becomes_null_and_old_summary_is_dropped(tmp_path):
     with RunWriter(rd, {}):  # a new run in the same folder must not inherit the old summary
         pass
     assert not (rd / schema.SUMMARY_JSON).exists()
+
+
+def test_failed_part_write_keeps_its_rows(tmp_path: Path) -> None:
+    """A part that cannot be written (here: its folder's name is taken by a file; in the field:
+    EMFILE, disk full) raises, keeps the rows buffered, and the next flush writes them."""
+    w = RunWriter(tmp_path / "run", {"kind": "test"})
+    blocker = tmp_path / "run" / (schema.REQUESTS_FILE + ".parts")
+    blocker.write_text("in the way")
+    for i in range(5):
+        w.add_request({"req": i, "request_id": f"r{i}", "success": True})
+    with pytest.raises(OSError):
+        w.flush()
+    blocker.unlink()
+    w.close()
+    assert sorted(read_run(tmp_path / "run").requests["req"]) == [0, 1, 2, 3, 4]
