@@ -97,3 +97,41 @@ def test_bad_repeats_and_warmup_are_one_line(tmp_path: Path) -> None:
         res = runner.invoke(app, SIM + args + ["-o", str(tmp_path / "x")])
         assert res.exit_code == 2, res.output
         assert needle in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_must_show_slai_vs_sarathi_five_seeds(tmp_path: Path) -> None:
+    """Issue 20 "Must show": over 5 seeds, the report states with 95% confidence that SLAI
+    beats Sarathi on paid-tier P99 TBT and does not beat it on all-tier P99 ITL."""
+    out = tmp_path / "must"
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            "sharegpt",
+            "--rate",
+            "1.5",
+            "--num-requests",
+            "300",
+            "--policy",
+            "sarathi,slai",
+            "--cost-model",
+            "rtx6000ada-mistral-7b",
+            "--repeats",
+            "5",
+            "--no-report",
+            "-o",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    from harness.report import render_report
+    from harness.results.repeats import read_index
+
+    html = render_report(read_index(out))
+    paid = [ln for ln in html.splitlines() if "P99 TBT (ITL), paid tier: slai" in ln]
+    every = [ln for ln in html.splitlines() if "P99 TBT (ITL), all tiers: slai" in ln]
+    assert paid and "slai beats sarathi with 95% confidence" in paid[0]
+    assert "5 seeds" in paid[0] and "paired by request" in paid[0]
+    assert every and "slai does not beat sarathi" in every[0]
