@@ -242,16 +242,11 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 _VLLM_SHIM = """
-import importlib.metadata as m, sys, types
-# The benchmark client needs none of vLLM's compiled CPU kernels, and importing them dies with
-# SIGILL on a CPU without the instructions the wheel was built for (seen on an AVX2-only box):
-# a stand-in module keeps `vllm._custom_ops` from loading them.
-class _NoKernels(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return lambda *a, **k: None
-sys.modules["vllm._custom_ops"] = _NoKernels("vllm._custom_ops")
+import importlib.metadata as m, sys
+# The benchmark client needs none of vLLM's compiled CPU kernels, and loading them dies with
+# SIGILL on a CPU without the instructions the wheel was built for (seen on an AVX2-only box).
+import vllm.platforms.interface as _pi
+_pi.Platform.import_kernels = classmethod(lambda cls: None)
 orig = m.version
 def version(n):
     try:
