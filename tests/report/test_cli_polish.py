@@ -121,3 +121,20 @@ def test_chromium_launcher_prints_no_shell_error() -> None:
         ["/usr/bin/chromium", "--headless", "--version"], capture_output=True, text=True, timeout=60
     )
     assert "unexpected operator" not in proc.stderr, proc.stderr
+
+
+def test_replay_warmup_single_run(tmp_path: Path) -> None:
+    out = tmp_path / "one"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli.main", "replay", "--trace", "synthetic"]
+        + ["--rate", "40", "--num-requests", "20", "--opt", "input_len=32"]
+        + ["--opt", "output_len=6", "--warmup", "5", "-o", str(out), "--no-progress"]
+        + ["--no-gpu", "--speed", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["warmup"]["excluded"] == 5 and summary["completed"] == 15
+    assert json.loads((out / "run.json").read_text())["warmup"] == {"requests": 5}
