@@ -47,12 +47,19 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 @trace_app.command("build")
 def build(
     source: str = typer.Argument(
-        ..., help="lmsys | sharegpt | azure-conv | synthetic | a trace file"
+        ...,
+        help="lmsys | sharegpt | azure-conv | synthetic | a trace file; sessions: "
+        "sharegpt-conv | lmsys-conv | synthetic-conv | an agent graph | a session file",
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Parquet file to write"),
-    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="requests"),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Parquet file to write (sessions: .parquet or .jsonl)"
+    ),
+    num_requests: int | None = typer.Option(
+        None, "--num-requests", "-n", help="requests (sessions: sessions)"
+    ),
     rate: float | None = typer.Option(
-        None, help="req/s (inf = all at 0); omit to use the trace's own timestamps"
+        None,
+        help="req/s (inf = all at 0; sessions: sessions/s); omit to use the trace's own timestamps",
     ),
     arrival: str = typer.Option("poisson", help="poisson | gamma | constant | trace"),
     burstiness: float = typer.Option(1.0, help="gamma shape (vLLM --burstiness); 1 = Poisson"),
@@ -72,13 +79,33 @@ def build(
     opt: list[str] = typer.Option(
         [], "--opt", help="source option KEY=VALUE (repeat), e.g. path=..., filter=vllm"
     ),
+    think_time: str | None = typer.Option(
+        None, help="sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"
+    ),
 ) -> None:
     """Freeze a replay: arrivals, prompts, lengths, tiers, seed and content hash in one file."""
     from harness.cli.errors import fail
     from harness.workload import build_trace, save_trace
+    from harness.workload.sources.conversations import is_session_source
     from harness.workload.tiers import TierSpecError
     from harness.workload.trace import TraceError
 
+    if is_session_source(source):
+        plain = {
+            "--time-scale": time_scale != 1.0,
+            "--duration": duration is not None,
+            "--rate-schedule": rate_schedule is not None,
+            "--tier-mix": tier_mix is not None,
+            "--rescale": rescale,
+        }
+        bad = [flag for flag, given in plain.items() if given]
+        if bad:
+            fail(f"{', '.join(bad)}: not for a session source ({source})")
+        _build_sessions(source, out, num_requests, rate, arrival, burstiness, tiers, seed,
+                        think_time, parse_options(opt))  # fmt: skip
+        return
+    if think_time is not None:
+        fail(f"--think-time: only for a session source, not {source}")
     try:
         trace = build_trace(
             source,
@@ -108,6 +135,54 @@ def build(
     )
 
 
+def _build_sessions(
+    source: str,
+    out: Path,
+    num_sessions: int | None,
+    session_rate: float | None,
+    arrival: str,
+    burstiness: float,
+    tiers: str | None,
+    seed: int,
+    think_time: str | None,
+    options: dict[str, Any],
+) -> None:
+    """``trace build`` of a session source: whole sessions, frozen with their columns."""
+    from harness.cli.errors import fail
+    from harness.workload.session_build import build_session_trace
+    from harness.workload.session_freeze import save_session_trace, session_counts
+    from harness.workload.tiers import TierSpecError
+    from harness.workload.trace import TraceError
+
+    if session_rate is not None and not session_rate > 0:
+        fail(f"--rate {session_rate}: sessions/s must be > 0")
+    if num_sessions is not None and num_sessions < 1:
+        fail(f"--num-requests {num_sessions}: sessions must be >= 1")
+    try:
+        trace = build_session_trace(
+            source,
+            num_sessions=num_sessions,
+            session_rate=session_rate,
+            arrival="poisson" if arrival == "trace" else arrival,
+            burstiness=burstiness,
+            tiers=tiers,
+            seed=seed,
+            think_time=think_time,
+            **options,
+        )
+        trace.meta["content_hash"] = trace.content_hash()
+        path = save_session_trace(trace, out)
+        counts = session_counts(trace)
+    except (TraceError, TierSpecError) as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{out}: cannot write ({e.strerror or e})")
+    typer.echo(
+        f"wrote {path}: {counts['sessions']} sessions, {counts['calls']} calls over "
+        f"{counts['session_span_s']:.1f} s, sha256 {trace.meta['content_hash'][:16]}"
+    )
+
+
 @trace_app.command("show")
 def show(
     file: str = typer.Argument(..., help="a frozen trace (or any trace source)"),
@@ -122,12 +197,21 @@ def show(
     from harness.cli.errors import fail
     from harness.workload import build_trace
     from harness.workload.describe import describe_trace
+    from harness.workload.sources.conversations import is_session_source
     from harness.workload.tiers import TierSpecError
     from harness.workload.trace import TraceError
 
     try:
-        trace = build_trace(file, quiet=as_json, **parse_options(opt))
-        info = describe_trace(trace, cost_model=cost_model, kv_tokens=kv_tokens)
+        if is_session_source(file):
+            from harness.workload.session_build import build_session_trace
+            from harness.workload.session_freeze import session_counts
+
+            trace = build_session_trace(file, quiet=as_json, **parse_options(opt))
+            info = describe_trace(trace, cost_model=cost_model, kv_tokens=kv_tokens)
+            info["sessions"] = session_counts(trace)
+        else:
+            trace = build_trace(file, quiet=as_json, **parse_options(opt))
+            info = describe_trace(trace, cost_model=cost_model, kv_tokens=kv_tokens)
     except (TraceError, TierSpecError) as e:
         fail(str(e))
     except (ValueError, KeyError) as e:  # a bad cost model name / file
@@ -156,6 +240,16 @@ def _print(info: dict[str, Any]) -> None:
     )
     if src.get("fallback"):
         con.print(f"[yellow]fallback length profile {src.get('profile')!r}: {src.get('reason')}")
+    ses = info.get("sessions")
+    if ses:
+        cps, tps = ses["calls_per_session"], ses["turns_per_session"]
+        rate = ses["offered_sessions_per_s"]
+        con.print(
+            f"[bold]{ses['sessions']}[/] sessions, {ses['calls']} calls  "
+            f"(calls/session mean {cps['mean']:.2f}, p50 {cps['p50']:g}, max {cps['max']:g}; "
+            f"turns mean {tps['mean']:.2f}, max {tps['max']:g}; "
+            f"offered {rate:.3g} sessions/s)"
+        )
     lt = Table(title="lengths (tokens)")
     lt.add_column("")
     for k in ("mean", "p50", "p90", "p99", "max"):

@@ -328,7 +328,8 @@ def load_session_file(path: Path) -> pd.DataFrame:
         elif suffix == ".csv":
             df = pd.read_csv(path)
         else:
-            df = pd.read_json(path, lines=True)
+            # precise_float: a frozen JSONL session trace reads back bit for bit
+            df = pd.read_json(path, lines=True, precise_float=True)
     except Exception as exc:  # pandas/pyarrow raise many types for a bad file
         raise TraceError(f"{path}: not readable ({str(exc).splitlines()[0]})") from None
     df = df.rename(columns={k: v for k, v in _ALIASES.items() if k in df.columns})
@@ -340,6 +341,10 @@ def load_session_file(path: Path) -> pd.DataFrame:
     df["session_id"] = df["session_id"].astype(str)
     if "prompt" not in df.columns:
         df["prompt"] = None
+    df["prompt"] = df["prompt"].astype(object).where(df["prompt"].notna(), None)
+    for col in ("arrival_s", "think_s"):  # JSON "0.0" reads back as int 0: keep them floats
+        if col in df.columns:
+            df[col] = df[col].astype(float)
     if "call_index" not in df.columns:
         df["call_index"] = df.groupby("session_id", sort=False).cumcount()
     ts = None
