@@ -19,7 +19,12 @@ _FLAGS = {"policies": "policy", "arrival_window_s": "duration", "duration_s": "d
 
 
 def sweep(
-    rates: Annotated[str, typer.Option(help="Rates in req/s: 10,20,40 or START:STOP:STEP.")],
+    rates: Annotated[
+        str,
+        typer.Option(
+            help="Rates in req/s (sessions/s for a session trace): 10,20,40 or START:STOP:STEP."
+        ),
+    ],
     trace: Annotated[
         str, typer.Option(help="Trace name (lmsys, sharegpt, synthetic, ...) or file.")
     ] = "synthetic",
@@ -33,7 +38,9 @@ def sweep(
             help="Live against the built-in engine (wall clock) instead of the simulator."
         ),
     ] = False,
-    num_requests: Annotated[int | None, typer.Option(help="Requests per run.")] = 1000,
+    num_requests: Annotated[
+        int | None, typer.Option(help="Requests per run (sessions for a session trace).")
+    ] = 1000,
     duration: Annotated[
         float | None, typer.Option(help="Keep arrivals within this many seconds per run.")
     ] = None,
@@ -105,6 +112,18 @@ def sweep(
         except ValueError as e:
             fail(str(e))
     mode = "live" if (live or target) else "simulate"
+    from harness.workload.sources.conversations import is_session_source
+
+    if mode == "simulate" and is_session_source(trace):
+        fail(f"{trace}: a session trace sweeps live (--live or --target URL), in sessions/s")
+    if is_session_source(trace):
+        from harness.workload.session_freeze import fixed_arrivals
+
+        if fixed_arrivals(trace):
+            fail(
+                f"{trace}: a frozen session trace keeps its own arrivals at every rate; "
+                "sweep its source or a JSONL session file (trace build -o FILE.jsonl)"
+            )
     if ray is not None:
         if mode == "live":
             fail("--ray fans out simulated sweeps; a live sweep runs one rate at a time")
@@ -172,7 +191,8 @@ def sweep(
         mark = "PASS" if p["passes"] else ("FAIL" if p.get("fails", True) else "PASS?")
         seed = f" seed {p['seed']}" if p.get("seed") is not None else ""
         typer.echo(
-            f"{p['policy']:>12} @ {p['rate']:g} req/s{seed}: {p['verdict']:<12} "
+            f"{p['policy']:>12} @ {p['rate']:g} {p.get('unit', 'req/s')}{seed}: "
+            f"{p['verdict']:<12} "
             f"SLOs {'met' if p['meets_slos'] else 'missed'}  [{mark}]"
         )
 
@@ -198,16 +218,17 @@ def capacity_line(policy: str, c: dict[str, Any]) -> str:
     """``capacity vllm: 8 req/s (paid 8, free 10)``, saying when stability was unconfirmed
     and which rate failed first when no swept rate passed."""
     cap = c.get("capacity_rps")
+    unit = c.get("unit", "req/s")  # sessions/s when the trace carries sessions
     if cap is None:
         ff = c.get("first_failure") or {}
         why = ""
         if ff:
-            why = f" (first failure at {ff['rate']:g} req/s: " + (
+            why = f" (first failure at {ff['rate']:g} {unit}: " + (
                 "unstable)" if ff.get("verdict") == "unstable" else "SLO attainment missed)"
             )
         text = f"capacity {policy}: below the lowest swept rate{why}"
     else:
-        text = f"capacity {policy}: {cap:g} req/s"
+        text = f"capacity {policy}: {cap:g} {unit}"
         if c.get("capacity_hi") is not None and c.get("capacity_lo") is not None:
             cov = c.get("interval_coverage")
             how = f", {cov:.0%} interval for the median seed" if cov else ""

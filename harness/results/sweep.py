@@ -15,6 +15,9 @@ is *unconfirmed* when it meets the SLOs but the run was too short to judge stabi
 ``capacity_rps`` is the largest swept rate such that no rate up to it fails (a noisy pass
 above a failure does not count); ``max_passing_rate`` is the largest passing rate
 regardless. ``by_tier``: the same rule with only that tier's attainment (and stability).
+A session run (summary.json ``sessions``; issue 15) is judged per session instead: a tier's
+attainment is the share of its sessions whose every call met the SLOs, and the rates and
+capacities are sessions/s (``unit``).
 
 Output: ``<out>/sweep.json`` (this module's :func:`sweep_summary`) and the run directories
 under ``<out>/``; the report reads sweep.json to draw latency/throughput vs rate.
@@ -117,9 +120,14 @@ def sweep_point(run_dir: Path, policy: str, rate: float, min_attainment: float) 
         stab = analyze_stability(read_run(run_dir))
     tiers = summary.get("tiers") or {}
     att = {name: t.get("slo_attainment") for name, t in tiers.items()}
+    sessions = _session_block(run_dir, summary)
+    if sessions is not None:
+        att = session_attainment(tiers, sessions)
     meets = all(a is None or a >= min_attainment for a in att.values())
     verdict = stab.get("verdict", "inconclusive")
     return {
+        "unit": "req/s" if sessions is None else "sessions/s",
+        **({} if sessions is None else {"sessions": _session_keys(sessions)}),
         "policy": policy,
         "rate": float(rate),
         "run_dir": run_dir.name,
@@ -152,6 +160,38 @@ def sweep_point(run_dir: Path, policy: str, rate: float, min_attainment: float) 
                 "valid",
             )
         },
+    }
+
+
+def _session_block(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """summary.json["sessions"] of a session run (computed when a rewrite, e.g. the warm-up
+    cut, dropped it); None for a plain run."""
+    if summary.get("sessions"):
+        return summary["sessions"]
+    if not (run_dir / schema.SESSIONS_FILE).is_file():
+        return None
+    from harness.results.sessions import add_session_summary
+
+    return add_session_summary(run_dir)
+
+
+def session_attainment(tiers: dict[str, Any], sessions: dict[str, Any]) -> dict[str, float | None]:
+    """Per tier: the share of sessions whose every call met the tier's SLOs (issue 15: a
+    session sweep judges each rate by the session, not the call); None for a tier without
+    an SLO, as for requests."""
+    out: dict[str, float | None] = {}
+    for name, b in (sessions.get("tiers") or {}).items():
+        t = tiers.get(name) or {}
+        has_slo = t.get("ttft_slo_ms") is not None or t.get("tbt_slo_ms") is not None
+        out[name] = b.get("slo_attainment") if has_slo else None
+    return out
+
+
+def _session_keys(s: dict[str, Any]) -> dict[str, Any]:
+    keys = ("sessions", "completed", "abandoned", "slo_attainment", "session_goodput")
+    return {
+        **{k: s.get(k) for k in (*keys, "sessions_per_s", "calls_per_s")},
+        "tiers": {n: {k: b.get(k) for k in keys} for n, b in (s.get("tiers") or {}).items()},
     }
 
 
@@ -198,8 +238,9 @@ def run_longer_hint(rows: Sequence[dict[str, Any]]) -> str | None:
     n = max(int(r.get("num_requests") or 0) for r in inc)
     rates = ", ".join(f"{r['rate']:g}" for r in inc)
     more = f"--num-requests {max(4 * n, 1000)}" if n else "a larger --num-requests"
+    unit = inc[0].get("unit", "req/s")
     return (
-        f"stability inconclusive at {rates} req/s (run too short to tell a bounded queue from "
+        f"stability inconclusive at {rates} {unit} (run too short to tell a bounded queue from "
         f"a slowly growing one); run longer, e.g. {more}"
     )
 
@@ -228,6 +269,7 @@ def capacities(points: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "confirmed": confirmed if cap is not None else None,
             "max_passing_rate": max(passing) if passing else None,
             "rates": [r["rate"] for r in rows],
+            "unit": rows[0].get("unit", "req/s"),  # sessions/s: a session sweep
             "by_tier": by_tier,
             "first_failure": next(
                 (
@@ -274,8 +316,12 @@ def aggregate_seeds(points: Sequence[dict[str, Any]], min_attainment: float) -> 
             tblocks[t] = {k: _mean([v.get(k) for v in vals]) for k in TIER_KEYS}
             tci[t] = {k: _span([v.get(k) for v in vals]) for k in TIER_KEYS}
             att[t] = tblocks[t]["slo_attainment"]
+        if ps[0].get("unit") == "sessions/s":  # judged per session (sweep_point)
+            names = dict.fromkeys(t for p in ps for t in p.get("slo_attainment") or {})
+            att = {t: _mean([(p["slo_attainment"] or {}).get(t) for p in ps]) for t in names}
         meets = all(a is None or a >= min_attainment for a in att.values())
         row = {
+            "unit": ps[0].get("unit", "req/s"),
             "policy": pol,
             "rate": rate,
             "seeds": [p.get("seed") for p in ps],

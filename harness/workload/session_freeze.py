@@ -90,3 +90,12 @@ def _depth(s: Session) -> int:
         if not changed:
             break
     return max(depth.values(), default=0)
+
+
+def fixed_arrivals(source: str) -> bool:
+    """True for a frozen session Parquet file: it replays its own session arrivals whatever
+    rate is asked (build_session_trace), so a rate sweep over it would repeat one run."""
+    from harness.workload.session_build import _is_frozen
+
+    path = Path(source).expanduser()
+    return path.is_file() and _is_frozen(path)
