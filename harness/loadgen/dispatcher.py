@@ -168,12 +168,7 @@ class Dispatcher:
         lag = res.arrival - target
         if lag > st.max_lag_s:
             st.max_lag_s = lag
-        limit = self.in_flight_limit
-        if limit is not None and st.in_flight >= limit:
-            res.fail(
-                schema.ERROR_CLIENT_LIMIT,
-                f"not sent: {st.in_flight} requests in flight is this process's open-file budget",
-            )
+        if self._over_budget(res):
             self._record(res)
             return
         st.in_flight += 1
@@ -207,6 +202,19 @@ class Dispatcher:
         finally:
             st.in_flight -= 1
             self._record(res)
+
+    def _over_budget(self, res: RequestResult) -> bool:
+        """True, with ``res`` failed as ``client_limit``, when the open-file budget is spent:
+        one more socket could starve the writer of descriptors (Errno 24, lost rows)."""
+        limit = self.in_flight_limit
+        if limit is None or self.stats.in_flight < limit:
+            return False
+        res.fail(
+            schema.ERROR_CLIENT_LIMIT,
+            f"not sent: {self.stats.in_flight} requests in flight is this process's "
+            "open-file budget",
+        )
+        return True
 
     def _record(self, res: RequestResult) -> None:
         st = self.stats

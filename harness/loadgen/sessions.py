@@ -396,6 +396,8 @@ class SessionDispatcher(Dispatcher):
             else:
                 await post()
 
+        if self._over_budget(res):  # the open-file budget holds for session calls too
+            return
         stats.in_flight += 1
         patience = self.options.patience_s
         task: asyncio.Task[None] | None = None

@@ -310,3 +310,27 @@ async def test_duration_bound_cancels_sessions_in_progress(echo: EchoServer, tmp
     assert sess.loc["d", "end_reason"] == "cancelled" and sess.loc["d", "calls_done"] == 1
     assert sess.loc["e", "end_reason"] == "complete"
     assert sorted(read_run(run_dir).requests["request_id"]) == ["d/0", "e/0"]  # d/1 never sent
+
+
+async def test_open_file_budget_holds_for_session_calls(
+    echo: EchoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 14's fd budget (client_limit, never Errno 24) also caps session calls in flight."""
+    import dataclasses
+
+    import harness.loadgen.replay as replay_mod
+    from harness.loadgen.fdlimit import fd_budget
+
+    # the real budget, with room for one socket (as `ulimit -n` just above the reserve would)
+    monkeypatch.setattr(
+        replay_mod, "fd_budget", lambda: dataclasses.replace(fd_budget(), max_in_flight=1)
+    )
+    echo.first_delay["a/0"] = 0.5  # holds the only slot while b's call is due
+    trace = calls(conversation("a", 1) + conversation("b", 1))
+    run, sess = await replay(echo, trace, tmp_path / "r")
+    r = run.requests.set_index("request_id")
+    assert r.loc["a/0", "success"]
+    assert r.loc["b/0", "error_kind"] == schema.ERROR_CLIENT_LIMIT
+    assert "b/0" not in echo.by_id()  # not sent
+    s = sess.set_index("session_id")
+    assert s.loc["b", "calls_sent"] == 0 and s.loc["b", "end_reason"] == "failed"
