@@ -449,7 +449,8 @@ async def run_replay_async(
             headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
             progress_cb = on_progress
             async with session:
-                disp = (session_factory(cfg, trace, run_dir) or make_dispatcher)(
+                ctx = model_info.get("max_model_len")
+                disp = (session_factory(cfg, trace, run_dir, ctx) or make_dispatcher)(
                     cfg.workers,
                     jobs,
                     shard_keys=session_keys(trace.df, len(jobs)),

@@ -137,6 +137,7 @@ class SessionDispatcher(Dispatcher):
         options: SessionOptions,
         seed: int = 0,
         run_dir: Path | None = None,
+        max_model_len: int | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(sessions, **kw)  # type: ignore[arg-type]
@@ -150,35 +151,12 @@ class SessionDispatcher(Dispatcher):
         self.records: dict[str, SessionRecord] = {}
         self._cols: dict[int, tuple[str, int, str, int]] = {}
         self._next_req = 1 + max((c.req for s in sessions for c in s.calls), default=-1)
-        self._base_url = self.url[: len(self.url) - len(self.dialect.path(self.endpoint))]
+        # --max-context, else the max_model_len replay's readiness check read from /v1/models;
+        # with neither, the engine's own 400 ("maximum context length") is the check.
         self.max_context = options.max_context
         self.max_context_from = "--max-context"
-        self._ctx: Any = None  # future of the /v1/models max_model_len lookup
-
-    def prepare(self) -> None:
-        """Before ``t0``: without ``--max-context``, read the model's context from
-        ``/v1/models`` (vLLM lists ``max_model_len``) in a thread, so neither the schedule nor
-        a server on this same loop waits for it (until it lands, the engine's own 400 is the
-        check); then the parent's GC freeze."""
-        if self.max_context is None and self._ctx is None:
-            import concurrent.futures
-
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-context")
-            self._ctx = pool.submit(model_context, self._base_url, self.headers)
-            pool.shutdown(wait=False)
-        super().prepare()
-
-    async def _context_known(self) -> None:
-        """Wait (at most 2 s) for the ``/v1/models`` answer started in :meth:`prepare`."""
-        if self._ctx is None:
-            return
-        try:
-            n = await asyncio.wait_for(asyncio.wrap_future(self._ctx), 2.0)
-        except Exception:  # unreachable / slow: the engine's own 400 remains the check
-            n = None
-        self._ctx = None
-        if n is not None:
-            self.max_context, self.max_context_from = n, "max_model_len of /v1/models"
+        if self.max_context is None and max_model_len:
+            self.max_context, self.max_context_from = max_model_len, "max_model_len of /v1/models"
 
     # -- text ---------------------------------------------------------------------------------
     def _text(self, c: Call) -> str:
@@ -463,8 +441,6 @@ class SessionDispatcher(Dispatcher):
         return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
 
     async def run(self, t0: float) -> Any:
-        self.prepare()
-        await self._context_known()  # a few ms, started before t0; a late start shows as lag
         try:
             return await super().run(t0)
         finally:
@@ -535,9 +511,10 @@ def session_run_meta(cfg: Any, trace: Any) -> dict[str, Any]:
     return {"sessions": info}
 
 
-def session_factory(cfg: Any, trace: Any, run_dir: Path) -> Any:
+def session_factory(cfg: Any, trace: Any, run_dir: Path, max_model_len: int | None = None) -> Any:
     """A callable with :func:`harness.loadgen.workers.make_dispatcher`'s signature that builds
-    a :class:`SessionDispatcher` (one process: a session's calls stay one unit), or None."""
+    a :class:`SessionDispatcher` (one process: a session's calls stay one unit), or None.
+    ``max_model_len``: the model's context from ``/v1/models`` (replay's readiness check)."""
     if not is_session_run(cfg, trace):
         return None
     from harness.workload.sessions import sessions_from_frame
@@ -552,7 +529,14 @@ def session_factory(cfg: Any, trace: Any, run_dir: Path) -> Any:
 
         known = set(inspect.signature(Dispatcher.__init__).parameters) - {"prompt_fn"}
         kw = {k: v for k, v in kw.items() if k in known}
-        return SessionDispatcher(sessions, options=opts, seed=cfg.seed, run_dir=run_dir, **kw)
+        return SessionDispatcher(
+            sessions,
+            options=opts,
+            seed=cfg.seed,
+            run_dir=run_dir,
+            max_model_len=max_model_len,
+            **kw,
+        )
 
     return make
 
@@ -567,16 +551,3 @@ def session_options(trace: str, **given: Any) -> SessionOptions | None:
     if not set_ and not is_session_source(trace):
         return None
     return SessionOptions(**set_)
-
-
-def model_context(base_url: str, headers: dict[str, str] | None = None) -> int | None:
-    """``max_model_len`` of the first model ``/v1/models`` lists (vLLM, SGLang), else None."""
-    import httpx
-
-    try:
-        r = httpx.get(base_url + "/v1/models", headers=headers, timeout=2.0)
-        data = r.json().get("data") or []
-        n = data[0].get("max_model_len") if data else None
-        return int(n) if isinstance(n, int) and n > 0 else None
-    except (httpx.HTTPError, ValueError, AttributeError, IndexError, TypeError):
-        return None
