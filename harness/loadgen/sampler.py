@@ -100,7 +100,7 @@ def parse_metrics(text: str, engine: str = "vllm") -> dict[str, float | int]:
     return row
 
 
-def _scan_values(text: str, name: str) -> list[float]:
+def scan_values(text: str, name: str) -> list[float]:
     """Values of every sample line ``name{...} v`` / ``name v`` (NaN skipped)."""
     out: list[float] = []
     n = len(name)
@@ -137,7 +137,7 @@ def scan_metrics(text: str, engine: str = "vllm") -> dict[str, float | int] | No
     row: dict[str, float | int] = {}
     for column, candidates in names_for_engine(engine).items():
         for name in candidates:
-            vals = _scan_values(text, name)
+            vals = scan_values(text, name)
             if not vals:
                 continue
             total = sum(vals) / len(vals) if column in _MEAN_COLUMNS else sum(vals)

@@ -16,18 +16,17 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from harness.loadgen.sampler import scan_values
+
 QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
 
 
 def prefix_counters(text: str) -> tuple[float, float] | None:
-    """(queries, hits) summed over label sets, or None when the engine exports neither."""
-    vals: dict[str, float] = {}
-    for line in text.splitlines():
-        for k in (QUERIES, HITS):
-            if line.startswith((k + "{", k + " ")):
-                vals[k] = vals.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
-    return (vals[QUERIES], vals[HITS]) if len(vals) == 2 else None
+    """(queries, hits) summed over label sets, or None when the engine exports neither
+    (the sampler's line scan: no full parse of vLLM's ~56 KB text every poll)."""
+    queries, hits = scan_values(text, QUERIES), scan_values(text, HITS)
+    return (sum(queries), sum(hits)) if queries and hits else None
 
 
 class MetricsPoller(threading.Thread):
