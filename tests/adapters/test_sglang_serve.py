@@ -96,6 +96,10 @@ class Servers:
             policy=policy,
             policy_params=params,
             max_total_tokens=8192,
+            # SGLang refreshes its /metrics queue/running gauges when it logs a decode step
+            # (every --decode-log-interval steps, 40 by default): every step, so the samples
+            # see the queue the policy holds
+            decode_log_interval=1,
             log_path=self.tmp / f"sglang-{key}.log",
             ready_timeout_s=600,  # as the vLLM tier: a loaded 2-core box can take minutes
         )
