@@ -26,7 +26,9 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def warn(message: str) -> None:
     """Print ``warning: message`` on stderr (the run went on; the user should know why)."""
-    _err.print(f"[bold yellow]warning:[/] {message}", markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    _err.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True, soft_wrap=True)
 
 
 def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:

@@ -435,16 +435,18 @@ def _print_result_inner(
     _print_warnings(run_dir)
     # soft_wrap: the path stays on one line (copyable) whatever the terminal width.
     if interrupted:
+        from rich.markup import escape
+
         try:
             name = signal.Signals(signum).name
         except ValueError:
             name = str(signum)
         console.print(
-            f"[bold yellow]interrupted ({name}):[/] partial run in {run_dir}",
+            f"[bold yellow]interrupted ({name}):[/] partial run in {escape(str(run_dir))}",
             soft_wrap=True,
         )
     else:
-        console.print(f"run directory: {run_dir}", soft_wrap=True, highlight=False)
+        console.print(f"run directory: {run_dir}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _print_warnings(run_dir: Path) -> None:

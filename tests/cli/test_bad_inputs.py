@@ -194,3 +194,24 @@ def test_unauthorized_target(locked_server: str, tmp_path: Path, with_model: boo
         "unauthorized: pass --api-key or HARNESS_API_KEY",
     )
     assert not (out / schema.RUN_JSON).exists()
+
+
+def test_bracketed_run_dir_and_warning_print_as_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path or warning holding ``[...]`` is text, not rich markup: ``[/x]`` used to raise
+    MarkupError (a traceback after the run) and ``[exp]`` vanished from the printed path."""
+    import subprocess
+    import sys
+
+    from harness.cli.errors import warn
+
+    warn("trace /tmp/[/odd]/t.csv [exp]")
+    assert "warning: trace /tmp/[/odd]/t.csv [exp]" in capsys.readouterr().err
+    out = tmp_path / "[exp] [/odd]"
+    args = [*SYN, "--rate", "50", "--num-requests", "3", "--no-gpu", "--out", str(out)]
+    harness = [sys.executable, "-m", "harness.cli.main"]
+    proc = subprocess.run([*harness, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"run directory: {out}" in proc.stdout
+    assert len(read_run(out).requests) == 3
