@@ -427,7 +427,10 @@ def _print_result_inner(
         else:
             summary = write_summary(run_dir, goodput=goodput)
         print_summary(summary, console=console)
-        from harness.results.sessions import print_session_summary
+        from harness.results.sessions import add_session_summary, print_session_summary
+
+        if interrupted:  # the replay stopped before adding its session figures
+            add_session_summary(run_dir)
 
         print_session_summary(run_dir, console)  # session runs only
     except ImportError:
