@@ -322,12 +322,6 @@ class Dispatcher:
             else:
                 self._write(results, samples)
 
-    def flush_sync(self) -> None:
-        """Last-resort flush from synchronous code (after the loop is gone)."""
-        results, samples = self._take()
-        if results or samples:
-            self._write(results, samples)
-
     async def _flusher(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval_s)
