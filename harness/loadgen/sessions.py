@@ -441,6 +441,7 @@ class SessionDispatcher(Dispatcher):
         return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
 
     async def run(self, t0: float) -> Any:
+        """The parent's run; ``sessions.parquet`` is written however it ends (Ctrl-C too)."""
         try:
             return await super().run(t0)
         finally:

@@ -93,6 +93,7 @@ class Session:
 
 
 def has_sessions(df: pd.DataFrame) -> bool:
+    """Whether the trace carries sessions (else every row is a session of one call)."""
     return "session_id" in df.columns
 
 
@@ -112,6 +113,7 @@ def parse_parents(value: Any) -> tuple[int, ...]:
 
 
 def format_parents(parents: Iterable[int]) -> str:
+    """``(0, 2)`` -> ``"0,2"``: the ``parents`` column as stored (:func:`parse_parents`)."""
     return ",".join(str(int(p)) for p in parents)
 
 

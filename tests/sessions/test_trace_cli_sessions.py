@@ -149,3 +149,12 @@ def test_session_build_errors_are_one_line(tmp_path: Path) -> None:
             "soon", "-o", str(out))  # fmt: skip
     assert r.exit_code == 2 and "think time 'soon'" in r.output
     assert not out.exists()
+
+
+def test_non_utf8_agent_graph_is_one_line(tmp_path: Path) -> None:
+    """A graph file that is not UTF-8 text used to end ``trace build`` in a traceback."""
+    bad = tmp_path / "g.yaml"
+    bad.write_bytes(b"calls:\n  - \xff\xfe\n")
+    r = run("trace", "build", str(bad), "-n", "1", "-o", str(tmp_path / "x.parquet"))
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.exception
+    assert "error:" in r.output and "not a readable agent graph" in r.output

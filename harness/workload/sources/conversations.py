@@ -248,8 +248,10 @@ def _length(spec: Any, rng: np.random.Generator, where: str) -> int:
 
 
 def load_agent_graph(path: Path) -> dict[str, Any]:
-    text = path.read_text(encoding="utf-8")
+    """An agent-graph description (YAML/JSON) as a dict; any unreadable file is one
+    :class:`TraceError` line (non-UTF-8 bytes included)."""
     try:
+        text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             spec = json.loads(text)
         else:
