@@ -109,7 +109,12 @@ def words(text: str) -> int:
 
 
 def _reply_texts(payloads: list[bytes], out: list[str]) -> None:
-    """Append the text the stream's chunks carry (completions ``text``, chat ``delta``)."""
+    """Append the text the stream's chunks carry (completions ``text``, chat ``delta``).
+
+    SGLang's native ``/generate`` stream has no ``choices``: its top-level ``text`` is the
+    reply so far (cumulative, :func:`harness.loadgen.client.interpret_sglang_generate`), so a
+    text that extends the one held replaces it; otherwise (``--incremental-streaming-output``)
+    it is appended."""
     for p in payloads:
         if p == DONE:
             continue
@@ -117,7 +122,16 @@ def _reply_texts(payloads: list[bytes], out: list[str]) -> None:
             obj = json.loads(p)
         except ValueError:
             continue
-        ch = obj.get("choices") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict):
+            continue
+        ch = obj.get("choices")
+        if ch is None and "meta_info" in obj and isinstance(obj.get("text"), str):
+            text = obj["text"]
+            if len(out) <= 1 and text.startswith(out[0] if out else ""):
+                out[:] = [text]
+            else:
+                out.append(text)
+            continue
         if not ch or not isinstance(ch[0], dict):
             continue
         c0 = ch[0]

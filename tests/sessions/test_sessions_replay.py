@@ -334,3 +334,26 @@ async def test_open_file_budget_holds_for_session_calls(
     assert "b/0" not in echo.by_id()  # not sent
     s = sess.set_index("session_id")
     assert s.loc["b", "calls_sent"] == 0 and s.loc["b", "end_reason"] == "failed"
+
+
+def test_real_replies_from_sglang_generate_stream() -> None:
+    """History in ``reply`` mode from SGLang's native /generate stream (cumulative ``text``,
+    no ``choices``): the reply used to be captured as empty, dropping it from the history."""
+    import json
+
+    from harness.loadgen.sessions import _reply_texts
+    from harness.loadgen.sse import DONE
+
+    def msg(text: str) -> bytes:
+        return json.dumps({"text": text, "meta_info": {"completion_tokens": 1}}).encode()
+
+    out: list[str] = []
+    _reply_texts([msg("Hel"), msg("Hello")], out)
+    _reply_texts([msg("Hello there"), DONE], out)
+    assert "".join(out) == "Hello there"
+    inc: list[str] = []  # --incremental-streaming-output: each message a new piece
+    _reply_texts([msg("Hel"), msg("lo"), msg(" there")], inc)
+    assert "".join(inc) == "Hello there"
+    chat: list[str] = []
+    _reply_texts([json.dumps({"choices": [{"delta": {"content": "Hi"}}]}).encode()], chat)
+    assert chat == ["Hi"]
