@@ -88,9 +88,12 @@ class RADPolicy(BasePolicy):
         prefilling = [r for r in view.running if prefill_remaining(r) > 0]
         decoding = [r for r in view.running if is_decoding(r)]
 
-        def decode_batch() -> Plan:  # lines 6-8: one batch with a DI for every request in D
+        def decode_batch(queued: bool = False) -> Plan:  # lines 6-8: a DI for every request in D
             run = [(r.request_id, 1) for r in sorted(decoding, key=lambda r: r.arrival_s)]
-            return Plan(run=run, steady=not prefilling and len(run) <= view.token_budget)
+            steady = not prefilling and len(run) <= view.token_budget
+            # with a request already queued, an arrival (younger) changes neither the head nor
+            # this decision: the host may run the batch on past arrivals (Plan.hold)
+            return Plan(run=run, steady=steady, hold=steady and queued)
 
         if prefilling:  # lines 12-16: finish the current prefill, one chunk per batch, alone
             r = min(prefilling, key=lambda r: (r.arrival_s, r.request_id))
@@ -112,10 +115,10 @@ class RADPolicy(BasePolicy):
             or self.requests_in_cycle >= self.n
             or not seq_room
         ):
-            return decode_batch()
+            return decode_batch(queued=head is not None)
         c = min(chunk, remaining_tokens(head))
         if decoding and blocks_for(c, bs) > free:
-            return decode_batch()  # no KV room for the first chunk: decodes drain first
+            return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
         # lines 11-17: FCFS prefill of one request (counted in on_step)
         return Plan(admit=[(head.request_id, c)])
 
