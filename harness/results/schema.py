@@ -110,6 +110,7 @@ def requests_schema(names: list[str] | tuple[str, ...] | None = None) -> pa.Sche
     """REQUESTS, or REQUESTS_SESSIONS when ``names`` (a file's columns) has session columns."""
     return REQUESTS_SESSIONS if names is not None and "session_id" in names else REQUESTS
 
+
 CHUNKS = pa.schema(
     [
         pa.field("req", pa.int64(), nullable=False),
