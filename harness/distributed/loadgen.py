@@ -42,12 +42,11 @@ from harness.cli.errors import HarnessError
 from harness.distributed import connect
 from harness.loadgen.dispatcher import Dispatcher, DispatchStats, Job
 from harness.loadgen.workers import (
+    ShardedBase,
     ShardSpec,
     ShardWriter,
     _sum_stats,
     new_event_loop,
-    shard_jobs,
-    split_cap,
 )
 
 PINGS = 25
@@ -200,7 +199,7 @@ def alive_nodes(ray: Any) -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
 
 
-class RayShardedDispatcher:
+class RayShardedDispatcher(ShardedBase):
     """Same interface as :class:`~harness.loadgen.workers.ShardedDispatcher`, the shards in
     Ray actors spread over the cluster's nodes (module docstring)."""
 
@@ -210,13 +209,8 @@ class RayShardedDispatcher:
         n_workers: int | None,
         *,
         address: str,
-        writer: Any,
-        shard_keys: Sequence[Any] | None = None,
-        session: Any = None,
-        on_progress: Callable[[DispatchStats], None] | None = None,
-        progress_interval_s: float = 0.25,
         max_concurrency: int | None = None,
-        **dispatcher_kw: Any,
+        **kw: Any,
     ) -> None:
         self.ray = connect(address)
         self.nodes = alive_nodes(self.ray)
@@ -224,30 +218,12 @@ class RayShardedDispatcher:
             raise HarnessError(f"--ray {address}: the cluster has no alive node with a CPU")
         n = n_workers or len(self.nodes)
         n = max(1, min(n, len(jobs), max_concurrency or n))
-        self.jobs = jobs
-        self.n = n
-        self.writer = writer
-        self.run_dir = Path(writer.run_dir)
-        self.shards = shard_jobs(jobs, n, shard_keys)
-        self.caps = split_cap(max_concurrency, n)
-        self.on_progress = on_progress
-        self.progress_interval_s = progress_interval_s
-        timeout = getattr(session, "timeout", None)
-        self.timeout_s = getattr(timeout, "sock_read", None)
-        dispatcher_kw.pop("freeze_gc", None)
-        self.dispatcher_kw = dispatcher_kw
-        self.stats = DispatchStats(planned=len(jobs))
-        self.t0 = math.nan
+        super().__init__(jobs, n, max_concurrency=max_concurrency, **kw)
         self.actors: list[Any] = []
         self.places: list[dict[str, str]] = []
         self.clocks: list[ClockEstimate] = []
         self.clocks_end: list[ClockEstimate] = []
-        self.reports: list[dict[str, Any] | None] = [None] * n
         self._refs: list[Any] = []
-        self._latest: list[dict[str, Any]] = [{} for _ in range(n)]
-
-    def sample_sink(self, row: dict[str, Any]) -> None:
-        self.writer.add_sample(row)
 
     def _estimate(self) -> list[ClockEstimate]:
         ray = self.ray
@@ -380,10 +356,3 @@ class RayShardedDispatcher:
             "skew_rule": "two largest half round trips + largest offset drift over the run",
             "per_worker": per,
         }
-
-    @property
-    def cpu_s(self) -> float:
-        return sum(r["cpu_s"] for r in self.reports if r)
-
-    async def flush(self, *, in_thread: bool = True) -> None:
-        self.writer.flush()

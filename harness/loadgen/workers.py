@@ -273,16 +273,15 @@ def _sum_stats(planned: int, parts: Sequence[dict[str, Any]]) -> DispatchStats:
     return st
 
 
-class ShardedDispatcher:
-    """Same interface as :class:`Dispatcher` (``prepare``, ``run(t0)``, ``stats``, ``flush``,
-    ``sample_sink``) but the schedule runs in N worker processes. ``prepare()`` starts the
-    workers and returns once every one is connected and waiting, so t0 can be taken right
-    after it, as for one process."""
+class ShardedBase:
+    """What every sharded dispatcher shares (worker processes here, Ray actors in
+    :mod:`harness.distributed.loadgen`): the shards and their concurrency caps, the per-shard
+    dispatcher keywords, summed stats, per-shard reports, and the parent's own writer."""
 
     def __init__(
         self,
         jobs: list[Job],
-        n_workers: int,
+        n: int,
         *,
         writer: Any,
         shard_keys: Sequence[Any] | None = None,
@@ -293,11 +292,11 @@ class ShardedDispatcher:
         **dispatcher_kw: Any,
     ) -> None:
         self.jobs = jobs
-        self.n = n_workers
+        self.n = n
         self.writer = writer
         self.run_dir = Path(writer.run_dir)
-        self.shards = shard_jobs(jobs, n_workers, shard_keys)
-        self.caps = split_cap(max_concurrency, n_workers)
+        self.shards = shard_jobs(jobs, n, shard_keys)
+        self.caps = split_cap(max_concurrency, n)
         self.on_progress = on_progress
         self.progress_interval_s = progress_interval_s
         timeout = getattr(session, "timeout", None)
@@ -306,16 +305,35 @@ class ShardedDispatcher:
         self.dispatcher_kw = dispatcher_kw
         self.stats = DispatchStats(planned=len(jobs))
         self.t0 = math.nan
-        self.worker_reports: list[dict[str, Any] | None] = [None] * n_workers
-        self._latest: list[dict[str, Any]] = [{} for _ in range(n_workers)]
-        self._errors: list[str] = []
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
-        self._ended: set[int] = set()
+        self.reports: list[dict[str, Any] | None] = [None] * n
+        self._latest: list[dict[str, Any]] = [{} for _ in range(n)]
 
     def sample_sink(self, row: dict[str, Any]) -> None:
         # The parent's loop has no schedule to keep: the writer flushes on its own interval.
         self.writer.add_sample(row)
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds the shards used between t0 and their end (dispatch only)."""
+        return sum(r["cpu_s"] for r in self.reports if r)
+
+    async def flush(self, *, in_thread: bool = True) -> None:
+        """Flush the parent's own rows (sampler samples); shards flush their own parts."""
+        self.writer.flush()
+
+
+class ShardedDispatcher(ShardedBase):
+    """Same interface as :class:`Dispatcher` (``prepare``, ``run(t0)``, ``stats``, ``flush``,
+    ``sample_sink``) but the schedule runs in N worker processes. ``prepare()`` starts the
+    workers and returns once every one is connected and waiting, so t0 can be taken right
+    after it, as for one process."""
+
+    def __init__(self, jobs: list[Job], n_workers: int, **kw: Any) -> None:
+        super().__init__(jobs, n_workers, **kw)
+        self._errors: list[str] = []
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._ended: set[int] = set()
 
     def prepare(self) -> None:
         """Spawn the workers and wait until each is ready (before t0 is taken)."""
@@ -369,7 +387,7 @@ class ShardedDispatcher:
             return
         if kind == "done":
             self._latest[i] = body["stats"]
-            self.worker_reports[i] = body
+            self.reports[i] = body
         else:
             self._errors.append(f"worker {i}: {body}")
         self._ended.add(i)
@@ -435,7 +453,7 @@ class ShardedDispatcher:
     def meta(self) -> dict[str, Any]:
         """run.json ``workers``: count, sharding, and what each worker reported."""
         per = []
-        for i, rep in enumerate(self.worker_reports):
+        for i, rep in enumerate(self.reports):
             st = rep["stats"] if rep else self._latest[i]
             per.append(
                 {
@@ -452,15 +470,6 @@ class ShardedDispatcher:
             )
         return {"count": self.n, "clock": "CLOCK_MONOTONIC (shared by every process on a host)",
                 "per_worker": per}  # fmt: skip
-
-    @property
-    def cpu_s(self) -> float:
-        """CPU seconds the workers used between t0 and their end (dispatch only)."""
-        return sum(r["cpu_s"] for r in self.worker_reports if r)
-
-    async def flush(self, *, in_thread: bool = True) -> None:
-        """Flush the parent's own rows (sampler samples); workers flush their own parts."""
-        self.writer.flush()
 
 
 def make_dispatcher(
