@@ -8,13 +8,16 @@ fail-fast health polling with the log tail) is the same for both. Imports no eng
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -119,3 +122,46 @@ def running(server: EngineServer) -> Iterator[EngineServer]:
         yield server
     finally:
         server.stop()
+
+
+def add_process_args(ap: argparse.ArgumentParser) -> None:
+    """The launcher flags every engine shares: where it listens and logs, and how it runs."""
+    ap.add_argument("--port", type=int, default=None, help="default: a free port")
+    ap.add_argument("--log", type=Path, default=None, help="server log file")
+    ap.add_argument("--detach", action="store_true", help="leave it running; print URL and exit")
+    ap.add_argument("--pidfile", type=Path, default=None, help="with --detach: write the pid")
+    ap.add_argument("--ready-timeout", type=float, default=300.0)
+
+
+def parse_policy_params(text: str) -> dict[str, Any]:
+    """``--policy-params`` as a JSON object; :class:`LaunchError` (one line) otherwise."""
+    try:
+        params = json.loads(text)
+        if not isinstance(params, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        raise LaunchError(f"--policy-params: {e}") from None
+    return params
+
+
+def serve(make_server: Callable[[], EngineServer], args: argparse.Namespace) -> int:
+    """Start the server, print its URL; with ``--detach`` leave it running, else serve until
+    it exits or Ctrl-C. Start-up problems are one ``error:`` line and exit code 2."""
+    try:
+        server = make_server()
+        server.wait_healthy()
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(server.url, flush=True)
+    if args.detach:
+        if args.pidfile:
+            args.pidfile.write_text(f"{server.proc.pid}\n")
+        return 0
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

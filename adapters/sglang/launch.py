@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapters.server_process import EngineServer, LaunchError, running
+from adapters.server_process import (
+    EngineServer,
+    LaunchError,
+    add_process_args,
+    parse_policy_params,
+    running,
+    serve,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path(os.environ.get("SGLANG_VENV") or ROOT / ".venv-sglang")
@@ -170,18 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="only cpu is launched here")
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--port", type=int, default=None, help="default: a free port")
-    ap.add_argument("--log", type=Path, default=None, help="server log file")
-    ap.add_argument("--detach", action="store_true", help="leave it running; print URL and exit")
-    ap.add_argument("--pidfile", type=Path, default=None, help="with --detach: write the pid")
-    ap.add_argument("--ready-timeout", type=float, default=300.0)
+    add_process_args(ap)
     args = ap.parse_args(argv)
     try:
-        params = json.loads(args.policy_params)
-        if not isinstance(params, dict):
-            raise ValueError("not an object")
-    except ValueError as e:
-        print(f"error: --policy-params: {e}", file=sys.stderr)
+        params = parse_policy_params(args.policy_params)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     cfg = SglangServerConfig(
         policy=None if args.stock else args.policy,
@@ -195,24 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         ready_timeout_s=args.ready_timeout,
     )
-    try:
-        server = SglangServer(cfg)
-        server.wait_healthy()
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(server.url, flush=True)
-    if args.detach:
-        if args.pidfile:
-            args.pidfile.write_text(f"{server.proc.pid}\n")
-        return 0
-    try:
-        server.proc.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
+    return serve(lambda: SglangServer(cfg), args)
 
 
 if __name__ == "__main__":
