@@ -1,0 +1,1 @@
+"""Routers: which engine of a cluster serves a call (contract in :mod:`harness.routers.base`)."""
