@@ -1,6 +1,7 @@
 """Host-agnostic scheduling policies. Every built-in module is imported here, once."""
 
 from harness.policies import (  # noqa: F401
+    class_priority,
     fastertransformer,
     mcsf,
     mcsf_baselines,
