@@ -134,12 +134,23 @@ class ContextCostModel(AffineCostModel):
         self._check()
         if self.kv_sat_batch < 2:
             raise CostModelError("context kv_sat_batch must be >= 2")
+        # r(D) for D = 0..kv_sat_batch, the values kv_rate computes (constant beyond): the
+        # scalar step_time runs once per simulated step, so it looks the rate up (issue 13).
+        table = self.kv_rate(np.arange(self.kv_sat_batch + 1)).tolist()
+        object.__setattr__(self, "_kv_table", table)
 
     def kv_rate(self, decode_seqs: Any) -> Any:
         """``r(D)`` per KV token (vectorised over ``D``)."""
         d = np.maximum(np.asarray(decode_seqs, dtype=float), 1.0)
         w = np.clip(np.log2(d) / math.log2(self.kv_sat_batch), 0.0, 1.0)
         return self.per_kv_s + (self.per_kv_lo_s - self.per_kv_s) * w
+
+    def _kv_rate_of(self, decode_seqs: int) -> float:
+        """Scalar ``r(D)``: a table look-up for whole ``D`` (identical values), else kv_rate."""
+        table: list[float] = self._kv_table  # type: ignore[attr-defined]
+        if decode_seqs.__class__ is int and decode_seqs >= 0:
+            return table[decode_seqs] if decode_seqs < len(table) else table[-1]
+        return float(self.kv_rate(decode_seqs))
 
     def step_time(
         self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
@@ -151,7 +162,7 @@ class ContextCostModel(AffineCostModel):
         )
         return (
             max(self.floor_s, lin)
-            + float(self.kv_rate(decode_seqs)) * kv_tokens
+            + self._kv_rate_of(decode_seqs) * kv_tokens
             + self.per_prefill_attn_s * prefill_attn
         )
 

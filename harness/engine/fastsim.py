@@ -1,24 +1,29 @@
-"""Vectorised simulation kernel for the built-in ``vllm`` and ``sarathi`` policies.
+"""Vectorised simulation kernel for policies that declare the FCFS token-budget rule.
 
-Why: the reference host (:class:`~harness.engine.core.EngineCore` + a policy object) costs a
-few Python operations per running request per step, so near capacity (hundreds of running
-requests, a step per arrival) it simulates ~2k requests/s. This kernel keeps request state in
-numpy arrays indexed by trace row and does a step in a fixed number of array operations.
+Why: the engine core (:class:`~harness.engine.core.EngineCore` + a policy object) costs a few
+Python operations per running request per step, so near capacity (hundreds of running
+requests, a step per arrival) it simulates a few thousand requests/s. This kernel keeps request
+state in numpy arrays indexed by trace row and does a step in a fixed number of array
+operations.
 
-It implements exactly the rules of the two policies under the host semantics of base.py:
+It is reached through the policy contract, not by policy type: a policy whose plans are
+exactly :class:`harness.policies.base.BudgetRule` says so through its ``budget_rule()`` hook
+(today ``vllm`` with its defaults and FCFS ``sarathi``), and :func:`fast_budget` admits it only
+while that declaration still describes the object (base.declared_rule: a subclass that
+overrides planning gets the engine core). The kernel executes that one rule under the host
+semantics of base.py:
 
-- run order = decoding requests (running order), then prefilling ones (running order), each
-  granted its remaining tokens clipped to the budget left (sarathi.py rules 1-2; vllm_v1.py
-  pass 1 - in vLLM v1 prefilling requests are always a suffix of the running list, since a
-  chunked prefill exhausts the budget and later admissions sit behind it);
+- run order = decoding requests (running order), then the others (running order), each
+  granted its remaining tokens clipped to the budget left;
 - KV shortage preempts from the end of that order (recompute, budget refunded), then no
   admission that step (base.py rules 2-3) - done by an exact sequential fallback, rare;
 - FCFS admission (preempted first) while budget, ``max_num_seqs`` and KV allow, head-of-line;
 - a step with only decodes and no admission is fast-forwarded in closed form (Plan.steady).
 
-Parity with the reference host is a test (tests/engine/test_fastsim.py): identical per-request
-token times on traces with preemptions, seat and budget limits. Policies with other parameters
-(``spf`` order, a prefill threshold, no chunking) run on the reference host.
+The kernel has no prefix cache: a run with prefix caching on takes the engine core. Parity
+with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
+test_identity.py): identical per-request token times on traces with preemptions, seat and
+budget limits.
 """
 
 from __future__ import annotations
@@ -34,29 +39,22 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
 from harness.engine.simresult import ChunkLog, SimResult, SimulationStalled, new_samples
-from harness.policies.base import Policy
+from harness.policies.base import Policy, declared_rule
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
-    """The step budget if this kernel implements ``policy`` exactly, else None."""
-    from harness.policies.sarathi import SarathiPolicy
-    from harness.policies.vllm_v1 import VLLMV1Policy
-
-    if type(policy) is VLLMV1Policy:
-        if (
-            policy.long_prefill_token_threshold == 0
-            and policy.chunked_prefill
-            and policy.scheduling_policy == "fcfs"
-        ):
-            return config.token_budget
+    """The step budget if this kernel executes ``policy`` exactly, else None: the policy
+    declares :class:`~harness.policies.base.BudgetRule` (base.declared_rule) and the engine
+    has no prefix cache (this kernel keeps none)."""
+    if getattr(config, "prefix_caching", False):
         return None
-    if type(policy) is SarathiPolicy and policy.order == "fcfs":
-        cs = policy.chunk_size
-        return config.token_budget if cs is None else min(config.token_budget, cs)
-    return None
+    rule = declared_rule(policy)
+    if rule is None:
+        return None
+    return config.token_budget if rule.budget is None else min(config.token_budget, rule.budget)
 
 
 def fast_simulate(

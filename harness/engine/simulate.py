@@ -73,8 +73,9 @@ def simulate(
     token-time arrays in time order as they are produced (else they are kept in memory).
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
     (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
-    ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for the policies it implements
-    exactly (built-in ``vllm`` and FCFS ``sarathi``) and the engine core otherwise; ``reference``
+    ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for policies that declare the
+    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``) when prefix caching is
+    off, and the engine core otherwise; ``reference``
     always uses the reference step (:mod:`harness.engine.reference_core`), the yardstick of
     the identity tests.
     """

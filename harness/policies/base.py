@@ -31,6 +31,10 @@ Host semantics (identical in every host; ``harness.engine.conformance`` tests th
    (ignore-EOS semantics), freeing its KV.
 
 A plan that asks for more than the budget or caps is clipped, never exceeded.
+
+Speed hints never change an answer: ``Plan.steady`` / ``Plan.hold`` let a host fast-forward
+decode runs, and a policy whose plans are exactly the FCFS token-budget rule declares
+:class:`BudgetRule` (``budget_rule()``) so a host may execute that rule by its own faster path.
 """
 
 from __future__ import annotations
@@ -154,6 +158,60 @@ class Plan:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetRule:
+    """A policy's declaration that its plans are exactly the *FCFS token-budget rule*.
+
+    The rule, under the host semantics above (rules 1-5), every step:
+
+    * ``run``: every running request, decoding ones first (1 token each), then the others (a
+      partial prefill or a recompute) in running order, each granted its remaining tokens
+      clipped to the budget left (0 once it is spent: still listed, so KV preemption takes
+      victims from the tail of this order); no ``preempt``;
+    * ``admit``: ``waiting`` in the host's queue order (preempted first, then arrivals), each
+      ``min(remaining, budget left)`` while budget and seats last (head-of-line on KV);
+    * ``steady`` when every running request decodes and nobody is admitted.
+
+    The budget is ``min(View.token_budget, budget)``. vLLM v1's default scheduler and FCFS
+    Sarathi-Serve are this rule (anchors-engines.md §1.4; seed-stability.md §2.3). A host may
+    execute a declared rule by a faster path of its own (the vectorised simulator kernel),
+    without calling the policy's hooks, so only a policy whose ``schedule``, ``on_arrival``
+    and ``on_step`` are the declaring class's (or no-ops) counts: see :func:`declared_rule`.
+    """
+
+    budget: int | None = None
+
+
+def _owner(cls: type, attr: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``attr``."""
+    for k in cls.__mro__:
+        if attr in vars(k):
+            return k
+    return None
+
+
+def declared_rule(policy: object) -> BudgetRule | None:
+    """The :class:`BudgetRule` ``policy`` declares through its ``budget_rule()`` hook, or None.
+
+    A declaration counts only if it still describes the policy: a subclass that overrides
+    ``schedule`` (or adds ``on_arrival`` / ``on_step`` behaviour) without declaring again
+    inherits no rule, so it is planned through ``schedule`` like any other policy.
+    """
+    hook = getattr(policy, "budget_rule", None)
+    if hook is None:
+        return None
+    rule = hook()
+    if not isinstance(rule, BudgetRule):
+        return None
+    cls = type(policy)
+    owner = _owner(cls, "budget_rule")
+    for name in ("schedule", "on_arrival", "on_step"):
+        o = _owner(cls, name)
+        if o is not owner and o is not BasePolicy:
+            return None
+    return rule
+
+
+@dataclass(frozen=True, slots=True)
 class StepReport:
     """What the host tells the policy (and telemetry) after each step or fast-forwarded run.
 
@@ -203,6 +261,10 @@ class BasePolicy:
         raise NotImplementedError
 
     def on_step(self, report: StepReport) -> None:  # noqa: D102
+        return None
+
+    def budget_rule(self) -> BudgetRule | None:
+        """Optional speed hint: the :class:`BudgetRule` this policy's plans follow, or None."""
         return None
 
     def params(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ Decodes sit first in the run order, so KV shortage preempts prefills first (tail
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, Plan, View
+from harness.policies.base import BasePolicy, BudgetRule, Plan, View
 from harness.policies.common import admit_list, split_running
 from harness.policies.registry import register
 
@@ -31,6 +31,10 @@ class SarathiPolicy(BasePolicy):
             raise ValueError("chunk_size must be >= 1")
         self.order = order
         self.chunk_size = chunk_size
+
+    def budget_rule(self) -> BudgetRule | None:
+        """FCFS Sarathi-Serve is base.BudgetRule with its chunk size as the budget."""
+        return BudgetRule(self.chunk_size) if self.order == "fcfs" else None
 
     def schedule(self, view: View) -> Plan:
         budget = (

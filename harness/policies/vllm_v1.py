@@ -23,7 +23,7 @@ empty, or the head cannot get a seat or its first chunk's KV).
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, Plan, View
+from harness.policies.base import BasePolicy, BudgetRule, Plan, View
 from harness.policies.common import admit_list
 from harness.policies.registry import register
 
@@ -47,6 +47,15 @@ class VLLMV1Policy(BasePolicy):
         self.long_prefill_token_threshold = int(long_prefill_token_threshold)
         self.chunked_prefill = bool(chunked_prefill)
         self.scheduling_policy = scheduling_policy
+
+    def budget_rule(self) -> BudgetRule | None:
+        """FCFS with chunked prefill and no per-request cap is base.BudgetRule: prefilling
+        requests are always a suffix of vLLM's running list (a chunked prefill exhausts the
+        budget, later admissions sit behind it), so running order is "decodes first"."""
+        fcfs = self.scheduling_policy == "fcfs"
+        if fcfs and self.chunked_prefill and self.long_prefill_token_threshold == 0:
+            return BudgetRule()
+        return None
 
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget

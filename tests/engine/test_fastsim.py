@@ -11,6 +11,9 @@ from harness.engine.costmodel import get_cost_model
 from harness.engine.fastsim import fast_budget
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
+from harness.policies.base import BasePolicy, BudgetRule, Plan, View
+from harness.policies.sarathi import SarathiPolicy
+from harness.policies.vllm_v1 import VLLMV1Policy
 
 CASES = [
     # (kv_tokens, budget, max_num_seqs, rate): tight KV (preemptions), seat cap, small budget
@@ -68,6 +71,54 @@ def test_only_exact_policies_take_the_fast_kernel() -> None:
     assert fast_budget(make_policy("vllm", long_prefill_token_threshold=8), cfg) is None
     assert fast_budget(make_policy("orca"), cfg) is None
     assert fast_budget(make_policy("vllm", scheduling_policy="priority"), cfg) is None
+
+
+class _DeclaredRule(BasePolicy):
+    """Not vllm nor sarathi by type: declares the rule and plans it (via FCFS Sarathi)."""
+
+    name = "declared"
+
+    def __init__(self) -> None:
+        self._inner = SarathiPolicy(chunk_size=64)
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule(64)
+
+    def schedule(self, view: View) -> Plan:
+        return self._inner.schedule(view)
+
+
+class _OverridesPlanning(VLLMV1Policy):
+    """Inherits vllm's declaration but plans differently: must not take the fast kernel."""
+
+    def schedule(self, view: View) -> Plan:
+        plan = super().schedule(view)
+        plan.admit = plan.admit[:1]
+        return plan
+
+
+class _CountsSteps(VLLMV1Policy):
+    """Same plans, but its on_step hook must run: the fast kernel calls no hooks."""
+
+    def on_step(self, report) -> None:
+        self.steps = getattr(self, "steps", 0) + report.num_steps
+
+
+def test_the_kernel_is_reached_through_the_declared_rule() -> None:
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
+    cost = get_cost_model("a100-llama2-7b")
+    assert fast_budget(_DeclaredRule(), cfg) == 64
+    assert fast_budget(_OverridesPlanning(), cfg) is None
+    assert fast_budget(_CountsSteps(), cfg) is None
+    tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
+    fast = simulate(tr, _DeclaredRule(), cost, cfg)
+    ref = simulate(tr, _DeclaredRule(), cost, cfg, kernel="reference")
+    assert fast.counters.get("kernel") == "fast"
+    _same(fast, ref)
+    counted = _CountsSteps()
+    res = simulate(tr, counted, cost, cfg)
+    assert res.counters.get("kernel") is None and counted.steps == res.num_steps
+    assert simulate(tr, _OverridesPlanning(), cost, cfg).counters.get("kernel") is None
 
 
 class _AttnCost:
