@@ -48,7 +48,7 @@ def policies(
         False, "--params", help="Also list each policy's parameters (for --param) and defaults."
     ),
 ) -> None:
-    """List the scheduling policies every host can run."""
+    """List the scheduling policies every host can run, then the cluster routers."""
     from harness.policies.registry import available
 
     for name in available():
@@ -61,17 +61,39 @@ def policies(
             typer.echo(f"  --param {name}.{pname}={default}")
         if not rows:
             typer.echo("  (no parameters)")
+    list_routers(params)
+
+
+def list_routers(params: bool) -> None:
+    """The cluster routers (``--router`` of ``serve --replicas`` and ``simulate --replicas``)."""
+    from harness.routers.registry import available_routers, router_class
+
+    typer.echo("routers:")
+    for name in available_routers():
+        if not params:
+            typer.echo(f"  {name}")
+            continue
+        doc, rows = class_params(router_class(name))
+        typer.echo(f"  {name}: {doc}" if doc else f"  {name}")
+        for pname, default in rows:
+            typer.echo(f"    --router-param {pname}={default}")
+        if not rows:
+            typer.echo("    (no parameters)")
 
 
 def policy_params(name: str) -> tuple[str, list[tuple[str, str]]]:
     """(first docstring line, [(parameter, default as JSON-ish text)]) of a policy, read from
     its constructor so the list never drifts from the code."""
+    from harness.policies.registry import policy_class
+
+    return class_params(policy_class(name))
+
+
+def class_params(cls: type) -> tuple[str, list[tuple[str, str]]]:
+    """(first docstring line, [(parameter, default)]) of a policy or router class."""
     import inspect
     import json
 
-    from harness.policies.registry import policy_class
-
-    cls = policy_class(name)
     doc = (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
     rows = []
     for klass in cls.__mro__:  # a subclass taking **kwargs inherits its base's parameters

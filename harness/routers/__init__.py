@@ -3,7 +3,13 @@
 Every built-in router module is imported here, once, so the registry lists them all.
 """
 
-from harness.routers import round_robin  # noqa: F401
+from harness.routers import (  # noqa: F401
+    least_loaded,
+    prefix_aware,
+    random_router,
+    round_robin,
+    session_affinity,
+)
 from harness.routers.base import EngineLoad, RouteCall, Router
 from harness.routers.registry import (
     UnknownRouterError,

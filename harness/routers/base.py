@@ -73,3 +73,7 @@ class Router(ABC):
 
     def on_finish(self, call: RouteCall, engine: int, now_s: float) -> None:  # noqa: B027
         """The call finished (or was aborted) on ``engine``; default: nothing to track."""
+
+    def params(self) -> dict[str, Any]:
+        """Parameters worth recording in run.json (public attributes; state is private)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
