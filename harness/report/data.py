@@ -207,8 +207,30 @@ def setup_rows(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("engine", meta.get("engine") if isinstance(meta.get("engine"), str) else None),
         ("model", meta.get("model")),
         ("duration (s)", meta.get("duration_s")),
+        ("load generator", loadgen_text(meta.get("workers"))),
     ]
     return [(k, fmt_value(v)) for k, v in rows if v is not None and v != ""]
+
+
+def loadgen_text(workers: Any) -> str | None:
+    """run.json ``workers`` in one line: processes, hosts and, for a multi-host (Ray) run,
+    the dispatch-skew bound between shards (issue 18), so a reader sees how far apart two
+    hosts' "same instant" may be before comparing their requests."""
+    if not isinstance(workers, Mapping) or not workers.get("count"):
+        return None
+    n = int(workers["count"])
+    text = f"{n} worker{'s' if n != 1 else ''}"
+    if workers.get("backend"):
+        text += f" ({workers['backend']}"
+        if workers.get("hosts"):
+            text += f", {workers['hosts']} host{'s' if workers['hosts'] != 1 else ''}"
+        text += ")"
+    skew = workers.get("skew_bound_ms")
+    if isinstance(skew, int | float):
+        text += f"; dispatch skew bound {skew:.3g} ms"
+        if workers.get("skew_rule"):
+            text += f" ({workers['skew_rule']})"
+    return text
 
 
 def load_run_view(run_dir: Path | str, label: str | None = None) -> RunView:

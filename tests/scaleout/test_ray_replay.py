@@ -63,3 +63,21 @@ async def test_replay_shards_on_two_ray_hosts(tmp_path: Path) -> None:
         assert abs(p["clock_offset_ms"]) <= p["clock_uncertainty_ms"] + 1e-6
     assert w["skew_bound_ms"] >= max(p["clock_uncertainty_ms"] for p in per)
     print(f"\nskew bound {w['skew_bound_ms']} ms; offsets", [p["clock_offset_ms"] for p in per])
+    # The HTML report's run info states the bound (issue 18).
+    from harness.report import write_report
+
+    html = write_report([Path(run_dir)]).read_text()
+    assert f"dispatch skew bound {w['skew_bound_ms']:.3g} ms" in html
+    assert "2 workers (ray, 2 hosts)" in html
+
+
+def test_run_info_line_states_the_skew_bound() -> None:
+    from harness.report.data import loadgen_text
+
+    rule = "two largest half round trips + largest offset drift over the run"
+    meta = {"count": 2, "backend": "ray", "hosts": 2, "skew_bound_ms": 0.7123, "skew_rule": rule}
+    assert loadgen_text(meta) == (
+        "2 workers (ray, 2 hosts); dispatch skew bound 0.712 ms (two largest half round trips"
+        " + largest offset drift over the run)"
+    )
+    assert loadgen_text({"count": 1}) == "1 worker" and loadgen_text(None) is None

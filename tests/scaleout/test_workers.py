@@ -74,6 +74,10 @@ async def test_workers_write_one_run_like_one_process(tmp_path: Path, workers: i
         w = run.meta["workers"]
         assert w["count"] == 2 and sum(p["requests"] for p in w["per_worker"]) == 300
         assert all(p["completed"] == 150 for p in w["per_worker"])
+        from harness.report import write_report
+
+        html = write_report([Path(run_dir)]).read_text()
+        assert "load generator" in html and "2 workers" in html
 
 
 async def test_cancelling_a_sharded_run_records_in_flight_requests(tmp_path: Path) -> None:
