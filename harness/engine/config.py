@@ -37,6 +37,13 @@ class EngineConfig(BaseModel):
         2048, ge=1, description="max tokens per step (max_num_batched_tokens)"
     )
     max_num_seqs: int = Field(256, ge=1, description="max requests holding KV at once")
+    prefix_caching: bool = Field(
+        True,
+        description=(
+            "vLLM v1 automatic prefix caching (on by default, as in vLLM); only requests "
+            "added with a PromptIdentity can hit"
+        ),
+    )
     known_output_lengths: bool = Field(
         False,
         description="expose max_tokens as predicted_output_len to the policy (oracle lengths)",

@@ -55,6 +55,13 @@ class HostDriver(Protocol):
 HostFactory = Callable[["ScriptedPolicy", HostSpec], HostDriver]
 
 
+class PrefixHostDriver(HostDriver, Protocol):
+    """A host with prefix caching: prompts are given as token ids (the built-in server sends
+    them as text; the engine core names them with ``PromptIdentity.from_token_ids``)."""
+
+    def add_prompt(self, request_id: str, token_ids: list[int], max_tokens: int) -> bool: ...
+
+
 @dataclass
 class Snap:
     """A frozen copy of one request as a view showed it."""
@@ -335,6 +342,95 @@ def plan_for_unknown_ids_is_ignored(factory: HostFactory) -> None:
     assert not h.has_work()
 
 
+# ------------------------------------------------- prefix caching (vLLM v1, prefix_cache.py)
+def _prefill_of(pol: ScriptedPolicy, rid: str) -> int:
+    """Prefill tokens of the step that admitted ``rid`` (it is the only request in it)."""
+    rep = next(r for r in pol.reports if rid in r.admitted)
+    return rep.prefill_tokens
+
+
+def _drain(h: HostDriver, limit: int = 200) -> None:
+    for _ in range(limit):
+        if not h.has_work():
+            return
+        h.step()
+    raise AssertionError("host did not finish its work")
+
+
+def prefix_hit_counts_as_computed(factory: HostFactory) -> None:
+    """A request sharing a prefix with a finished one is admitted with the cached full blocks
+    computed: only the rest is prefilled (vLLM ``get_computed_blocks``)."""
+    pol, h = _host(factory, lambda v, i: _everything(v), HostSpec(block_size=4))
+    assert h.add_prompt("a", list(range(10)), 2)  # type: ignore[attr-defined]
+    _drain(h)
+    assert h.add_prompt("b", [*range(8), 100, 101, 102], 2)  # type: ignore[attr-defined]
+    _drain(h)
+    assert _prefill_of(pol, "a") == 10
+    assert _prefill_of(pol, "b") == 3  # 2 full blocks (8 tokens) cached; a's 3rd block is not
+
+
+def prefix_all_hit_recomputes_last(factory: HostFactory) -> None:
+    """When every prompt token is cached the last one is still computed (to sample): the hit
+    stops at num_tokens - 1, rounded down to whole blocks (vLLM ``max_cache_hit_length``)."""
+    pol, h = _host(factory, lambda v, i: _everything(v), HostSpec(block_size=4))
+    assert h.add_prompt("a", list(range(13)), 1)  # type: ignore[attr-defined]
+    _drain(h)
+    assert h.add_prompt("b", list(range(13)), 1)  # type: ignore[attr-defined]
+    _drain(h)
+    assert h.add_prompt("c", list(range(12)), 1)  # type: ignore[attr-defined]
+    _drain(h)
+    assert _prefill_of(pol, "b") == 1  # 12 cached -> only the last token computed
+    assert _prefill_of(pol, "c") == 4  # hit capped at 11 tokens -> 2 whole blocks
+
+
+def prefix_lru_eviction_order(factory: HostFactory) -> None:
+    """Freed cached blocks are evicted least recently freed first, and only when no
+    never-cached block is free (vLLM's free queue)."""
+    pol, h = _host(factory, lambda v, i: _everything(v), HostSpec(block_size=4, num_blocks=8))
+    a, b = list(range(8)), list(range(50, 58))
+    for rid, ids in (("a", a), ("b", b), ("c", list(range(100, 120)))):
+        assert h.add_prompt(rid, ids, 1)  # type: ignore[attr-defined]
+        _drain(h)
+    # c took the 4 never-cached blocks and evicted one of a's (a was freed before b)
+    assert h.add_prompt("b2", [*b, 7], 1)  # type: ignore[attr-defined]
+    _drain(h)
+    assert h.add_prompt("a2", [*a, 7], 1)  # type: ignore[attr-defined]
+    _drain(h)
+    assert _prefill_of(pol, "b2") == 1  # b's blocks survived
+    assert _prefill_of(pol, "a2") == 9  # a's were evicted first
+
+
+def prefix_in_use_block_not_evicted(factory: HostFactory) -> None:
+    """A cached block held by a running request is never evicted, however old."""
+
+    def script(v: View, i: int) -> Plan:
+        plan = _everything(v)
+        # "hold" is admitted, then paused (rule 4): it keeps its two cached blocks
+        return Plan(run=[x for x in plan.run if x[0] != "hold"], admit=plan.admit)
+
+    pol, h = _host(factory, script, HostSpec(block_size=4, num_blocks=7))
+    assert h.add_prompt("hold", list(range(8)), 3)  # type: ignore[attr-defined]
+    h.step()
+    # x caches 4 blocks; y needs all 5 blocks hold does not hold: 1 free + x's 4 evicted
+    for rid, base, n in (("x", 100, 16), ("y", 200, 20)):
+        assert h.add_prompt(rid, list(range(base, base + n)), 1)  # type: ignore[attr-defined]
+        for _ in range(5):
+            h.step()
+    assert h.add_prompt("again", [*range(8), 9], 1)  # type: ignore[attr-defined]
+    for _ in range(3):
+        h.step()
+    assert _prefill_of(pol, "y") == 20
+    assert _prefill_of(pol, "again") == 1  # hold's blocks are still cached
+
+
+PREFIX_SCENARIOS: list[Callable[[HostFactory], None]] = [
+    prefix_hit_counts_as_computed,
+    prefix_all_hit_recomputes_last,
+    prefix_lru_eviction_order,
+    prefix_in_use_block_not_evicted,
+]
+
+
 SCENARIOS: list[Callable[[HostFactory], None]] = [
     budget_never_exceeded,
     max_num_seqs_cap,
@@ -361,6 +457,14 @@ class CoreDriver:
 
     def add_request(self, request_id: str, prompt_len: int, max_tokens: int) -> bool:
         return self.core.add_request(request_id, prompt_len, max_tokens, arrival_s=self.now)  # type: ignore[attr-defined]
+
+    def add_prompt(self, request_id: str, token_ids: list[int], max_tokens: int) -> bool:
+        from harness.engine.prefix_cache import PromptIdentity
+
+        ident = PromptIdentity.from_token_ids(token_ids)
+        return self.core.add_request(  # type: ignore[attr-defined]
+            request_id, len(token_ids), max_tokens, arrival_s=self.now, identity=ident
+        )
 
     def step(self) -> None:
         out = self.core.step(self.now)  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ import numpy as np
 
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import CostModel
+from harness.engine.prefix_cache import PrefixCache, PromptIdentity
 from harness.policies.base import KVView, Plan, Policy, StepReport, View
 
 WAITING = 0
@@ -55,6 +56,9 @@ class EngineRequest:
         "index",
         "data",
         "finish_s",
+        "identity",
+        "block_ids",
+        "num_cached_tokens",
     )
 
     def __init__(
@@ -71,6 +75,7 @@ class EngineRequest:
         tbt_slo_s: float | None = None,
         index: int = -1,
         data: Any = None,
+        identity: PromptIdentity | None = None,
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -91,6 +96,10 @@ class EngineRequest:
         self.index = index
         self.data = data
         self.finish_s: float | None = None
+        self.identity = identity
+        # ids of the cached (hashed) blocks it holds: always its first len(block_ids) blocks
+        self.block_ids: list[int] = _NO_BLOCKS
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission (vLLM's field)
 
     @property
     def num_tokens(self) -> int:
@@ -101,6 +110,9 @@ class EngineRequest:
             f"EngineRequest({self.request_id!r}, prompt={self.num_prompt_tokens}, "
             f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})"
         )
+
+
+_NO_BLOCKS: list[int] = []  # shared, never mutated (requests without cached blocks)
 
 
 class _WaitingSeq(Sequence):
@@ -246,6 +258,12 @@ class EngineCore:
         self.num_steps_total = 0
         self.rejections: dict[str, str] = {}
         self.last_step_s: float | None = None
+        # Prefix caching (vLLM v1, harness.engine.prefix_cache): None when off. ``_pc_live``
+        # counts requests with an identity so plain traces skip every prefix-cache branch.
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache() if self.config.prefix_caching else None
+        )
+        self._pc_live = 0
 
     # ------------------------------------------------------------------ counters
     @property
@@ -263,6 +281,26 @@ class EngineCore:
     @property
     def kv_usage(self) -> float:
         return self.used_blocks / self.total_blocks
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up at first admission (vLLM ``prefix_cache_queries``)."""
+        return self.prefix_cache.queries if self.prefix_cache is not None else 0
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of which found in the prefix cache (vLLM ``prefix_cache_hits``)."""
+        return self.prefix_cache.hits if self.prefix_cache is not None else 0
+
+    def cached_tokens(self, identity: PromptIdentity) -> int:
+        """Prompt tokens a request with ``identity`` would find cached now (read-only probe
+        for prefix-aware routers; capped like admission: the last token is recomputed)."""
+        pc = self.prefix_cache
+        if pc is None or not pc.by_hash:
+            return 0
+        bs = self.block_size
+        n = (identity.num_prompt_tokens - 1) // bs
+        return len(pc.longest_hit(identity.block_hashes(bs, n), n)) * bs
 
     def has_work(self) -> bool:
         return bool(self._running or self._front or self._waiting)
@@ -297,9 +335,13 @@ class EngineCore:
         predicted_output_len: int | None = None,
         index: int = -1,
         data: Any = None,
+        identity: PromptIdentity | None = None,
     ) -> bool:
         """Queue a request. Returns False (reason in ``rejections[request_id]``, counted in
-        ``num_rejected``) when it can never fit; raises ValueError on a duplicate id."""
+        ``num_rejected``) when it can never fit; raises ValueError on a duplicate id.
+
+        ``identity`` names its tokens for the prefix cache (ignored when prefix caching is
+        off); its prompt length must equal ``prompt_len``."""
         if request_id in self._requests:
             raise ValueError(f"duplicate request_id {request_id!r}")
         problem = self.fit_problem(prompt_len, max_tokens)
@@ -322,6 +364,14 @@ class EngineCore:
             index=index,
             data=data,
         )
+        if identity is not None and self.prefix_cache is not None:
+            if identity.num_prompt_tokens != r.num_prompt_tokens:
+                raise ValueError(
+                    f"{request_id!r}: identity has {identity.num_prompt_tokens} prompt tokens, "
+                    f"prompt_len is {r.num_prompt_tokens}"
+                )
+            r.identity = identity
+            self._pc_live += 1
         self._requests[request_id] = r
         self._waiting[request_id] = r
         self.policy.on_arrival(r, arrival_s)
@@ -334,18 +384,56 @@ class EngineCore:
             return False
         if r.status == RUNNING:
             self._running.remove(r)
-            self.used_blocks -= r.num_blocks
-            r.num_blocks = 0
+            self._free(r)
         elif r.status == WAITING and self._waiting.pop(request_id, None) is None:
             self._front.remove(r)
         r.status = ABORTED
+        if r.identity is not None:
+            self._pc_live -= 1
         return True
+
+    def _free(self, r: EngineRequest) -> None:
+        """Free a request's KV. Its cached blocks stay cached (LRU) until evicted; the
+        rest go back as never-cached free blocks (vLLM ``KVCacheManager.free``)."""
+        ids = r.block_ids
+        if ids:
+            assert self.prefix_cache is not None
+            self.used_blocks -= r.num_blocks - len(ids) + self.prefix_cache.release(ids)
+            r.block_ids = _NO_BLOCKS
+        else:
+            self.used_blocks -= r.num_blocks
+        r.num_blocks = 0
+
+    def _make_room(self, n: int) -> None:
+        """About to take ``n`` free blocks: evict cached free blocks (LRU head) for the part
+        the never-cached free blocks do not cover (vLLM pops the free queue's head)."""
+        pc = self.prefix_cache
+        if pc is not None and pc.lru:
+            over = n - (self.total_blocks - self.used_blocks - len(pc.lru))
+            if over > 0:
+                pc.evict(over)
+
+    def _cache_full_blocks(self, r: EngineRequest, upto: int) -> None:
+        """Hash and cache the request's blocks that are full once ``upto`` tokens are computed
+        (vLLM caches them at allocation, so a request scheduled later in the same step can
+        already hit them)."""
+        bs = self.block_size
+        nfull = upto // bs
+        ids = r.block_ids
+        if nfull <= len(ids):
+            return
+        assert self.prefix_cache is not None and r.identity is not None
+        if ids is _NO_BLOCKS:
+            ids = r.block_ids = []
+        hashes = r.identity.block_hashes(bs, nfull)
+        add = self.prefix_cache.add
+        for i in range(len(ids), nfull):
+            ids.append(add(hashes[i]))
 
     def _preempt(self, r: EngineRequest) -> None:
         """Recompute preemption (base.py rule 1/2): free KV, computed := 0, front of waiting."""
         self._running.remove(r)
-        self.used_blocks -= r.num_blocks
-        r.num_blocks = 0
+        self._free(r)
         r.num_computed_tokens = 0
         r.num_preemptions += 1
         r.status = WAITING
@@ -440,6 +528,7 @@ class EngineCore:
         preempted_in_run = False
         free = self.total_blocks - self.used_blocks
         if need_total <= free:
+            self._make_room(need_total)
             for r, n in sched.values():
                 nb = -(-(r.num_computed_tokens + n) // bs)
                 self.used_blocks += nb - r.num_blocks
@@ -480,6 +569,7 @@ class EngineCore:
                             break
                     if r.status != RUNNING:
                         continue
+                self._make_room(need)
                 r.num_blocks += need
                 self.used_blocks += need
                 free -= need
@@ -497,9 +587,17 @@ class EngineCore:
                     attn += n * (c + n / 2)
                 kv_read += c + n
                 scheduled.append((rid, n, is_dec))
+        if self._pc_live:  # full blocks of what runs are cached now (vLLM: at allocation)
+            for r, n in sched.values():
+                if r.identity is not None:
+                    self._cache_full_blocks(r, r.num_computed_tokens + n)
 
         # Rule 3: admissions in order, only if step 2 preempted nothing; head-of-line blocking.
+        # With prefix caching the longest cached prefix of full blocks counts as computed
+        # (vLLM ``get_computed_blocks``), capped at num_tokens - 1 so that at least the last
+        # token is computed; the policy's chunk starts after the hit.
         admitted: list[str] = []
+        pc = self.prefix_cache
         if not preempted_in_run:
             for rid, n in plan.admit:
                 r = reqs.get(rid)
@@ -509,25 +607,54 @@ class EngineCore:
                 if budget <= 0 or len(self._running) >= self.max_num_seqs:
                     break
                 rem = r.num_prompt_tokens + r.num_output_tokens  # computed is 0 while waiting
-                n = max(1, min(n, rem, budget))
-                need = _blocks(n, bs)
-                if need > free:
-                    break
+                if r.identity is None:
+                    hit = 0
+                    n = max(1, min(n, rem, budget))
+                    need = new = _blocks(n, bs)
+                    if need > free:
+                        break
+                    if pc is not None:
+                        pc.record(rem, 0, r.num_preemptions > 0)
+                else:
+                    assert pc is not None
+                    nmax = (rem - 1) // bs
+                    hit_ids = (
+                        pc.longest_hit(r.identity.block_hashes(bs, nmax), nmax)
+                        if nmax and pc.by_hash
+                        else []
+                    )
+                    hit = len(hit_ids) * bs
+                    n = max(1, min(n, rem - hit, budget))
+                    new = _blocks(hit + n, bs) - len(hit_ids)
+                    revive = pc.num_free_of(hit_ids)  # hits on free cached blocks take them
+                    need = new + revive
+                    if need > free:
+                        break
+                    pc.touch(hit_ids)
+                    self.used_blocks += revive
+                    r.block_ids = hit_ids or _NO_BLOCKS
+                    r.num_computed_tokens = hit
+                    if r.num_cached_tokens < 0:
+                        r.num_cached_tokens = hit
+                    pc.record(rem, hit, r.num_preemptions > 0)
+                    self._make_room(new)
                 if self._waiting.pop(rid, None) is None:
                     self._front.remove(r)
                 r.status = RUNNING
                 self._running.append(r)
-                r.num_blocks = need
-                self.used_blocks += need
+                r.num_blocks = hit // bs + new
+                self.used_blocks += new
                 free -= need
                 sched[rid] = (r, n)
                 budget -= n
                 admitted.append(rid)
-                prefill += n  # a waiting request has nothing computed: a prefill chunk
+                prefill += n  # a prefill chunk after the cached prefix (if any)
                 n_prefill += 1
-                attn += n * (n / 2)
-                kv_read += n
+                attn += n * (hit + n / 2)
+                kv_read += hit + n
                 scheduled.append((rid, n, False))
+                if r.identity is not None:
+                    self._cache_full_blocks(r, hit + n)
 
         if not sched:
             report = None
@@ -580,6 +707,10 @@ class EngineCore:
         finished: list[EngineRequest] = []
         if k > 1:
             t_first = float(step_ends[0])
+            if pc is not None and pc.lru:
+                run = self._running
+                grow = sum(_blocks(r.num_computed_tokens + k, bs) - r.num_blocks for r in run)
+                self._make_room(grow)
             for r, _n in sched.values():
                 c = r.num_computed_tokens + k
                 r.num_computed_tokens = c
@@ -587,6 +718,8 @@ class EngineCore:
                 nb = _blocks(c, bs)
                 self.used_blocks += nb - r.num_blocks
                 r.num_blocks = nb
+                if r.identity is not None:
+                    self._cache_full_blocks(r, c)
                 if r.first_token_s is None:
                     r.first_token_s = t_first
                 r.last_token_s = end
@@ -609,8 +742,9 @@ class EngineCore:
             for r in finished:
                 r.status = FINISHED
                 r.finish_s = end
-                self.used_blocks -= r.num_blocks
-                r.num_blocks = 0
+                self._free(r)
+                if r.identity is not None:
+                    self._pc_live -= 1
                 del self._requests[r.request_id]
             done = set(map(id, finished))
             self._running = [r for r in self._running if id(r) not in done]
