@@ -20,7 +20,7 @@ semantics of base.py:
 - FCFS admission (preempted first) while budget, ``max_num_seqs`` and KV allow, head-of-line;
 - a step with only decodes and no admission is fast-forwarded in closed form (Plan.steady).
 
-The kernel has no prefix cache: a run with prefix caching on takes the engine core. Parity
+The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
 test_identity.py): identical per-request token times on traces with preemptions, seat and
 budget limits.
@@ -47,10 +47,12 @@ _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
     """The step budget if this kernel executes ``policy`` exactly, else None: the policy
-    declares :class:`~harness.policies.base.BudgetRule` (base.declared_rule) and the engine
-    has no prefix cache (this kernel keeps none)."""
-    if getattr(config, "prefix_caching", False):
-        return None
+    declares :class:`~harness.policies.base.BudgetRule` (base.declared_rule).
+
+    The kernel keeps no prefix cache, so it is exact only for requests without a prefix
+    identity: a :class:`~harness.workload.trace.Trace` of lengths carries none (nothing can
+    hit, whatever ``EngineConfig.prefix_caching`` says); hosts that add identities (sessions)
+    run the engine core."""
     rule = declared_rule(policy)
     if rule is None:
         return None

@@ -74,8 +74,8 @@ def simulate(
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
     (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for policies that declare the
-    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``) when prefix caching is
-    off, and the engine core otherwise; ``reference``
+    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``; a trace of lengths has
+    no prefix identities) and the engine core otherwise; ``reference``
     always uses the reference step (:mod:`harness.engine.reference_core`), the yardstick of
     the identity tests.
     """

@@ -44,6 +44,7 @@ from harness.policies.base import (
     Plan,
     RequestView,
     View,
+    blocks_for,
     is_decoding,
     prefill_remaining,
     remaining_tokens,
@@ -80,6 +81,20 @@ def stuck(view: View, flush_after_s: float | None, last_arrival: float) -> bool:
     return view.now - newest >= flush_after_s
 
 
+def executable(plan: Plan, view: View) -> bool:
+    """Whether the host would run anything of ``plan`` (base.py rules 2-3): it runs a request,
+    or its first admission gets a seat and its first chunk's KV. A plan that only admits while
+    every seat is taken by requests it pauses is empty in effect, and ``on_idle="flush"`` must
+    treat it so, or a threshold rule deadlocks under overload (issue 13: 256 paused requests
+    waiting for a later segment's quota, prompts waiting for a seat)."""
+    if plan.run:
+        return True
+    if not plan.admit or len(view.running) >= view.max_num_seqs:
+        return False
+    n = min(plan.admit[0][1], view.token_budget)
+    return blocks_for(max(1, n), view.kv.block_size) <= view.kv.free_blocks
+
+
 def int_thresholds(values: Sequence[float]) -> list[int]:
     """Round fractional thresholds the way the authors' code does: ``max(1, round(x))``."""
     return [max(1, int(round(float(v)))) for v in values]
@@ -106,8 +121,7 @@ class ThresholdFlushing(BasePolicy):
         if (
             not flush
             and self.on_idle == "flush"
-            and not plan.run
-            and not plan.admit
+            and not executable(plan, view)
             and (view.waiting or view.running)
         ):
             flush = True

@@ -34,3 +34,14 @@ def test_every_policy_completes_under_kv_pressure(policy: str) -> None:
     assert (res.out_tokens[fits] == tr.df["output_len"].to_numpy()[fits]).all()
     # the pressure is real: the queued prompts are many times the KV cache
     assert tr.df["prompt_len"].sum() > 20 * cfg.capacity_tokens
+
+
+@pytest.mark.parametrize("policy", available())
+def test_every_policy_completes_when_seats_run_out(policy: str) -> None:
+    # max_num_seqs far below nested-wait's thresholds: every seat goes to prompts that then
+    # pause at a segment boundary (a later quota is never met) while the rest wait for a seat;
+    # the threshold rules must flush that, not deadlock (issue 13, 1.5 x overload).
+    tr = make_trace([0.01 * i for i in range(200)], [10] * 200, [120] * 200)
+    cfg = EngineConfig(kv_tokens=1 << 16, token_budget=512, max_num_seqs=16)
+    res = simulate(tr, make_policy(policy), get_cost_model("a100-llama2-7b"), cfg)
+    assert res.counters["num_finished"] == 200
