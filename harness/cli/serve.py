@@ -46,8 +46,21 @@ def serve(
     record_requests: bool = typer.Option(
         False, "--record-requests", help="Keep per-request model times (GET /harness/requests)."
     ),
+    replicas: int = typer.Option(
+        1, "--replicas", help="Engine cores behind the one endpoint, each with its own loop."
+    ),
+    router: str = typer.Option(
+        "round-robin", "--router", help="Router over the replicas (harness policies)."
+    ),
+    router_param: list[str] = typer.Option(
+        None, "--router-param", help="Router parameter NAME=VALUE (repeatable)."
+    ),
 ) -> None:
-    """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
+    """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.
+
+    With --replicas N the endpoint fronts N engine cores; --router picks one per request
+    (session from the x-session-id header or the body's "user"), e.g.
+    harness serve --replicas 4 --router session-affinity."""
     import asyncio
 
     import harness.server as srv
@@ -77,7 +90,14 @@ def serve(
         kw["model"] = model
     if not 0 <= port <= 65535:
         fail(f"--port {port} is outside 0..65535")
+    if not 1 <= replicas <= 256:
+        fail(f"--replicas {replicas} is outside 1..256")
     try:
+        from harness.routers.registry import parse_router_params
+
+        kw["router_params"] = parse_router_params(router, router_param)
+        kw["replicas"] = replicas
+        kw["router"] = router
         cfg = srv.make_config(**kw)
     except ValueError as e:
         fail(str(e))

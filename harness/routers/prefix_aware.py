@@ -49,7 +49,12 @@ class PrefixAware(Router):
         self.queue_weight = float(queue_weight)
         self.kv_weight = float(kv_weight)
         self._turn = 0
-        self.hits = 0  # calls routed to an engine holding part of their prompt
+        self._hits = 0
+
+    @property
+    def hits(self) -> int:
+        """Calls routed to an engine holding part of their prompt."""
+        return self._hits
 
     def route(self, call: RouteCall, engines: Sequence[EngineLoad], now_s: float) -> int:
         self._turn += 1
@@ -70,5 +75,5 @@ class PrefixAware(Router):
         best = [i for i, s in enumerate(scores) if s >= top - 1e-9]
         choice = fallback if fallback in best else min(best, key=lambda i: (loads[i], i))
         if cached[choice] > 0:
-            self.hits += 1
+            self._hits += 1
         return choice

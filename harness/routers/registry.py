@@ -51,3 +51,32 @@ def router_class(name: str) -> type[Router]:
 def make_router(name: str, **params: Any) -> Router:
     """Instantiate a registered router with keyword parameters (a fresh, stateless start)."""
     return router_class(name)(**params)
+
+
+def parse_router_params(name: str, items: list[str] | None) -> dict[str, Any]:
+    """``--router-param NAME=VALUE`` items (values JSON when they parse, else strings) for
+    router ``name``, checked against its constructor: one-line ``ValueError`` on a typo."""
+    import inspect
+    import json
+
+    cls = router_class(name)
+    accepted = [
+        p.name
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--router-param {item!r}: expected NAME=VALUE (e.g. seed=1)")
+        if key not in accepted:
+            valid = ", ".join(accepted) or "(none)"
+            raise ValueError(
+                f"--router-param {key}: {name} has no parameter {key!r}; valid: {valid}"
+            )
+        try:
+            out[key] = json.loads(val)
+        except ValueError:
+            out[key] = val
+    return out

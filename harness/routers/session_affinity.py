@@ -32,7 +32,12 @@ class SessionAffinity(Router):
         self.max_sessions = int(max_sessions)
         self._home: OrderedDict[str, int] = OrderedDict()  # LRU: session id -> engine index
         self._turn = 0
-        self.moves = 0  # sessions moved off an overloaded engine (reported in run.json)
+        self._moves = 0
+
+    @property
+    def moves(self) -> int:
+        """Sessions moved off an overloaded engine."""
+        return self._moves
 
     def route(self, call: RouteCall, engines: Sequence[EngineLoad], now_s: float) -> int:
         self._turn += 1
@@ -45,7 +50,7 @@ class SessionAffinity(Router):
             choice = best
         elif self._overloaded(engines[home], engines[best], call):
             choice = best
-            self.moves += 1
+            self._moves += 1
         else:
             choice = home
         self._home[sid] = choice

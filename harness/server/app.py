@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from harness import clock
+from harness.server.cluster_host import ClusterHost, make_host, session_of
 from harness.server.config import HIGH_WATER, ServerConfig
 from harness.server.faults import (
     FaultLog,
@@ -79,7 +80,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     host = app[HOST_KEY]
     cfg = app[CFG_KEY]
     try:
-        req = parse_request(await _read_json(request), chat=chat)
+        body = await _read_json(request)
+        req = parse_request(body, chat=chat)
         wanted = request.headers.get("x-request-id")
         if wanted is not None and not 0 < len(wanted) <= 256:
             raise RequestError("x-request-id must be 1..256 characters", "x-request-id")
@@ -88,7 +90,10 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if plan is not None and plan.kind == "error":
             _log_fault(app, rid, plan)
             return _json_error("injected fault: internal server error", status=500)
-        st = host.submit(rid, req)
+        if isinstance(host, ClusterHost):
+            st = host.submit(rid, req, session_of(request.headers, body))
+        else:
+            st = host.submit(rid, req)
     except RequestError as e:
         return _json_error(e.message, param=e.param, status=e.status)
     prefix = "chatcmpl-" if chat else "cmpl-"
@@ -282,7 +287,7 @@ def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
     """Build the aiohttp application (engine loop starts with the app, stops on cleanup)."""
     cfg = cfg if cfg is not None else ServerConfig(**kw)
     app = web.Application(middlewares=[_auth_middleware], client_max_size=64 * 2**20)
-    host = EngineHost(cfg)
+    host = make_host(cfg)
     cap = host.kv_capacity_tokens()
     block = getattr(host.engine_config, "block_size", 16)
     metrics = ServerMetrics(
@@ -297,7 +302,9 @@ def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
         },
     )
     host.metrics = metrics
-    app[HOST_KEY] = host
+    if isinstance(host, ClusterHost):
+        host.export_per_engine(metrics.registry, metrics.labels)
+    app[HOST_KEY] = host  # type: ignore[assignment]  (a ClusterHost serves as one host)
     app[CFG_KEY] = cfg
     app[METRICS_KEY] = metrics
     app[FAULTS_KEY] = FaultLog(cfg.fault_log)
@@ -354,8 +361,9 @@ def app_of(runner: web.AppRunner) -> web.Application:
 async def serve_forever(cfg: ServerConfig, host: str, port: int) -> None:
     """Run until cancelled (Ctrl-C): what ``harness serve`` calls."""
     runner, url = await start_server(cfg, host, port)
+    cluster = f", {cfg.replicas} replicas ({cfg.router})" if cfg.replicas > 1 else ""
     print(
-        f"harness serve: {cfg.policy} on {cfg.cost_model}, speed {cfg.speed:g}, at {url}",
+        f"harness serve: {cfg.policy} on {cfg.cost_model}, speed {cfg.speed:g}{cluster}, at {url}",
         flush=True,
     )
     try:

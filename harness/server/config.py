@@ -50,6 +50,9 @@ class ServerConfig(BaseModel):
     max_catchup_s: float = Field(
         0.25, gt=0, description="wall lateness (s) beyond which the loop resynchronises"
     )
+    replicas: int = Field(1, ge=1, le=256, description="engine cores behind the endpoint")
+    router: str = Field("round-robin", description="router over replicas (harness policies)")
+    router_params: dict[str, Any] = Field(default_factory=dict, description="router kwargs")
 
     @field_validator("faults")
     @classmethod
@@ -88,10 +91,14 @@ def engine_kwargs(cfg: ServerConfig) -> dict[str, Any]:
 
 
 def check_config(cfg: ServerConfig) -> None:
-    """Build policy, cost model and engine once so bad input fails before binding a port."""
-    from harness.server.host import EngineHost
+    """Build policy, cost model, engine (and router) once so bad input fails before binding
+    a port."""
+    from harness.server.cluster_host import make_host
 
-    EngineHost(cfg)
+    try:
+        make_host(cfg)
+    except TypeError as e:  # a router parameter it does not take
+        raise ValueError(str(e)) from None
 
 
 def make_config(**kw: Any) -> ServerConfig:

@@ -436,6 +436,11 @@ class EngineHost:
         c = self.core
         return int(c.num_running), int(c.num_waiting), float(c.kv_usage)
 
+    def queued(self) -> list[tuple[int, int]]:
+        """(prompt_len, max_tokens) of requests accepted but not yet handed to the core: a
+        router must count them, or a burst within one step all lands on one engine."""
+        return [(plen, mtok) for _st, plen, mtok, _kw in self._inbox]
+
     def stats(self) -> dict[str, Any]:
         return {
             "cpu_s": time.process_time(),  # this process's CPU time: cost per token in benches
