@@ -185,6 +185,8 @@ def test_call_segments_follow_compose() -> None:
     assert [n for _, n in segs] == [5, 7, 9, 5, 6, 4]
     assert segs[2] == (reply_key(s, c0), 9)
     assert call_segments(s, c2, reply_len=lambda c: 1)[2][1] == 1
+    # --history trace: the context's replies are the trace's text, not the generated run
+    assert call_segments(s, c2, generated_replies=False)[2][0] != reply_key(s, c0)
     # turn 2 extends turn 1's prompt and reply: a core sees turn 1's blocks as its prefix
     core = _core()
     i1 = call_identity(s, c1)
