@@ -46,6 +46,7 @@ from typing import Any
 import aiohttp
 
 from harness import clock
+from harness.loadgen.fastscan import scan_openai, split_segment
 from harness.loadgen.sse import DONE, SSEDecoder
 from harness.results import schema
 
@@ -337,15 +338,12 @@ async def stream_request(
                     kind = schema.ERROR_REJECTED
                 res.fail(kind, f"HTTP {resp.status}: {text.strip()}")
                 return res
-            dec = SSEDecoder()
-            feed = dec.feed
+            feed = make_feed(interp, res, st)
             async for data in resp.content.iter_any():
                 t = now()
                 if st.done:
                     continue  # drain to EOF so the connection returns to the pool
-                payloads = feed(data)
-                if payloads:
-                    interp(payloads, t, res, st)
+                feed(data, t)
             if not res.chunk_t:
                 res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
             elif not (st.done or st.finished_choices):
@@ -377,6 +375,43 @@ async def stream_request(
             res.prompt_tokens = st.prompt_tokens if st.prompt_tokens is not None else res.prompt_len
         reconcile(res, st)
     return res
+
+
+def make_feed(
+    interp: Interpreter, res: RequestResult, st: _StreamState
+) -> Callable[[bytes, float], None]:
+    """The per-read step of one stream: ``feed(data, t)`` with the bytes of one network read
+    and its receipt stamp. For :func:`interpret_openai` it first tries the byte scan of
+    :mod:`harness.loadgen.fastscan` on the read's complete messages (same counts, no JSON,
+    ~5x less CPU) and JSON-decodes only a segment the scan declines; a ``\r`` in the stream
+    hands it to the general SSE decoder for good. Other interpreters get the decoder."""
+    dec = SSEDecoder()
+    if interp is not interpret_openai:
+
+        def feed_any(data: bytes, t: float) -> None:
+            payloads = dec.feed(data)
+            if payloads:
+                interp(payloads, t, res, st)
+
+        return feed_any
+    pending = b""
+    slow = False
+
+    def feed_openai(data: bytes, t: float) -> None:
+        nonlocal pending, slow
+        if not slow and b"\r" in data:
+            slow = True
+            data, pending = pending + data, b""
+        if slow:
+            payloads = dec.feed(data)
+            if payloads:
+                interpret_openai(payloads, t, res, st)
+            return
+        seg, pending = split_segment(pending + data if pending else data)
+        if seg and not scan_openai(seg, t, res, st):
+            interpret_openai(SSEDecoder().feed(seg), t, res, st)
+
+    return feed_openai
 
 
 def _out_of_fds(exc: BaseException) -> bool:
