@@ -23,6 +23,7 @@ from harness.server.faults import (
 )
 from harness.server.host import EngineHost, RequestStream
 from harness.server.metrics import ServerMetrics
+from harness.server.prefix import PrefixCounters, prompt_identity
 from harness.server.protocol import (
     ParsedRequest,
     RequestError,
@@ -90,10 +91,11 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if plan is not None and plan.kind == "error":
             _log_fault(app, rid, plan)
             return _json_error("injected fault: internal server error", status=500)
+        ident = prompt_identity(body, req, rid) if host.engine_config.prefix_caching else None
         if isinstance(host, ClusterHost):
-            st = host.submit(rid, req, session_of(request.headers, body))
+            st = host.submit(rid, req, session_of(request.headers, body), identity=ident)
         else:
-            st = host.submit(rid, req)
+            st = host.submit(rid, req, identity=ident)
     except RequestError as e:
         return _json_error(e.message, param=e.param, status=e.status)
     prefix = "chatcmpl-" if chat else "cmpl-"
@@ -302,6 +304,7 @@ def create_app(cfg: ServerConfig | None = None, **kw: Any) -> web.Application:
         },
     )
     host.metrics = metrics
+    metrics.registry.register(PrefixCounters(host, metrics.labels))
     if isinstance(host, ClusterHost):
         host.export_per_engine(metrics.registry, metrics.labels)
     app[HOST_KEY] = host  # type: ignore[assignment]  (a ClusterHost serves as one host)

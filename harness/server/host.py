@@ -275,8 +275,9 @@ class EngineHost:
             rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         return rid
 
-    def submit(self, rid: str, req: ParsedRequest) -> RequestStream:
-        """Add a validated request to the core; :class:`RequestError` if it can never fit."""
+    def submit(self, rid: str, req: ParsedRequest, identity: Any = None) -> RequestStream:
+        """Add a validated request to the core; :class:`RequestError` if it can never fit.
+        ``identity`` (a PromptIdentity) lets the core's prefix cache match its tokens."""
         if self.error is not None:
             raise RequestError(f"engine failed: {self.error}", None, status=500)
         tier = self.tiers.get(req.tier) if req.tier is not None else None
@@ -294,6 +295,7 @@ class EngineHost:
             "priority": int(prio),
             "ttft_slo_s": None if ttft is None else ttft * self.speed,
             "tbt_slo_s": None if tbt is None else tbt * self.speed,
+            "identity": identity,
         }
         st = RequestStream(rid=rid, max_tokens=req.max_tokens, arrival_wall=wall)
         self._inbox.append((st, req.prompt_len, req.max_tokens, kw))
