@@ -145,19 +145,13 @@ class ClusterHost:
         if not 0 <= i < len(self.hosts):
             raise RequestError(f"router {self.router.name!r} chose engine {i}", None, status=500)
         try:
-            st = self._submit_to(self.hosts[i], rid, req, identity)
+            st = self.hosts[i].submit(rid, req, identity=identity)
         except RequestError:
             self.router.on_finish(call, i, now)
             raise
         self._where[rid] = (i, call)
         self.routed[i] += 1
         return st
-
-    @staticmethod
-    def _submit_to(host: EngineHost, rid: str, req: ParsedRequest, identity: Any) -> RequestStream:
-        if identity is None:
-            return host.submit(rid, req)
-        return host.submit(rid, req, identity=identity)  # type: ignore[call-arg]
 
     def release(self, st: RequestStream) -> None:
         where = self._where.pop(st.rid, None)

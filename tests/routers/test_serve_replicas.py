@@ -78,6 +78,23 @@ async def test_openai_user_field_names_the_session():
     assert sorted(e["routed"] for e in st["engines"]) == [0, 0, 4]
 
 
+async def test_prefix_aware_sends_a_longer_prompt_to_the_replica_caching_its_prefix():
+    words = " ".join(f"w{i}" for i in range(96))  # 6 full blocks of 16
+    async with (
+        embedded(replicas=3, router="prefix-aware", speed=SPEED) as url,
+        aiohttp.ClientSession() as s,
+    ):
+        await _complete(s, url, prompt=words)
+        first = [e["routed"] for e in (await _stats(s, url))["engines"]]
+        await _complete(s, url, prompt=words + " and then some more")
+        await _complete(s, url, prompt="an unrelated prompt")
+        st = await _stats(s, url)
+    home = first.index(1)
+    routed = [e["routed"] for e in st["engines"]]
+    assert routed[home] == 2 and sorted(routed) == [0, 1, 2]
+    assert st["engines"][home]["prefix_cache_hits"] >= 80  # 5 of the 6 blocks (last recomputed)
+
+
 async def test_a_request_too_big_for_a_replica_is_rejected_and_forgotten():
     async with (
         embedded(replicas=2, router="session-affinity", kv_tokens=256, speed=SPEED) as url,
