@@ -5,9 +5,11 @@ All helpers only read the :class:`~harness.policies.base.View`; they never touch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from harness.policies.base import RequestView, View, blocks_for
+from harness.policies.base import RequestView, StepReport, View, blocks_for
 
 
 def split_running(
@@ -85,3 +87,80 @@ def admit_list(
 def decode_blocks_needed(decoding: Sequence[RequestView], block_size: int) -> int:
     """New KV blocks a decode step of these requests allocates (those at a block boundary)."""
     return sum(1 for r in decoding if r.num_computed_tokens % block_size == 0)
+
+
+class SortedWaiting:
+    """``view.waiting`` in a policy's own order, kept across steps through the hooks.
+
+    Why: sorting the whole waiting queue every step makes a step's cost grow with the queue,
+    quadratic under overload (issue 13: "no scans of the whole waiting list per step"). Here
+    a request is inserted once (``add`` from ``on_arrival``), leaves when the host reports it
+    admitted and comes back when reported preempted (``on_step``), so a step reads only the
+    head it needs. ``key(r)`` must not change while ``r`` waits; ties are broken by
+    ``request_id``, so the order is exactly ``sorted(view.waiting, key=key)``. ``bucket(r)``
+    optionally splits the queue (WAIT's per-type queues). If the hooks missed something (the
+    sizes disagree with the view, e.g. a host aborted a waiting request), the queue is rebuilt
+    from the view, so the order is always the view's.
+    """
+
+    def __init__(
+        self,
+        key: Callable[[RequestView], Any],
+        buckets: int = 1,
+        bucket: Callable[[RequestView], int] | None = None,
+    ) -> None:
+        self._key = key
+        self._bucket = bucket
+        self.queues: list[list[tuple[Any, str]]] = [[] for _ in range(buckets)]
+        self._where: dict[str, tuple[int, Any]] = {}  # waiting rid -> (bucket, key)
+        self._known: dict[str, RequestView] = {}  # every request not yet finished
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, r: RequestView) -> None:
+        """``r`` joined waiting (an arrival, or back after a preemption)."""
+        rid = r.request_id
+        self._known[rid] = r
+        if rid in self._where:
+            return
+        b = self._bucket(r) if self._bucket is not None else 0
+        entry = (self._key(r), rid)
+        insort(self.queues[b], entry)
+        self._where[rid] = (b, entry[0])
+
+    def on_step(self, report: StepReport) -> None:
+        """Apply a step: admitted leave the queue, preempted return, finished are forgotten."""
+        for rid in report.admitted:
+            got = self._where.pop(rid, None)
+            if got is not None:
+                q = self.queues[got[0]]
+                i = bisect_left(q, (got[1], rid))
+                if i < len(q) and q[i][1] == rid:
+                    del q[i]
+        for rid in report.preempted:
+            r = self._known.get(rid)
+            if r is not None:
+                self.add(r)
+        for rid in report.finished:
+            self._known.pop(rid, None)
+
+    def sync(self, view: View) -> None:
+        """Rebuild from the view when the hooks missed something (sizes disagree)."""
+        if len(self._where) == len(view.waiting):
+            return
+        for q in self.queues:
+            q.clear()
+        self._where.clear()
+        for r in view.waiting:
+            self.add(r)
+
+    def head(self, n: int, b: int = 0) -> list[RequestView]:
+        """The first ``n`` waiting requests of bucket ``b``, in order."""
+        known = self._known
+        return [known[rid] for _, rid in self.queues[b][:n]]
+
+    def iter(self, b: int = 0) -> Iterator[RequestView]:
+        """Bucket ``b`` in order (lazily: callers that stop early pay only for what they read)."""
+        known = self._known
+        return (known[rid] for _, rid in self.queues[b])

@@ -51,6 +51,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
@@ -110,6 +111,9 @@ class MCSFPolicy(BasePolicy):
         self._est: dict[str, int] = {}
         self._started: dict[str, int] = {}
         self._seq = 0
+        # waiting in A3 order, kept by the hooks (no per-step sort of the queue, issue 13); a
+        # waiting request's estimate is fixed (its output count does not move while it waits)
+        self._wq = SortedWaiting(lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens))
 
     # -- estimates ---------------------------------------------------------------------
     def estimate(self, r: RequestView) -> int:
@@ -148,10 +152,8 @@ class MCSFPolicy(BasePolicy):
         bs = view.kv.block_size if self.block_aware else 1
         base = [r.num_tokens for r in running]
         end = [self._last_step(r) for r in running]
-        cands = sorted(
-            view.waiting,
-            key=lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens, r.request_id),
-        )
+        self._wq.sync(view)
+        cands = self._wq.iter()  # A3: (ô, arrival, prompt_len, id)
         admit: list[tuple[str, int]] = []
         seqs = len(running)
         for r in cands:
@@ -180,7 +182,11 @@ class MCSFPolicy(BasePolicy):
         )
         return Plan(run=run, admit=admit, steady=steady)
 
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        self._wq.add(request)
+
     def on_step(self, report: StepReport) -> None:
+        self._wq.on_step(report)
         for rid in report.admitted:
             self._seq += 1
             self._started[rid] = self._seq

@@ -30,6 +30,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
@@ -56,6 +57,7 @@ class _AlphaProtection(BasePolicy):
         self._rng = np.random.default_rng(seed)
         self._started: dict[str, int] = {}
         self._seq = 0
+        self._wq = SortedWaiting(lambda r: r.arrival_s)  # FCFS, kept by the hooks (issue 13)
 
     def _clear(self, running: list[RequestView]) -> list[RequestView]:
         raise NotImplementedError
@@ -91,7 +93,8 @@ class _AlphaProtection(BasePolicy):
         if preempt:  # the failed iteration: no admissions until the cleared ones are queued
             return Plan(run=run, admit=admit, preempt=preempt)
         # Cleared requests rejoin the queue at their arrival position from the next step on.
-        for r in sorted(view.waiting, key=lambda r: (r.arrival_s, r.request_id)):
+        self._wq.sync(view)
+        for r in self._wq.iter():  # (arrival, request_id)
             need = remaining_tokens(r)
             if used + need > (1.0 - self.alpha) * capacity:
                 break
@@ -104,7 +107,11 @@ class _AlphaProtection(BasePolicy):
             seqs += 1
         return Plan(run=run, admit=admit, preempt=preempt)
 
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        self._wq.add(request)
+
     def on_step(self, report: StepReport) -> None:
+        self._wq.on_step(report)
         for rid in report.admitted:
             self._seq += 1
             self._started[rid] = self._seq

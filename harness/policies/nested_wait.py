@@ -39,12 +39,13 @@ from typing import Any
 from harness.policies.base import (
     Plan,
     RequestView,
+    StepReport,
     View,
     blocks_for,
-    is_decoding,
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
 
@@ -90,10 +91,24 @@ class NestedWaitPolicy(ThresholdFlushing):
         self.flush_after_s = flush_after_s
         self.flushes = 0
         self._last_arrival = float("-inf")
+        self._wq = SortedWaiting(_age_key)  # waiting, FIFO by arrival (#14), kept by the hooks
+        # segment of every stage up to the last edge (a look-up: it runs per request per step)
+        self._seg = [self._segment_of(k) for k in range(self.edges[-1] + 1)]
+
+    def _segment_of(self, num_output_tokens: int) -> int:
+        return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
 
     def segment_of(self, num_output_tokens: int) -> int:
         """Segment index (0-based) of a prompt at stage ``k`` = output tokens so far (§4.2)."""
-        return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
+        seg = self._seg
+        return seg[num_output_tokens] if 0 <= num_output_tokens < len(seg) else seg[-1]
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        super().on_arrival(request, now)
+        self._wq.add(request)
+
+    def on_step(self, report: StepReport) -> None:
+        self._wq.on_step(report)
 
     def first_stage(self, i: int) -> int:
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
@@ -102,14 +117,22 @@ class NestedWaitPolicy(ThresholdFlushing):
     def _plan(self, view: View, *, flush: bool) -> Plan:
         m = len(self.edges)
         n = self.thresholds
-        waiting = sorted(view.waiting, key=_age_key)
-        partial = [r for r in view.running if prefill_remaining(r) > 0]
+        self._wq.sync(view)
+        num_waiting = len(self._wq)
+        partial: list[RequestView] = []
+        decoding: list[RequestView] = []
+        for r in view.running:
+            o = r.num_output_tokens
+            if o > 0 and r.num_computed_tokens == r.num_prompt_tokens + o - 1:  # is_decoding
+                decoding.append(r)
+            else:
+                partial.append(r)  # prefill_remaining > 0
         stages: dict[int, list[RequestView]] = {}
-        for r in sorted((r for r in view.running if is_decoding(r)), key=_age_key):
+        for r in sorted(decoding, key=_age_key):
             stages.setdefault(r.num_output_tokens, []).append(r)
 
         def at_first_stage(i: int) -> int:
-            return len(waiting) if i == 0 else len(stages.get(self.first_stage(i), ()))
+            return num_waiting if i == 0 else len(stages.get(self.first_stage(i), ()))
 
         # Entry quota per segment: n_i, or with ``seg_caps`` (the authors' code, seed-wait.md
         # App. A) min(n_i, cap_i - prompts inside segment i past its first stage).
@@ -126,7 +149,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         active = 0
         for i in range(m):
             ready = at_first_stage(i) >= quota[i]
-            if ready or (flush and self._segment_has_work(i, waiting, stages)):
+            if ready or (flush and self._segment_has_work(i, num_waiting, stages)):
                 active = i + 1
             elif not flush:
                 break
@@ -137,7 +160,7 @@ class NestedWaitPolicy(ThresholdFlushing):
                 take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
                 run.extend((r.request_id, 1) for r in stages[k][:take])
         run.extend((r.request_id, prefill_remaining(r)) for r in partial)
-        cands = waiting[: quota[0]] if active >= 1 else []
+        cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:
             run = run[: self.step_cap]
             cands = cands[: max(0, self.step_cap - len(run))]
@@ -149,10 +172,11 @@ class NestedWaitPolicy(ThresholdFlushing):
         """Admit only while every prompt's KV at the end of its current segment fits
         (seed-wait.md §9 #12, production mode: shrink the stage-0 admission)."""
         bs = max(1, view.kv.block_size)
-        committed = sum(
-            blocks_for(r.num_prompt_tokens + self.edges[self.segment_of(r.num_output_tokens)], bs)
-            for r in view.running
-        )
+        edges, seg, last = self.edges, self._seg, len(self._seg) - 1
+        committed = 0
+        for r in view.running:  # blocks_for(prompt + l'_i), i = the request's segment
+            o = r.num_output_tokens
+            committed -= -(r.num_prompt_tokens + edges[seg[o if o < last else last]]) // bs
         room = view.kv.total_blocks - committed
         out: list[RequestView] = []
         for r in cands:
@@ -167,9 +191,9 @@ class NestedWaitPolicy(ThresholdFlushing):
         return out
 
     def _segment_has_work(
-        self, i: int, waiting: list[RequestView], stages: dict[int, list[RequestView]]
+        self, i: int, num_waiting: int, stages: dict[int, list[RequestView]]
     ) -> bool:
-        if i == 0 and waiting:
+        if i == 0 and num_waiting:
             return True
         return any(self.segment_of(k) == i for k in stages)
 

@@ -37,18 +37,20 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from harness.policies.base import (
     BasePolicy,
     Plan,
     RequestView,
+    StepReport,
     View,
     blocks_for,
-    is_decoding,
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
@@ -69,15 +71,15 @@ def idle_since(r: RequestView) -> float:
 def stuck(view: View, flush_after_s: float | None, last_arrival: float) -> bool:
     """End-of-run flush test (seed-wait.md §9 #17): nothing has arrived for ``flush_after_s``.
 
-    ``last_arrival`` comes from ``on_arrival``; hosts that skip that hook are covered by the
-    newest arrival among the requests in the view.
+    ``last_arrival`` comes from ``on_arrival`` (every request in the view arrived through it,
+    so it is the newest: O(1) per step); hosts that skip that hook are covered by the newest
+    arrival among the requests in the view.
     """
-    if flush_after_s is None:
+    if flush_after_s is None or not (view.waiting or view.running):
         return False
-    reqs = list(view.waiting) + list(view.running)
-    if not reqs:
-        return False
-    newest = max(last_arrival, max(r.arrival_s for r in reqs))
+    newest = last_arrival
+    if newest == float("-inf"):
+        newest = max(r.arrival_s for r in chain(view.waiting, view.running))
     return view.now - newest >= flush_after_s
 
 
@@ -98,6 +100,21 @@ def executable(plan: Plan, view: View) -> bool:
 def int_thresholds(values: Sequence[float]) -> list[int]:
     """Round fractional thresholds the way the authors' code does: ``max(1, round(x))``."""
     return [max(1, int(round(float(v)))) for v in values]
+
+
+class _Heads:
+    """Per-type waiting counts and heads (oldest first) read from a :class:`SortedWaiting`."""
+
+    __slots__ = ("_wq",)
+
+    def __init__(self, wq: SortedWaiting) -> None:
+        self._wq = wq
+
+    def count(self, j: int) -> int:
+        return len(self._wq.queues[j])
+
+    def head(self, n: int, j: int) -> list[RequestView]:
+        return self._wq.head(n, j)
 
 
 class ThresholdFlushing(BasePolicy):
@@ -173,21 +190,48 @@ class WaitPolicy(ThresholdFlushing):
         self.gating = gating
         self.flush_after_s = flush_after_s
         self.flushes = 0
-        self._last_arrival = float("-inf")  # steps that ran under the end-of-run flush rule
+        self._last_arrival = float("-inf")
+        # per-type waiting queues, FIFO by arrival (#14), kept by the hooks (no per-step sort)
+        self._wq = SortedWaiting(_age_key, len(self.output_lens), self.type_of)
+        self._type_memo: dict[str, int] = {}  # request_id -> type, running requests
 
     def type_of(self, r: RequestView) -> int:
         """Index of the request's type: first ``l'_j >= o`` (§3.2; #7 binning)."""
         j = bisect.bisect_left(self.output_lens, known_output_len(r))
         return min(j, len(self.output_lens) - 1)
 
+    def _types_of(self, rs: list[RequestView]) -> list[int]:
+        """``type_of`` of each request, remembered per request (it never changes)."""
+        memo = self._type_memo
+        out = []
+        for r in rs:
+            j = memo.get(r.request_id)
+            if j is None:
+                j = memo[r.request_id] = self.type_of(r)
+            out.append(j)
+        return out
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        super().on_arrival(request, now)
+        self._wq.add(request)
+
+    def on_step(self, report: StepReport) -> None:
+        self._wq.on_step(report)
+        for rid in report.finished:
+            self._type_memo.pop(rid, None)
+
     # -- planning ---------------------------------------------------------------------
     def _plan(self, view: View, *, flush: bool) -> Plan:
-        m = len(self.output_lens)
-        waiting: list[list[RequestView]] = [[] for _ in range(m)]
-        for r in sorted(view.waiting, key=_age_key):
-            waiting[self.type_of(r)].append(r)
-        partial = [r for r in view.running if prefill_remaining(r) > 0]
-        decoding = [r for r in view.running if is_decoding(r)]
+        self._wq.sync(view)
+        waiting = _Heads(self._wq)
+        partial: list[RequestView] = []
+        decoding: list[RequestView] = []
+        for r in view.running:
+            o = r.num_output_tokens
+            if o > 0 and r.num_computed_tokens == r.num_prompt_tokens + o - 1:  # is_decoding
+                decoding.append(r)
+            else:
+                partial.append(r)  # prefill_remaining > 0
         if self.gating == "admission":
             plan = self._plan_admission(view, waiting, partial, decoding, flush)
         else:
@@ -201,7 +245,7 @@ class WaitPolicy(ThresholdFlushing):
 
     def _plan_type(
         self,
-        waiting: list[list[RequestView]],
+        waiting: _Heads,
         partial: list[RequestView],
         decoding: list[RequestView],
         flush: bool,
@@ -209,14 +253,15 @@ class WaitPolicy(ThresholdFlushing):
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
         m = len(self.output_lens)
         n = self.thresholds
-        eligible = [len(waiting[j]) >= n[j] or (flush and waiting[j]) for j in range(m)]
+        eligible = [waiting.count(j) >= n[j] or (flush and waiting.count(j) > 0) for j in range(m)]
+        dec = sorted(decoding, key=_age_key)
+        types = self._types_of(dec)
         if flush:  # end-of-run flush: every type with anything to do runs (#17)
-            for r in decoding:
-                eligible[self.type_of(r)] = True
+            for j in types:
+                eligible[j] = True
         # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3).
         stages: dict[tuple[int, int], list[RequestView]] = {}
-        for r in sorted(decoding, key=_age_key):
-            j = self.type_of(r)
+        for r, j in zip(dec, types, strict=True):
             if eligible[j]:
                 stages.setdefault((j, r.num_output_tokens), []).append(r)
         run: list[tuple[str, int]] = []
@@ -227,14 +272,14 @@ class WaitPolicy(ThresholdFlushing):
         admits: list[RequestView] = []
         for j in range(m):
             if eligible[j]:
-                admits.extend(waiting[j][: n[j]])
+                admits.extend(waiting.head(n[j], j))
         admits.sort(key=_age_key)
         return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits])
 
     def _plan_admission(
         self,
         view: View,
-        waiting: list[list[RequestView]],
+        waiting: _Heads,
         partial: list[RequestView],
         decoding: list[RequestView],
         flush: bool,
@@ -242,19 +287,19 @@ class WaitPolicy(ThresholdFlushing):
         """The authors' Vidur variant (seed-wait.md Appendix A): gate admission only."""
         m = len(self.output_lens)
         occupied = [0] * m
-        for r in list(partial) + list(decoding):
-            occupied[self.type_of(r)] += 1
+        for j in self._types_of(partial + decoding):
+            occupied[j] += 1
         quota = []
         for j in range(m):
             limit = self.thresholds[j] * (self.output_lens[j] + 1)
             quota.append(max(0, min(self.thresholds[j], limit - occupied[j])))
-        trigger = flush or any(q > 0 and len(waiting[j]) >= q for j, q in enumerate(quota))
+        trigger = flush or any(q > 0 and waiting.count(j) >= q for j, q in enumerate(quota))
         run = [(r.request_id, 1) for r in sorted(decoding, key=_age_key)]
         run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         admits: list[RequestView] = []
         if trigger:
             for j in range(m):
-                admits.extend(waiting[j][: quota[j]])
+                admits.extend(waiting.head(quota[j], j))
         admits.sort(key=_age_key)
         steady = not view.waiting and not partial and bool(decoding)
         return Plan(
