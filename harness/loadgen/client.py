@@ -339,11 +339,14 @@ async def stream_request(
                 res.fail(kind, f"HTTP {resp.status}: {text.strip()}")
                 return res
             feed = make_feed(interp, res, st)
-            async for data in resp.content.iter_any():
-                t = now()
-                if st.done:
-                    continue  # drain to EOF so the connection returns to the pool
-                feed(data, t)
+            if type(resp.content) is aiohttp.StreamReader:
+                await _consume_at_receipt(resp.content, feed, st)
+            else:
+                async for data in resp.content.iter_any():
+                    t = now()
+                    if st.done:
+                        continue  # drain to EOF so the connection returns to the pool
+                    feed(data, t)
             if not res.chunk_t:
                 res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
             elif not (st.done or st.finished_choices):
@@ -375,6 +378,63 @@ async def stream_request(
             res.prompt_tokens = st.prompt_tokens if st.prompt_tokens is not None else res.prompt_len
         reconcile(res, st)
     return res
+
+
+async def _consume_at_receipt(
+    content: aiohttp.StreamReader, feed: Callable[[bytes, float], None], st: _StreamState
+) -> None:
+    """Read the body by handling each piece inside the connection's ``data_received``
+    callback, where aiohttp's parser hands it to the response's stream, instead of
+    buffering it and waking this task to read it (anchors-harness.md §7, "Timestamps").
+
+    Why: the stamp is then taken when the event loop delivered the bytes, not after every
+    other callback of that loop turn and a task switch (issue 18: client-minus-server TTFT
+    excess), and a streamed chunk costs one function call instead of a future, a task step
+    and a buffer round trip. The task itself only waits for the end of the body (EOF, a cut
+    or a read timeout, all raised from ``iter_any`` exactly as before). Bytes that arrived
+    together with the response headers were buffered before this hook existed: they are
+    read first, stamped now, as the plain loop would. A stream error raised by ``feed`` is
+    set on the stream so that this task raises it, as the plain loop did."""
+    now = clock.now
+
+    def on_data(data: bytes) -> None:
+        if data and not st.done and content.exception() is None:
+            try:
+                feed(data if type(data) is bytes else bytes(data), now())
+            except _BadPayload as exc:
+                content.set_exception(exc)
+
+    key = id(content)
+    _RECEIPT_HOOKS[key] = on_data
+    try:
+        content.__class__ = _ReceiptReader
+        early = content.read_nowait()
+        if early:
+            feed(early, now())
+        async for _ in content.iter_any():
+            pass  # never data (nothing is buffered any more); ends at EOF or raises
+    finally:
+        del _RECEIPT_HOOKS[key]
+        content.__class__ = aiohttp.StreamReader
+
+
+_RECEIPT_HOOKS: dict[int, Callable[[bytes], None]] = {}
+
+
+class _ReceiptReader(aiohttp.StreamReader):
+    """aiohttp's response stream whose ``feed_data`` (called by the HTTP parser inside
+    ``data_received``) hands the bytes to the hook of :func:`_consume_at_receipt` instead of
+    buffering them. Same layout as StreamReader (no new slots), so a live response's stream
+    can be switched to it and back; without a hook it behaves as StreamReader."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, size: int = 0) -> bool:
+        hook = _RECEIPT_HOOKS.get(id(self))
+        if hook is None:
+            return super().feed_data(data, size)
+        hook(data)
+        return False  # nothing buffered, nothing pending (the parser's contract)
 
 
 def make_feed(
