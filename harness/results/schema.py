@@ -138,5 +138,7 @@ SAMPLES = pa.schema(
         pa.field("gpu_util_perc", pa.float64()),
         # NVML total energy since the driver loaded, joules (Volta+); deltas give a run's energy
         pa.field("gpu_energy_j", pa.float64()),
+        # engine name in a cluster (simulated replicas/agents, serve --replicas); null: one
+        pa.field("engine", pa.string()),
     ]
 )

@@ -1,0 +1,99 @@
+"""A cluster run directory: :func:`simulate_cluster` written in the replay format (issue 16).
+
+Same tables and columns as ``harness replay`` of the same trace (harness.results.schema):
+request rows (with the session columns for a session trace, one row per attempt), chunk
+rows (one token each), engine telemetry per step in samples with the ``engine`` column, and
+``sessions.parquet`` for a session trace; run.json names every engine (policy, parameters,
+cost model, KV) and the router.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.engine.cluster import ClusterResult, EngineSpec, samples_table, simulate_cluster
+from harness.engine.simulate import _json_safe, chunks_table
+from harness.loadgen.sessions import SessionOptions, write_sessions
+from harness.routers.base import Router
+from harness.workload.sessions import has_sessions
+from harness.workload.trace import Trace
+
+
+def engine_meta(spec: EngineSpec) -> dict[str, Any]:
+    """One engine's run.json entry."""
+    p = spec.policy
+    return {
+        "name": spec.name,
+        "agent": spec.agent,
+        "policy": getattr(p, "name", type(p).__name__),
+        "policy_params": _json_safe(p.params() if hasattr(p, "params") else {}),
+        "cost_model": spec.cost_model.to_dict(),
+        "engine": spec.config.describe(),
+    }
+
+
+def write_cluster_run(
+    run_dir: Path,
+    trace: Trace,
+    engines: Sequence[EngineSpec],
+    router: Router | None,
+    meta: dict[str, Any],
+    *,
+    options: SessionOptions | None = None,
+    stop_at_s: float | None = None,
+) -> tuple[Path, ClusterResult]:
+    """Simulate the cluster and write its run directory (requests, chunks, samples,
+    sessions.parquet for a session trace, run.json)."""
+    from harness.results.rundir import RunWriter
+
+    sessions = has_sessions(trace.df)
+    opts = options or SessionOptions()
+    policies = sorted({engine_meta(s)["policy"] for s in engines})
+    first = engines[0]
+    full: dict[str, Any] = {
+        "kind": "simulate",
+        "backend": "simulator",
+        "policy": policies[0] if len(policies) == 1 else "+".join(policies),
+        "policy_params": engine_meta(first)["policy_params"] if len(policies) == 1 else {},
+        "cost_model": first.cost_model.to_dict(),
+        "engine": first.config.describe(),
+        "cluster": {
+            "engines": [engine_meta(s) for s in engines],
+            "router": None if router is None else router.name,
+            "router_params": {} if router is None else _json_safe(router.params()),
+            "replicas": sum(1 for s in engines if s.agent is None),
+        },
+        "tiers": [t.to_dict() for t in trace.tiers],
+        "trace_meta": dict(trace.meta),
+        "trace_hash": trace.content_hash(),
+        "num_requests": len(trace),
+        "t0_unix": time.time(),
+        **meta,
+    }
+    if sessions:
+        full.setdefault("sessions", {"options": opts.model_dump(mode="json")})
+    with RunWriter(run_dir, full) as w:
+        res = simulate_cluster(
+            trace,
+            engines,
+            router,
+            options=opts,
+            stop_at_s=stop_at_s,
+            chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
+        )
+        w.add_requests_table(res.driver.requests_table(sessions))
+        w.add_samples_table(samples_table(res))
+        if sessions:
+            write_sessions(run_dir, res.driver.sessions_table())
+        w.update_meta(
+            duration_s=res.end_s,
+            sim={"wall_s": res.wall_s, "end_s": res.end_s, **res.counters},
+            engines_stats=res.per_engine,
+        )
+    return run_dir, res
+
+
+__all__ = ["engine_meta", "write_cluster_run"]

@@ -1,0 +1,126 @@
+"""The cluster simulator: one replica is the single-engine simulator, routing conserves calls,
+agents go to their engines, deferred steady runs change no answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.engine.cluster import EngineSpec, simulate_cluster
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import get_cost_model
+from harness.engine.simulate import simulate
+from harness.policies import make_policy
+from harness.routers import make_router
+from harness.workload import build_trace
+from harness.workload.trace import Trace
+
+from .conftest import engines, session_trace
+
+
+def _plain(n: int, rate: float, seed: int = 0) -> Trace:
+    import os
+
+    from harness.shared_data import shared_data_dir
+
+    path = str(shared_data_dir() / "lmsys_sample_lengths.csv")
+    if not os.path.isfile(path):
+        pytest.skip("shared LMSYS lengths not available")
+    return build_trace(path, num_requests=n, rate=rate, seed=seed, quiet=True)
+
+
+def _rows(res):  # noqa: ANN001, ANN202
+    return sorted(res.driver.rows, key=lambda r: r.req)
+
+
+@pytest.mark.parametrize("rate", [3.0, 40.0])
+def test_one_replica_is_the_single_engine_simulator(rate: float) -> None:
+    trace = _plain(400, rate)
+    cm = get_cost_model("a100-llama2-7b")
+    cfg = EngineConfig(kv_tokens=20_000)
+    ref = simulate(trace, make_policy("vllm"), cm, cfg)
+    res = simulate_cluster(trace, [EngineSpec("e0", make_policy("vllm"), cm, cfg)])
+    rows = _rows(res)
+    assert [r.req for r in rows] == list(range(len(trace)))
+    np.testing.assert_array_equal([r.first_s for r in rows], ref.first_s)
+    np.testing.assert_array_equal([r.last_s for r in rows], ref.last_s)
+    a = np.lexsort((ref.chunk_t, ref.chunk_req))
+    b = np.lexsort((res.chunk_t, res.chunk_req))
+    np.testing.assert_array_equal(ref.chunk_t[a], res.chunk_t[b])
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-outstanding-tokens", "random"])
+def test_routing_conserves_calls(router: str) -> None:
+    trace = _plain(600, 60.0, seed=1)
+    res = simulate_cluster(trace, engines(4, kv_tokens=20_000), make_router(router))
+    rows = _rows(res)
+    assert len(rows) == len(trace) and all(r.ok for r in rows)
+    assert sum(p["num_finished"] for p in res.per_engine) == len(trace)
+    out = trace.df["output_len"].to_numpy()
+    assert np.array_equal([r.out_tokens for r in rows], out)
+    assert len(res.chunk_req) == out.sum()  # one chunk per token, no token lost or doubled
+    if router == "round-robin":
+        assert [p["num_finished"] for p in res.per_engine] == [150] * 4
+        assert [r.engine for r in rows] == [i % 4 for i in range(len(trace))]
+
+
+def test_several_engines_need_a_router() -> None:
+    with pytest.raises(ValueError, match="router"):
+        simulate_cluster(_plain(10, 1.0), engines(2))
+
+
+def test_deferred_runs_change_no_answer() -> None:
+    """Deferring steady runs (no core call until something touches the engine) gives the
+    token times of stepping every step."""
+    trace = _plain(300, 30.0, seed=2)
+    rr = make_router("round-robin")
+    a = simulate_cluster(trace, engines(3, kv_tokens=20_000), rr, fast_forward=False)
+    b = simulate_cluster(trace, engines(3, kv_tokens=20_000), make_router("round-robin"))
+    assert b.counters["core_calls"] < a.counters["core_calls"]
+    np.testing.assert_allclose([r.last_s for r in _rows(a)], [r.last_s for r in _rows(b)])
+    np.testing.assert_allclose([r.first_s for r in _rows(a)], [r.first_s for r in _rows(b)])
+
+
+def test_agents_go_to_their_engines() -> None:
+    rows = []
+    for s in range(20):
+        rows.append(
+            {
+                "session_id": f"s{s}",
+                "call_index": 0,
+                "parents": "",
+                "agent": "a1",
+                "prompt_len": 30,
+                "output_len": 10,
+                "arrival_s": 0.1 * s,
+                "context": "none",
+            }
+        )
+        rows.append(
+            {
+                "session_id": f"s{s}",
+                "call_index": 1,
+                "parents": "0",
+                "agent": "a2",
+                "prompt_len": 5,
+                "output_len": 30,
+                "arrival_s": 0.1 * s,
+                "context": "replies",
+            }
+        )
+    trace = session_trace(rows)
+    cm = get_cost_model("a100-llama2-7b")
+    cfg = EngineConfig(kv_tokens=1 << 14)
+    specs = [
+        EngineSpec("agent1", make_policy("vllm"), cm, cfg, agent="a1"),
+        EngineSpec("agent2", make_policy("vllm"), cm, cfg, agent="a2"),
+    ]
+    res = simulate_cluster(trace, specs)
+    got = _rows(res)
+    assert len(got) == 40 and all(r.ok for r in got)
+    for r in got:
+        assert r.engine == (0 if r.call.agent == "a1" else 1)
+        if r.call.index == 1:  # the hand-off: fed the parent's reply (10 tokens) + own text
+            assert r.prompt_len == 10 + 5
+    with pytest.raises(ValueError, match="no engine"):
+        simulate_cluster(trace, specs[:1])
