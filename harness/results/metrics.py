@@ -21,11 +21,13 @@ row per step that emitted tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from harness.results.chunklog import ChunkArrays, group_order, positions
 
 #: Percentiles emitted for every latency metric (a superset of vLLM's default ``99``; §6.2).
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
@@ -34,6 +36,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
 #: Default send-lag p99 above which a run "did not keep its schedule" (design.md, loadgen).
 DEFAULT_SEND_LAG_THRESHOLD_MS = 10.0
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+_SLICE = 1 << 20  # rows per slice of the chunked passes (bounded temporaries at 30M rows)
 
 
 def percentile_key(p: float, metric: str) -> str:
@@ -42,19 +45,21 @@ def percentile_key(p: float, metric: str) -> str:
     return f"p{word}_{metric}_ms"
 
 
-def latency_stats(values_s: np.ndarray, metric: str) -> dict[str, float]:
+def latency_stats(values_s: np.ndarray, metric: str, overwrite: bool = False) -> dict[str, float]:
     """mean/median/std (ddof=0)/percentiles in ms with vLLM key names; empty gives 0 (vLLM
-    computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation."""
+    computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation.
+    ``overwrite``: the caller's array may be reordered (no copy of 30M pooled samples)."""
     v = np.asarray(values_s, dtype=np.float64)
     if v.size == 0:
         v = np.zeros(1)
+    mean, std = np.mean(v), np.std(v)  # before the percentiles may reorder v
     # np.median(v) == np.percentile(v, 50) (both average the middle pair); one partition
     # serves all quantiles, which matters for 30M pooled ITL samples.
-    pcts = np.percentile(v, (50, *PERCENTILES))
+    pcts = np.percentile(v, (50, *PERCENTILES), overwrite_input=overwrite)
     out = {
-        f"mean_{metric}_ms": float(np.mean(v) * 1000.0),
+        f"mean_{metric}_ms": float(mean * 1000.0),
         f"median_{metric}_ms": float(pcts[0] * 1000.0),
-        f"std_{metric}_ms": float(np.std(v) * 1000.0),
+        f"std_{metric}_ms": float(std * 1000.0),
     }
     pcts = pcts[1:]
     for p, q in zip(PERCENTILES, pcts, strict=True):
@@ -124,66 +129,68 @@ class ChunkView:
         """All ITL samples (s) and the request position of each (vLLM §6.1)."""
         if self.t.size < 2:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
-        gaps = np.diff(self.t)
         same = self.grp[1:] == self.grp[:-1]
-        return gaps[same], self.grp[1:][same]
+        m = int(np.count_nonzero(same))
+        gaps = np.empty(m)
+        grp = np.empty(m, dtype=self.grp.dtype)
+        at = 0
+        for a in range(0, same.size, _SLICE):  # filled slice by slice: no N-row temporaries
+            s = same[a : a + _SLICE]
+            k = int(np.count_nonzero(s))
+            b = a + s.size
+            gaps[at : at + k] = (self.t[a + 1 : b + 1] - self.t[a:b])[s]
+            grp[at : at + k] = self.grp[a + 1 : b + 1][s]
+            at += k
+        return gaps, grp
 
 
-def _positions(keys: np.ndarray, req_ids: np.ndarray) -> np.ndarray:
-    """Position in ``req_ids`` of each key (-1 when absent); a table lookup for dense ids."""
-    if keys.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if req_ids.size == 0:
-        return np.full(keys.size, -1, dtype=np.int64)
-    lo, hi = int(req_ids.min()), int(req_ids.max())
-    kmin, kmax = int(keys.min()), int(keys.max())
-    if lo >= 0 and kmin >= 0 and max(hi, kmax) < 4 * req_ids.size + 1_000_000:
-        table = np.full(max(hi, kmax) + 1, -1, dtype=np.int64)
-        table[req_ids] = np.arange(req_ids.size)
-        return table[keys]
-    order = np.argsort(req_ids, kind="stable")
-    sorted_ids = req_ids[order]
-    idx = np.searchsorted(sorted_ids, keys)
-    idx = np.clip(idx, 0, sorted_ids.size - 1)
-    found = sorted_ids[idx] == keys
-    return np.where(found, order[idx], -1)
-
-
-def group_chunks(chunks: pd.DataFrame, req_ids: np.ndarray, keep: np.ndarray) -> ChunkView:
+def group_chunks(
+    chunks: pd.DataFrame | ChunkArrays, req_ids: np.ndarray, keep: np.ndarray
+) -> ChunkView:
     """Group chunk rows by request position, keeping only requests where ``keep`` is True.
 
     Rows are re-sorted (stable, by request then time) only when they are not already in
-    contiguous time-ordered groups; a writer that adds each request's chunks at once (the
-    load generator) or per request in time order (the simulator) skips the sort.
+    contiguous time-ordered groups (:func:`chunklog.group_order`); a writer that adds each
+    request's chunks at once (the load generator) skips the sort. ``chunks`` as
+    :class:`ChunkArrays` (the summary's compact path) gives an int32 ``grp`` and, when every
+    chunk carries one token, a zero-memory ``tokens`` view; a frame gives int64 arrays.
     """
     n = req_ids.size
-    if len(chunks) == 0:
+    compact = isinstance(chunks, ChunkArrays)
+    ca = chunks if compact else ChunkArrays.from_frame(chunks)
+    if len(ca) == 0:
         z = np.zeros(0)
         zi = np.zeros(0, dtype=np.int64)
         return ChunkView(z, zi, zi, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
-    keys = chunks["req"].to_numpy(dtype=np.int64)
-    t = chunks["t_s"].to_numpy(dtype=np.float64)
-    tok = chunks["tokens"].to_numpy(dtype=np.int64)
-    pos = _positions(keys, req_ids)
+    pos = positions(ca.req, req_ids)
     sel = pos >= 0
     sel &= keep[np.where(sel, pos, 0)]
+    t, tok = ca.t, ca.tokens
     if not sel.all():
-        pos, t, tok = pos[sel], t[sel], tok[sel]
+        pos, t = pos[sel], t[sel]
+        tok = None if tok is None else tok[sel]
+    del sel
     start = np.zeros(n, dtype=np.int64)
     end = np.zeros(n, dtype=np.int64)
     if pos.size == 0:
-        return ChunkView(t, tok, pos, start, end)
-    change = pos[1:] != pos[:-1]
-    heads = np.flatnonzero(np.r_[True, change])
-    contiguous = np.bincount(pos[heads], minlength=n).max() <= 1
-    if not (contiguous and bool(np.all((np.diff(t) >= 0) | change))):
-        order = np.lexsort((t, pos))
-        pos, t, tok = pos[order], t[order], tok[order]
-        heads = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
+        zi = np.zeros(0, dtype=np.int64)
+        return ChunkView(t, zi if tok is None else tok, zi, start, end)
+    order = group_order(pos, t)
+    if order is not None:
+        pos, t = pos[order], t[order]
+        tok = None if tok is None else tok[order]
+        del order
+    heads = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
     # Groups need not ascend: every consumer works on adjacency or on ``grp``.
     lens = np.diff(np.r_[heads, pos.size])
     start[pos[heads]] = heads
     end[pos[heads]] = heads + lens
+    if not compact:
+        pos = pos.astype(np.int64)
+    if tok is None:
+        cv = ChunkView(t, np.broadcast_to(np.int64(1), t.shape), pos, start, end)
+        cv._single = True
+        return cv
     return ChunkView(t, tok, pos, start, end)
 
 
@@ -193,7 +200,16 @@ def _col(df: pd.DataFrame, name: str, dtype: type = np.float64, fill: float = np
     return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=fill)
 
 
-def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.DataFrame, ChunkView]:
+def success_flag(requests: pd.DataFrame) -> np.ndarray:
+    """The rows' ``success`` column as bools (null: False); whose chunks the metrics read."""
+    if "success" not in requests.columns:
+        return np.zeros(len(requests), dtype=bool)
+    return requests["success"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+
+
+def request_metrics(
+    requests: pd.DataFrame, chunks: pd.DataFrame | ChunkArrays
+) -> tuple[pd.DataFrame, ChunkView]:
     """Per-request derived fields (one row per request, in the requests frame's order).
 
     Columns: ``req, tier, success, start_s, ttft_s, e2el_s, tpot_s`` (NaN unless success and
@@ -204,11 +220,7 @@ def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.Da
     """
     n = len(requests)
     req_ids = requests["req"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
-    flag = (
-        requests["success"].astype("boolean").fillna(False).to_numpy(dtype=bool)
-        if "success" in requests.columns
-        else np.zeros(n, dtype=bool)
-    )
+    flag = success_flag(requests)
     cv = group_chunks(chunks, req_ids, flag)
     counts = cv.end - cv.start
     has = counts > 0
@@ -236,7 +248,10 @@ def request_metrics(requests: pd.DataFrame, chunks: pd.DataFrame) -> tuple[pd.Da
 
     out_tok = _col(requests, "output_tokens")
     # vLLM: usage.completion_tokens, else re-count (here: sum of chunk tokens), else 1.
-    chunk_tok = np.bincount(cv.grp, weights=cv.tokens, minlength=n) if n else np.zeros(0)
+    if cv.single_token():  # one token a chunk: the sum is the count (no N-row weights copy)
+        chunk_tok = (cv.end - cv.start).astype(np.float64)
+    else:
+        chunk_tok = np.bincount(cv.grp, weights=cv.tokens, minlength=n) if n else np.zeros(0)
     missing = ~np.isfinite(out_tok) | (out_tok <= 0)
     out_tok = np.where(missing, np.where(chunk_tok > 0, chunk_tok, 1.0), out_tok)
     out_tok = np.where(success, out_tok, 0.0).astype(np.int64)
@@ -305,13 +320,46 @@ def _buckets(t: np.ndarray, t0: float) -> np.ndarray:
     return d.astype(np.int64)  # truncation == floor for d >= 0
 
 
-def max_output_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
+def _kept_times(cv: ChunkView, rows: np.ndarray | None) -> Iterator[np.ndarray]:
+    """``cv.t`` slice by slice, only the chunks of requests where ``rows`` is True (all when
+    None): the chunk times of a subset without an N-row copy."""
+    for a in range(0, cv.t.size, _SLICE):
+        t = cv.t[a : a + _SLICE]
+        yield t if rows is None else t[rows[cv.grp[a : a + _SLICE]]]
+
+
+def _bucket_counts(cv: ChunkView, t0: float, rows: np.ndarray | None) -> np.ndarray:
+    """Chunks per 1-s bucket (:func:`_buckets`), counted slice by slice."""
+    total = np.zeros(0, dtype=np.int64)
+    for t in _kept_times(cv, rows):
+        c = np.bincount(_buckets(t, t0))
+        if c.size > total.size:
+            c[: total.size] += total
+            total = c
+        else:
+            total[: c.size] += c
+    return total
+
+
+def max_output_tokens_per_s(
+    cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None
+) -> float:
     """vLLM: max over 1-s buckets (from the earliest successful start) of chunk arrivals.
-    It counts chunks, not tokens (§6.2)."""
-    if cv.t.size == 0:
+    It counts chunks, not tokens (§6.2). ``rows``: per request position of ``cv``, whose
+    chunks count (``rm`` then holds those requests); None: every chunk."""
+    if rows is None and cv.t.size == 0:
         return 0.0
-    b = _buckets(cv.t, _first_start(cv, rm))
-    return float(np.bincount(b).max()) if b.size else 0.0
+    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
+    start = start[np.isfinite(start)]
+    if start.size:
+        t0 = float(start.min())
+    else:  # vLLM's min_start_time falls back to the earliest chunk (_first_start)
+        mins = [float(t.min()) for t in _kept_times(cv, rows) if t.size]
+        if not mins:
+            return 0.0
+        t0 = min(mins)
+    c = _bucket_counts(cv, t0, rows)
+    return float(c.max()) if c.size else 0.0
 
 
 def peak_tokens_per_s(cv: ChunkView, rm: pd.DataFrame) -> float:
@@ -418,15 +466,18 @@ def itl_p99_within(
     itl, grp = cv.itl() if itl is None else itl
     if itl.size == 0:
         return ok
-    s = slo_s[grp]
-    has_slo = np.isfinite(s)
-    over = (itl > s) & has_slo
-    cnt = np.bincount(grp, minlength=n)
-    c = np.bincount(grp, weights=over, minlength=n).astype(np.int64)
+    cnt = np.zeros(n, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64)
     lo = np.full(n, -np.inf)
-    np.maximum.at(lo, grp[~over], itl[~over])
     hi = np.full(n, np.inf)
-    np.minimum.at(hi, grp[over], itl[over])
+    for a in range(0, itl.size, _SLICE):  # counts, max and min: exact slice by slice
+        g, x = grp[a : a + _SLICE], itl[a : a + _SLICE]
+        s = slo_s[g]
+        over = (x > s) & np.isfinite(s)
+        cnt += np.bincount(g, minlength=n)
+        c += np.bincount(g[over], minlength=n)
+        np.maximum.at(lo, g[~over], x[~over])
+        np.minimum.at(hi, g[over], x[over])
     h = 0.99 * (cnt - 1)
     f = np.floor(h).astype(np.int64)
     frac = h - f

@@ -35,7 +35,9 @@ Decisions (where the specs leave room):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +49,13 @@ import pandas as pd
 
 from harness.results import metrics as M
 from harness.results import schema
+from harness.results.chunklog import (
+    ChunkArrays,
+    group_order,
+    per_bin_chunks,
+    positions,
+    read_chunk_arrays,
+)
 from harness.results.rundir import Run, json_safe, read_run, write_json
 
 VLLM_REFERENCE = "vllm/benchmarks/serve.py@009e6d4a (anchors-harness.md §6)"
@@ -108,8 +117,12 @@ def _block(
     mask: np.ndarray,
     duration: float,
     good: np.ndarray | None,
+    peaks: dict[str | None, float] | None = None,
+    tier: str | None = None,
 ) -> dict[str, Any]:
-    """The vLLM keys over the requests in ``mask`` (§6.2 formulas)."""
+    """The vLLM keys over the requests in ``mask`` (§6.2 formulas). ``peaks``: the chunk
+    peaks per tier (None: the whole run) from :func:`_chunk_peaks`, when one-token chunks
+    let the chunk times go before the blocks."""
     succ = rm["success"].to_numpy(dtype=bool) & mask
     completed = int(succ.sum())
     total_in = int(rm["prompt_tokens"].to_numpy()[succ].sum())
@@ -132,23 +145,26 @@ def _block(
     values = {
         "ttft": rm["ttft_s"].to_numpy()[succ],
         "tpot": tp[np.isfinite(tp)],
-        "itl": itl[mask[itl_grp]] if itl.size else itl,
+        "itl": itl[mask[itl_grp]] if itl.size and not mask.all() else itl,
         "e2el": rm["e2el_s"].to_numpy()[succ],
     }
     for name in M.LATENCY_METRICS:
-        out.update(M.latency_stats(values[name], name))
-    sub = _subview(cv, mask)
+        # the per-block copies may be reordered in place (percentiles); ``itl`` of the
+        # whole run is shared with the other blocks and is not
+        owned = name != "itl" or values["itl"] is not itl
+        out.update(M.latency_stats(values[name], name, overwrite=owned))
     sub_rm = rm[mask] if not mask.all() else rm
-    out["max_output_tokens_per_s"] = M.max_output_tokens_per_s(sub, sub_rm)
-    out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
-    out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
-    out["peak_output_tokens_per_s"] = (
-        out["max_output_tokens_per_s"] if sub.single_token() else M.peak_tokens_per_s(sub, sub_rm)
-    )
-    if sub.single_token():
-        # one token per chunk: the token-normalised TBT samples ARE the ITL samples
+    if peaks is not None or cv.single_token():
+        # one chunk per token: chunk and token peaks agree, and the token-normalised TBT
+        # samples ARE the ITL samples
+        out["max_output_tokens_per_s"] = (
+            peaks[tier] if peaks is not None else _chunk_peak(rm, cv, mask)
+        )
+        out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
+        out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
         itl_v = values["itl"]
         out.update(
+            peak_output_tokens_per_s=out["max_output_tokens_per_s"],
             tbt_token_mean_ms=out["mean_itl_ms"],
             tbt_token_p50_ms=out["p50_itl_ms"],
             tbt_token_p90_ms=out["p90_itl_ms"],
@@ -156,23 +172,42 @@ def _block(
             tbt_token_max_ms=float(itl_v.max() * 1000.0) if itl_v.size else 0.0,
         )
     else:
+        sub = _subview(cv, mask)
+        out["max_output_tokens_per_s"] = M.max_output_tokens_per_s(sub, sub_rm)
+        out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
+        out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
+        out["peak_output_tokens_per_s"] = M.peak_tokens_per_s(sub, sub_rm)
         out.update(M.tbt_token_stats(sub, values["itl"]))
     return out
 
 
+def _chunk_peak(rm: pd.DataFrame, cv: M.ChunkView, mask: np.ndarray) -> float:
+    """vLLM's max_output_tokens_per_s over the requests in ``mask`` (one-token chunks: the
+    subset's chunk times are counted in place)."""
+    all_ = bool(mask.all())
+    return M.max_output_tokens_per_s(cv, rm if all_ else rm[mask], None if all_ else mask)
+
+
+def _chunk_peaks(
+    rm: pd.DataFrame, cv: M.ChunkView, tier_masks: Mapping[str, np.ndarray]
+) -> dict[str | None, float] | None:
+    """With one-token chunks, the only chunk-time figure of every block (the whole run: key
+    None, and each tier): computed first, so the times can be dropped before the ITL
+    statistics copy their samples. None with multi-token chunks (the blocks read the view)."""
+    if not cv.single_token():
+        return None
+    peaks: dict[str | None, float] = {None: _chunk_peak(rm, cv, np.ones(len(rm), dtype=bool))}
+    for name, m in tier_masks.items():
+        peaks[name] = _chunk_peak(rm, cv, m)
+    return peaks
+
+
 def _subview(cv: M.ChunkView, mask: np.ndarray) -> M.ChunkView:
-    """The chunks of the requests in ``mask``. For one-token chunks it is a times-only view
-    (``_block`` then reads nothing but ``t``: the chunk buckets), saving two 30M copies."""
+    """The chunks of the requests in ``mask`` (multi-token chunks; one-token ones are counted
+    in place by ``_block``)."""
     if mask.all() or cv.t.size == 0:
         return cv
     keep = mask[cv.grp]
-    if cv.single_token():
-        # only the times are read downstream (chunk buckets); skip copying the rest
-        sub = M.ChunkView(
-            cv.t[keep], np.ones(0, dtype=np.int64), np.zeros(0, np.int64), cv.start, cv.end
-        )
-        sub._single = True
-        return sub
     return M.ChunkView(cv.t[keep], cv.tokens[keep], cv.grp[keep], cv.start, cv.end)
 
 
@@ -228,10 +263,12 @@ def compute_summary(
     *,
     send_lag_threshold_ms: float | None = None,
     stability: bool = True,
+    chunks: ChunkArrays | None = None,
 ) -> dict[str, Any]:
     """All summary keys for ``run`` (see the module docstring). ``goodput``: vLLM-style SLOs
     in ms, e.g. ``{"ttft": 200, "tpot": 50}`` (:func:`metrics.parse_goodput` parses the CLI
-    form)."""
+    form). ``chunks``: the run's chunk log as compact columns (:func:`write_summary` reads it
+    so, instead of ``run.chunks``); it is reordered in place and may be dropped meanwhile."""
     meta = run.meta
     if goodput is None:
         g = _lookup(meta, "goodput")
@@ -247,10 +284,23 @@ def compute_summary(
     from harness.results.warmup import without_warmup
 
     full_run = run
+    if chunks is None:
+        chunks = ChunkArrays.from_frame(run.chunks)
+        run = dataclasses.replace(run, chunks=run.chunks.iloc[:0])  # the metrics read ``chunks``
     run, warm = without_warmup(run)  # --warmup: the first requests are not measured
-    rm, cv = M.request_metrics(run.requests, run.chunks)
+    _group_for_both(full_run, run, chunks)
+    stab = _stability(full_run, chunks) if stability else None
+    rm, cv = M.request_metrics(run.requests, chunks)
+    del chunks  # the view holds what the metrics need; the rest may go (memory, issue 13)
     itl, itl_grp = cv.itl()
     duration = _duration(run, rm, cv)
+    tiers_meta = tiers_from_meta(meta)
+    sm = slo_masks(rm, cv, tiers_meta, itl=(itl, itl_grp))
+    peaks = _chunk_peaks(rm, cv, sm.masks)
+    if peaks is not None:  # every later read of the chunk times is done: let them go (memory)
+        cv = M.ChunkView(
+            np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), cv.start, cv.end
+        )
     if warm and warm["excluded"] and len(run.requests):
         # the measured window starts at the first measured request's scheduled arrival
         t_first = float(np.nanmin(run.requests["target_s"].to_numpy(dtype=float)))
@@ -281,7 +331,7 @@ def compute_summary(
     out["duration"] = duration
     out["goodput_slos_ms"] = dict(goodput) if goodput else None
     out["warmup"] = warm
-    out.update(_block(rm, cv, itl, itl_grp, everyone, duration, good))
+    out.update(_block(rm, cv, itl, itl_grp, everyone, duration, good, peaks))
 
     # Failures by error kind.
     failed = ~rm["success"].to_numpy(dtype=bool)
@@ -300,8 +350,6 @@ def compute_summary(
     out["invalid_reasons"] = reasons
 
     # Per tier.
-    tiers_meta = tiers_from_meta(meta)
-    sm = slo_masks(rm, cv, tiers_meta, itl=(itl, itl_grp))
     names, masks = sm.names, sm.masks
     succ, ttft_ok, tbt_ok = sm.success, sm.ttft_ok, sm.tbt_ok
     attained, has_slo = sm.attained, sm.has_slo
@@ -316,7 +364,7 @@ def compute_summary(
     for name in names:
         m = masks[name]
         tm = tiers_meta.get(name, {})
-        blk = _block(rm, cv, itl, itl_grp, m, duration, good)
+        blk = _block(rm, cv, itl, itl_grp, m, duration, good, peaks, name)
         cnt = int(m.sum())
         t_slo, b_slo = tm.get("ttft_slo_s"), tm.get("tbt_slo_s")
         blk_head = {
@@ -358,7 +406,7 @@ def compute_summary(
     if energy is not None:  # only with NVML energy readings (a GPU): absent otherwise
         out["energy"] = energy
     if stability:
-        out["stability"] = _stability(full_run)  # its own MSER warm-up cut, every request
+        out["stability"] = stab  # its own MSER warm-up cut, every request
     out["metrics_reference"] = VLLM_REFERENCE
     return json_safe(out)
 
@@ -389,13 +437,51 @@ def _energy(run: Run, rm: pd.DataFrame, sm: SloMasks, duration: float) -> dict |
     return e
 
 
-def _stability(run: Run) -> dict[str, Any] | None:
-    """The stability verdict from engineer G's module when it is installed (design.md)."""
+def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
+    """Group ``chunks`` by request in place, once, for both readers: the metrics (rows of the
+    measured requests that succeeded) and the stability token backlog (every row).
+
+    The metrics' :func:`metrics.group_chunks` then finds its rows grouped and keeps them as
+    they are, the same order it would have made (a stable sort by (request, time) of a subset
+    is that subset of the sorted whole), so every pooled statistic sums in the same order.
+    Except when only rows the metrics drop break the grouping (a failed request's chunks
+    split around others'): group_chunks would keep the file order there, so the log stays.
+    """
+    ids = full.requests["req"].to_numpy(dtype=np.int64)
+    pos = positions(chunks.req, ids)
+    order = group_order(pos, chunks.t)
+    if order is None:
+        return
+    measured_at = positions(measured.requests["req"].to_numpy(dtype=np.int64), ids)
+    keep = np.zeros(ids.size, dtype=bool)
+    known = measured_at >= 0
+    keep[measured_at[known]] = M.success_flag(measured.requests)[known]
+    sel = pos >= 0
+    sel &= keep[np.where(sel, pos, 0)]
+    if not sel.all() and group_order(pos[sel], chunks.t[sel]) is None:
+        return
+    del pos, sel  # before the reordered copies: the peak is the log plus the order plus a column
+    chunks.req = chunks.req[order]  # field by field: one old column freed before the next
+    chunks.t = chunks.t[order]
+    if chunks.tokens is not None:
+        chunks.tokens = chunks.tokens[order]
+
+
+def _stability(run: Run, chunks: ChunkArrays) -> dict[str, Any] | None:
+    """The stability verdict from engineer G's module when it is installed (design.md).
+
+    Its token backlog reads the chunk log only through per-request and per-grid-bin token
+    sums, so it gets :func:`chunklog.per_bin_chunks` on its own grid (the same numbers from
+    ~1M rows instead of one per token)."""
     try:
-        from harness.results.stability import analyze_stability
+        from harness.results.stability import analyze_stability, backlog_series
     except ImportError:
         return None
     try:
+        if len(run.requests):
+            grid_points = inspect.signature(analyze_stability).parameters["grid_points"].default
+            grid = backlog_series(run.requests, grid_points).t
+            run = dataclasses.replace(run, chunks=per_bin_chunks(chunks, grid))
         return dict(analyze_stability(run))
     except Exception as e:  # a stability bug must not lose the vLLM metrics; say so in-band
         return {"verdict": "error", "error": f"{type(e).__name__}: {e}"[:300]}
@@ -407,8 +493,15 @@ def write_summary(
     *,
     send_lag_threshold_ms: float | None = None,
 ) -> dict[str, Any]:
-    """Read the run, compute its summary and write ``summary.json`` atomically."""
-    run = read_run(run_dir, samples=True)
-    summary = compute_summary(run, goodput, send_lag_threshold_ms=send_lag_threshold_ms)
+    """Read the run, compute its summary and write ``summary.json`` atomically. The chunk log
+    is read as compact columns (:mod:`harness.results.chunklog`), not as a frame: a 100k-request
+    simulation has ~15-20M chunk rows."""
+    run = read_run(run_dir, chunks=False, samples=True)
+    summary = compute_summary(
+        run,
+        goodput,
+        send_lag_threshold_ms=send_lag_threshold_ms,
+        chunks=read_chunk_arrays(run_dir),
+    )
     write_json(Path(run_dir) / schema.SUMMARY_JSON, summary)
     return summary

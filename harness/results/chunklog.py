@@ -1,0 +1,175 @@
+"""The chunk log (chunks.parquet) as compact columns, for metrics over tens of millions of rows.
+
+Why: a 100k-request simulation writes one chunk row per token (15-21M rows). Read as a pandas
+frame and grouped with int64 copies, the summary of such a run peaked at ~2 GB; here the rows
+are read row group by row group into int32 request ids (when they fit) and float64 times, and
+the token column is dropped when every chunk carries one token (simulations), ~12 bytes a row.
+
+:func:`group_order` is the one rule for "grouped by request" (:func:`metrics.group_chunks` and
+the summary both use it), and :func:`per_bin_chunks` shrinks the log for the stability
+analysis's token backlog, which only sums chunk tokens per request and per grid bin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from harness.results import schema
+
+_BATCH = 1 << 20  # rows per read batch / per slice of a chunked pass
+_I32 = np.iinfo(np.int32)
+
+
+@dataclass
+class ChunkArrays:
+    """Chunk rows as columns: request id, receipt time, tokens (None: one token each)."""
+
+    req: np.ndarray
+    t: np.ndarray
+    tokens: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.t.size)
+
+    @classmethod
+    def from_frame(cls, chunks: pd.DataFrame) -> ChunkArrays:
+        """Views of a CHUNKS frame's columns (copies only where a dtype differs)."""
+        if len(chunks) == 0:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+        return cls(
+            chunks["req"].to_numpy(dtype=np.int64),
+            chunks["t_s"].to_numpy(dtype=np.float64),
+            chunks["tokens"].to_numpy(dtype=np.int64),
+        )
+
+    def token_counts(self) -> np.ndarray:
+        """Tokens per row (a read-only broadcast of 1 when every chunk carries one)."""
+        if self.tokens is None:
+            return np.broadcast_to(np.int64(1), self.t.shape)
+        return self.tokens
+
+    def take(self, idx: np.ndarray) -> ChunkArrays:
+        """The rows at ``idx`` (an index or boolean array), as new arrays."""
+        return ChunkArrays(
+            self.req[idx], self.t[idx], None if self.tokens is None else self.tokens[idx]
+        )
+
+
+def chunk_files(run_dir: Path | str) -> list[Path]:
+    """The files holding a run's chunk rows: the final file, else its flushed parts (the
+    choice :func:`harness.results.rundir.read_table` makes)."""
+    run_dir = Path(run_dir)
+    final = run_dir / schema.CHUNKS_FILE
+    if final.is_file():
+        return [final]
+    parts = run_dir / (schema.CHUNKS_FILE + ".parts")
+    return sorted(parts.glob("part-*.parquet")) if parts.is_dir() else []
+
+
+def read_chunk_arrays(run_dir: Path | str) -> ChunkArrays:
+    """A run's chunk rows in file order, compact (module docstring); empty when it has none."""
+    files = [pq.ParquetFile(f) for f in chunk_files(run_dir)]
+    total = sum(f.metadata.num_rows for f in files)
+    req: np.ndarray = np.empty(total, dtype=np.int32)
+    t = np.empty(total, dtype=np.float64)
+    tokens: np.ndarray | None = None
+    at = 0
+    for f in files:
+        for b in f.iter_batches(batch_size=_BATCH, columns=["req", "t_s", "tokens"]):
+            m = b.num_rows
+            r = b.column(0).to_numpy(zero_copy_only=False)
+            if req.dtype == np.int32 and m and (r.min() < _I32.min or r.max() > _I32.max):
+                req = req.astype(np.int64)  # ids beyond int32: keep them whole
+            req[at : at + m] = r
+            t[at : at + m] = b.column(1).to_numpy(zero_copy_only=False)
+            k = b.column(2).to_numpy(zero_copy_only=False)
+            if tokens is None and (k != 1).any():
+                tokens = np.empty(total, dtype=np.int32)
+                tokens[:at] = 1
+            if tokens is not None:
+                tokens[at : at + m] = k
+            at += m
+    return ChunkArrays(req[:at], t[:at], None if tokens is None else tokens[:at])
+
+
+def group_order(pos: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+    """None when the rows already come in one run per request, time-ordered within (a
+    replay writes each request's chunks at once); else the stable order by (``pos``, time).
+
+    Groups left as they come need not ascend; every consumer works on adjacency."""
+    if pos.size < 2:
+        return None
+    change = pos[1:] != pos[:-1]
+    heads = pos[np.flatnonzero(np.r_[True, change])]
+    contiguous = np.bincount(heads - heads.min()).max() <= 1  # no request in two runs
+    if contiguous and bool(np.all((np.diff(t) >= 0) | change)):
+        return None
+    return np.lexsort((t, pos))
+
+
+def positions(keys: np.ndarray, req_ids: np.ndarray) -> np.ndarray:
+    """Position in ``req_ids`` of each key (-1 when absent), int32: a table for dense ids."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if req_ids.size == 0:
+        return np.full(keys.size, -1, dtype=np.int32)
+    lo, hi = int(req_ids.min()), int(req_ids.max())
+    kmin, kmax = int(keys.min()), int(keys.max())
+    if lo >= 0 and kmin >= 0 and max(hi, kmax) < 4 * req_ids.size + 1_000_000:
+        table = np.full(max(hi, kmax) + 1, -1, dtype=np.int32)
+        table[req_ids] = np.arange(req_ids.size, dtype=np.int32)
+        return table[keys]
+    order = np.argsort(req_ids, kind="stable")
+    sorted_ids = req_ids[order]
+    idx = np.clip(np.searchsorted(sorted_ids, keys), 0, sorted_ids.size - 1)
+    found = sorted_ids[idx] == keys
+    return np.where(found, order[idx], -1).astype(np.int32)
+
+
+def per_bin_chunks(chunks: ChunkArrays, grid: np.ndarray) -> pd.DataFrame:
+    """A CHUNKS frame with one row per run of consecutive rows of the same request in the
+    same bin of ``grid`` (bin = ``searchsorted(grid, t, "left")``): tokens summed, the time of
+    the run's last row.
+
+    Why it is exact for the stability analysis's token backlog W(t) (stability.py
+    ``token_backlog``): W only sums chunk tokens per request (tokens delivered) and per grid
+    bin (the first grid point at or after each chunk), and every row of a run lies in the same
+    bin; the sums are of integers, so their order changes nothing. Rows grouped by request
+    (:func:`group_order`) make the frame small: one row per request and bin touched.
+    """
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for a in range(0, len(chunks), _BATCH):
+        r = chunks.req[a : a + _BATCH]
+        t = chunks.t[a : a + _BATCH]
+        k = np.searchsorted(grid, t, side="left")
+        heads = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])])
+        ends = np.r_[heads[1:], r.size]
+        if chunks.tokens is None:
+            tok = ends - heads
+        else:
+            tok = np.add.reduceat(chunks.tokens[a : a + _BATCH].astype(np.int64), heads)
+        parts.append((r[heads], t[ends - 1], tok))
+    if not parts:
+        return schema.CHUNKS.empty_table().to_pandas()
+    return pd.DataFrame(
+        {
+            "req": np.concatenate([p[0] for p in parts]).astype(np.int64),
+            "t_s": np.concatenate([p[1] for p in parts]),
+            "tokens": np.concatenate([p[2] for p in parts]).astype(np.int64),
+        }
+    )
+
+
+__all__ = [
+    "ChunkArrays",
+    "chunk_files",
+    "group_order",
+    "per_bin_chunks",
+    "positions",
+    "read_chunk_arrays",
+]

@@ -1,0 +1,125 @@
+"""summary.json from the compact chunk log (issue 13, memory) gives the numbers the pandas path
+gave: pinned values (summary_golden.json, written by the code before the change), the frame
+path, and a straightforward per-request reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from summary_runs import RUNS
+
+from harness.results import metrics as M
+from harness.results import schema
+from harness.results.chunklog import (
+    group_order,
+    per_bin_chunks,
+    positions,
+    read_chunk_arrays,
+)
+from harness.results.rundir import read_run
+from harness.results.stability import backlog_series, token_backlog
+from harness.results.summary import compute_summary, write_summary
+
+GOLDEN = json.loads(Path(__file__).with_name("summary_golden.json").read_text())
+
+
+def _plain(x: object) -> object:
+    return json.loads(json.dumps(x))
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_summary_matches_pinned_values(tmp_path, name):
+    d = RUNS[name](tmp_path / name)
+    assert _plain(write_summary(d)) == GOLDEN[name]  # compact chunk columns
+    assert _plain(compute_summary(read_run(d))) == GOLDEN[name]  # a loaded frame
+
+
+def test_the_runs_have_the_shapes_they_test(tmp_path):
+    """sim: rows interleaved in time order (the sort path); live: only failed requests'
+    rows break the per-request runs (the file order is kept for the metrics)."""
+    for name in RUNS:
+        d = RUNS[name](tmp_path / name)
+        run = read_run(d, chunks=False)
+        ca = read_chunk_arrays(d)
+        pos = positions(ca.req, run.requests["req"].to_numpy())
+        ok = M.success_flag(run.requests)
+        sel = (pos >= 0) & ok[np.where(pos >= 0, pos, 0)]
+        assert group_order(pos, ca.t) is not None
+        sub_grouped = group_order(pos[sel], ca.t[sel]) is None
+        assert sub_grouped == (name == "live")
+        assert (ca.tokens is None) == (name == "sim")
+
+
+def test_reference_metrics_by_hand(tmp_path):
+    """TTFT, ITL and E2EL statistics from a per-request loop over the raw files."""
+    d = RUNS["sim"](tmp_path / "sim")
+    s = write_summary(d)
+    req = pq.read_table(d / schema.REQUESTS_FILE).to_pandas()
+    ch = pq.read_table(d / schema.CHUNKS_FILE).to_pandas()
+    by_req = {r: g["t_s"].to_numpy() for r, g in ch.groupby("req")}
+    ttft, itl, e2el = [], [], []
+    for row in req.itertuples():
+        t = by_req.get(row.req)
+        if not row.success or t is None:
+            continue
+        t = np.sort(t)
+        ttft.append(t[0] - row.send_s)
+        e2el.append(t[-1] - row.send_s)
+        itl.extend(np.diff(t))
+    assert s["completed"] == len(ttft)
+    for key, v in (("ttft", ttft), ("itl", itl), ("e2el", e2el)):
+        v = np.asarray(v)
+        assert s[f"mean_{key}_ms"] == pytest.approx(v.mean() * 1000, rel=1e-12)
+        assert s[f"std_{key}_ms"] == pytest.approx(v.std() * 1000, rel=1e-9)
+        for p in (50, 90, 99):
+            assert s[f"p{p}_{key}_ms"] == pytest.approx(np.percentile(v, p) * 1000, rel=1e-12)
+    assert s["tbt_token_max_ms"] == pytest.approx(max(itl) * 1000, rel=1e-12)
+
+
+def test_compact_columns_and_parts(tmp_path):
+    d = RUNS["sim"](tmp_path / "sim")
+    ca = read_chunk_arrays(d)
+    frame = pq.read_table(d / schema.CHUNKS_FILE).to_pandas()
+    assert ca.req.dtype == np.int32 and ca.tokens is None
+    assert np.array_equal(ca.req, frame["req"]) and np.array_equal(ca.t, frame["t_s"])
+    live = read_chunk_arrays(RUNS["live"](tmp_path / "live"))
+    assert live.tokens is not None and live.tokens.max() > 1
+    # a run killed mid-way: its parts folder reads the same rows
+    parts = d / (schema.CHUNKS_FILE + ".parts")
+    parts.mkdir()
+    tbl = pq.read_table(d / schema.CHUNKS_FILE)
+    pq.write_table(tbl.slice(0, 1000), parts / "part-000000.parquet")
+    pq.write_table(tbl.slice(1000), parts / "part-000001.parquet")
+    (d / schema.CHUNKS_FILE).unlink()
+    again = read_chunk_arrays(d)
+    assert np.array_equal(again.req, ca.req) and np.array_equal(again.t, ca.t)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_per_bin_chunks_keep_the_token_backlog(tmp_path, name):
+    d = RUNS[name](tmp_path / name)
+    run = read_run(d)
+    grid = backlog_series(run.requests).t
+    full = token_backlog(run.requests, run.chunks, grid)
+    ca = read_chunk_arrays(d)
+    small = per_bin_chunks(ca, grid)
+    assert np.array_equal(token_backlog(run.requests, small, grid), full)
+    # grouped rows shrink to one row per request and bin touched
+    pos = positions(ca.req, run.requests["req"].to_numpy())
+    order = group_order(pos, ca.t)
+    grouped = ca if order is None else ca.take(order)
+    agg = per_bin_chunks(grouped, grid)
+    assert np.array_equal(token_backlog(run.requests, agg, grid), full)
+    assert len(agg) <= len(ca)
+    coarse = backlog_series(run.requests, 20).t  # few bins: one row per request and bin
+    agg = per_bin_chunks(grouped, coarse)
+    assert np.array_equal(
+        token_backlog(run.requests, agg, coarse), token_backlog(run.requests, run.chunks, coarse)
+    )
+    assert len(agg) < len(ca) / 5
+    assert isinstance(agg, pd.DataFrame) and list(agg.columns) == ["req", "t_s", "tokens"]
