@@ -15,6 +15,7 @@ sends), else the body's OpenAI ``user`` field.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,9 +117,10 @@ class ClusterHost:
         return self.hosts[0].model_now(wall)
 
     def unique_id(self, wanted: str | None) -> str:
-        rid = self.hosts[0].unique_id(wanted)
-        while rid in self._where:
-            rid = self.hosts[0].unique_id(None)
+        """``wanted`` (the x-request-id), suffixed if a request in flight on any replica has it."""
+        rid = wanted or uuid.uuid4().hex
+        if rid in self._where:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         return rid
 
     def submit(

@@ -3,6 +3,7 @@ endpoint, N engine cores, the router choosing per request; stats and metrics per
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -93,6 +94,19 @@ async def test_prefix_aware_sends_a_longer_prompt_to_the_replica_caching_its_pre
     routed = [e["routed"] for e in st["engines"]]
     assert routed[home] == 2 and sorted(routed) == [0, 1, 2]
     assert st["engines"][home]["prefix_cache_hits"] >= 80  # 5 of the 6 blocks (last recomputed)
+
+
+async def test_request_ids_stay_unique_across_replicas():
+    async with (
+        embedded(replicas=2, router="round-robin", speed=1.0) as url,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"prompt": "a b c", "max_tokens": 40}
+        outs = await asyncio.gather(
+            *[_complete(s, url, headers={"x-request-id": "same"}, **body) for _ in range(3)]
+        )
+    ids = {o["id"] for o in outs}
+    assert len(ids) == 3 and "cmpl-same" in ids
 
 
 async def test_a_request_too_big_for_a_replica_is_rejected_and_forgotten():
