@@ -65,15 +65,32 @@ def future_peak_ok(base: np.ndarray, end: np.ndarray, capacity: int, block_size:
 
     ``base_j`` is request j's KV tokens in the current step, ``end_j`` its last step offset.
     Load only rises between completions, so checking ``T ∈ {0} ∪ {end_j}`` suffices (§2.1).
+
+    Cost O(R·(log R + block_size)), not O(R²) (issue 13: it runs per admission attempt with
+    up to ``max_num_seqs`` requests): with requests sorted by ``end`` descending, the set
+    alive at ``T`` is a prefix, and with ``base = q·bs + r``, ``T = Q·bs + S``,
+    ``ceil((base + T)/bs) = q + Q + [r + S >= 1] + [r + S >= bs + 1]``, so prefix sums of
+    ``q`` and of per-remainder counts give every point's load exactly (integer arithmetic).
     """
     if base.size == 0:
         return True
     points = np.unique(np.concatenate(([0], end[end >= 0])))
-    tokens = base[None, :] + points[:, None]
-    if block_size > 1:
-        tokens = -(-tokens // block_size) * block_size
-    load = np.where(end[None, :] >= points[:, None], tokens, 0).sum(axis=1)
-    return bool((load <= capacity).all())
+    order = np.argsort(-end, kind="stable")
+    k = np.searchsorted(-end[order], -points, side="right")  # #{j: end_j >= T}
+    b = base[order]
+    bs = block_size
+    if bs <= 1:
+        load = np.concatenate(([0], np.cumsum(b)))[k] + k * points
+        return bool((load <= capacity).all())
+    q, r = np.divmod(b, bs)
+    cq = np.concatenate(([0], np.cumsum(q)))
+    cnt = np.zeros((len(b) + 1, bs + 1), dtype=np.int64)
+    cnt[np.arange(1, len(b) + 1), r] = 1
+    cnt = cnt.cumsum(axis=0)  # cnt[k, x]: requests among the first k with remainder x
+    ge = cnt[:, ::-1].cumsum(axis=1)[:, ::-1]  # ge[k, x]: ... with remainder >= x
+    Q, S = np.divmod(points, bs)
+    blocks = cq[k] + k * Q + ge[k, np.maximum(1 - S, 0)] + ge[k, np.minimum(bs + 1 - S, bs)]
+    return bool((blocks * bs <= capacity).all())
 
 
 @register("mcsf")
