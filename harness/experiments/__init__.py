@@ -29,6 +29,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "harness.experiments.stability",
         "vLLM / FasterTransformer unstable where Sarathi / Orca are stable (004)",
     ),
+    "routers": (
+        "harness.experiments.routers",
+        "routers over 4 replicas, multi-turn sessions: affinity/prefix vs round-robin (issue 16)",
+    ),
 }
 
 
