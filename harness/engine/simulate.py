@@ -493,7 +493,7 @@ def write_run(
         "t0_unix": time.time(),
         **meta,
     }
-    with RunWriter(run_dir, full) as w:
+    with RunWriter(run_dir, full, stream_chunks=True) as w:
         res = simulate(
             trace,
             policy,

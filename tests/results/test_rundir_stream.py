@@ -1,0 +1,48 @@
+"""RunWriter(stream_chunks=True): chunk flushes append row groups to one file (no parts to
+merge on close); the result reads exactly like the parts layout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from harness.results import schema
+from harness.results.rundir import RunWriter, read_run
+
+
+def _chunks(a: int, b: int) -> pa.Table:
+    r = np.arange(a, b)
+    return pa.table({"req": r % 7, "t_s": r * 0.01, "tokens": np.ones(r.size, np.int32)})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_streamed_chunks_read_like_parts(tmp_path, stream):
+    d = tmp_path / "run"
+    with RunWriter(d, {}, flush_rows=1000, stream_chunks=stream) as w:
+        for a in range(0, 5000, 700):
+            w.add_chunks_table(_chunks(a, min(a + 700, 5000)))
+        w.flush()
+        assert (d / (schema.CHUNKS_FILE + ".parts")).is_dir() != stream
+    run = read_run(d)
+    assert run.status == schema.STATUS_COMPLETE
+    assert np.array_equal(run.chunks["t_s"].to_numpy(), np.arange(5000) * 0.01)
+    assert json.loads((d / schema.RUN_JSON).read_text())["rows"]["chunks"] == 5000
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [schema.RUN_JSON, schema.REQUESTS_FILE, schema.CHUNKS_FILE, schema.SAMPLES_FILE]
+    )
+
+
+def test_streamed_chunks_survive_an_exception(tmp_path):
+    d = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), RunWriter(d, {}, stream_chunks=True) as w:
+        w.add_chunks_table(_chunks(0, 300))
+        w.flush()
+        w.add_chunks_table(_chunks(300, 400))
+        raise KeyboardInterrupt
+    run = read_run(d)
+    assert run.status == schema.STATUS_PARTIAL
+    assert len(run.chunks) == 400
+    assert not (d / (schema.CHUNKS_FILE + ".tmp")).exists()
