@@ -3,6 +3,10 @@
 Parses flags, builds a :class:`~harness.engine.simulate.SimulateConfig`, calls
 ``run_simulation``, prints each run's per-tier summary and directory. Bad input (unknown
 policy or preset, negative rate, malformed trace or tiers): one line, exit 2.
+
+Session traces (conversations, agent graphs), ``--replicas N`` and ``--agents FILE`` run on
+the cluster simulator (:mod:`harness.engine.cluster`, issue 16); a plain trace on one
+replica keeps the single-engine kernel.
 """
 
 from __future__ import annotations
@@ -113,6 +117,50 @@ def simulate(
     report: Annotated[
         bool, typer.Option(help="Write report.html per run (and a comparison for several).")
     ] = True,
+    replicas: Annotated[
+        int, typer.Option(help="Engines behind the router (a cluster on one virtual clock).")
+    ] = 1,
+    router: Annotated[
+        str | None,
+        typer.Option(help="Router over the replicas (`harness policies` lists them; round-robin)."),
+    ] = None,
+    router_param: Annotated[
+        list[str] | None, typer.Option(help="Router parameter NAME=VALUE (repeatable).")
+    ] = None,
+    agents: Annotated[
+        str | None,
+        typer.Option(help="Agent graph file whose agents' 'engine' entries size their engines."),
+    ] = None,
+    prefix_caching: Annotated[
+        bool, typer.Option(help="Cluster engines cache prompt prefixes (vLLM's default: on).")
+    ] = True,
+    session_rate: Annotated[
+        float | None, typer.Option(help="Sessions: arrivals per second (open loop).")
+    ] = None,
+    num_sessions: Annotated[int | None, typer.Option(help="Sessions: simulate at most N.")] = None,
+    max_active_sessions: Annotated[
+        int | None, typer.Option(help="Sessions: cap on sessions in progress.")
+    ] = None,
+    history: Annotated[
+        str | None,
+        typer.Option(help="Sessions: 'trace' (the trace's replies) or 'reply' (generated)."),
+    ] = None,
+    think_time: Annotated[
+        str | None,
+        typer.Option(help="Sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"),
+    ] = None,
+    patience: Annotated[
+        float | None, typer.Option(help="Sessions: abandon when a call's TTFT exceeds S.")
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option(help="Sessions: re-sends of a failed call.")
+    ] = None,
+    retry_backoff: Annotated[
+        float | None, typer.Option(help="Sessions: first retry delay, s (doubles).")
+    ] = None,
+    max_context: Annotated[
+        int | None, typer.Option(help="Sessions: model context, tokens (longer: not sent).")
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -190,6 +238,30 @@ def simulate(
         )
     except (ValidationError, ValueError) as e:
         fail(one_line(e, _FLAGS))
+    copts = _cluster_options(
+        trace,
+        replicas=replicas,
+        router=router,
+        router_param=router_param,
+        agents=agents,
+        prefix_caching=prefix_caching,
+        sessions={
+            "session_rate": session_rate,
+            "num_sessions": num_sessions,
+            "max_active_sessions": max_active_sessions,
+            "history": history,
+            "think_time": think_time,
+            "patience_s": patience,
+            "max_retries": max_retries,
+            "retry_backoff_s": retry_backoff,
+            "max_context": max_context,
+        },
+    )
+    from harness.engine.cluster_config import needs_cluster, run_cluster_simulation
+
+    cluster = needs_cluster(cfg, copts)
+    if cluster and ray is not None:
+        fail("--ray runs single-engine simulations; a cluster (--replicas, sessions) runs here")
     from harness.results.console import print_summary
     from harness.results.repeats import mark_run, seeds_for, write_index
     from harness.results.rundir import read_run
@@ -202,7 +274,9 @@ def simulate(
             else {}
         )
         try:
-            if ray is None:
+            if cluster:
+                dirs = run_cluster_simulation(scfg, copts)
+            elif ray is None:
                 dirs = run_simulation(scfg)
             else:
                 from harness.distributed.pool import simulate_each_policy
@@ -252,6 +326,45 @@ def simulate(
             cmp_path = write_report([out], out=out / "comparison.html")
             typer.echo(f"comparison report: {cmp_path}")
     typer.echo(f"output folder: {out}")
+
+
+def _cluster_options(
+    trace: str,
+    *,
+    replicas: int,
+    router: str | None,
+    router_param: list[str] | None,
+    agents: str | None,
+    prefix_caching: bool,
+    sessions: dict[str, Any],
+) -> Any:
+    """The cluster flags as :class:`~harness.engine.cluster_config.ClusterOptions`; a bad
+    value is one ``error:`` line (exit 2)."""
+    from pydantic import ValidationError
+
+    from harness.engine.cluster_config import ClusterOptions
+    from harness.loadgen.sessions import session_options
+    from harness.routers.registry import parse_router_params
+
+    if replicas < 1:
+        fail(f"--replicas {replicas}: must be >= 1")
+    if router_param and router is None:
+        fail("--router-param needs --router")
+    if agents is not None and not Path(agents).is_file():
+        fail(f"--agents {agents}: no such file")
+    try:
+        params = parse_router_params(router, router_param) if router is not None else {}
+        opts = session_options(trace, **sessions)
+        return ClusterOptions(
+            replicas=replicas,
+            router=router,
+            router_params=params,
+            agents_file=agents,
+            sessions=opts,
+            prefix_caching=prefix_caching,
+        )
+    except (ValidationError, ValueError) as e:
+        fail(one_line(e, {"patience_s": "patience", "retry_backoff_s": "retry-backoff"}))
 
 
 def _print_verdicts(dirs: list[Path]) -> None:
