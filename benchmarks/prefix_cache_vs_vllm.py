@@ -179,6 +179,7 @@ def main() -> None:
     ap.add_argument("--target", default=None, help="running vLLM (needed unless OUT/real exists)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--token-budget", type=int, default=2048)
+    ap.add_argument("--max-context", type=int, default=4096, help="the server's max_model_len")
     ap.add_argument(
         "--overhead",
         type=float,
@@ -273,6 +274,19 @@ def main() -> None:
         f"real: e2e p50 {(ok['last_chunk_s'] - ok['send_s']).median():.3f} s (client), "
         f"engine TTFT p50 {ok['engine_ttft_s'].median() * 1000:.1f} ms"
     )
+    # the project's own session kernel (harness.engine.cluster, as `harness simulate` runs a
+    # session trace): segments with replay's word-hint lengths, --history trace
+    from harness.engine.cluster import EngineSpec, simulate_cluster
+    from harness.loadgen.sessions import SessionOptions
+    from harness.workload.frozen import load_trace
+
+    kres = simulate_cluster(
+        load_trace(a.trace),
+        [EngineSpec("e0", make_policy("vllm"), fit.model, cfg)],
+        options=SessionOptions(history="trace", max_context=a.max_context),
+    )
+    pe = kres.per_engine[0]
+    rates["kernel_segments"] = pe["prefix_cache_hits"] / pe["prefix_cache_queries"]
     real_rate = counters["hits"] / counters["queries"]
     table = _turn_table(ok, sims)
     res = {
