@@ -334,9 +334,11 @@ def main(
     settings = workers or [1]
     print(f"machine: {machine_load()} (at start; shared machine)")
     t = time.monotonic()
+    summary: list[dict[str, Any]] = []
     for wk in settings:
         rows = run_rates(rates, duration_s, output_len, wk, loop)
         label = "auto" if wk is None else str(wk)
+        summary.append(summarise(f"harness, workers={label} ({rows[-1]['workers']})", rows))
         print(f"client benchmark, workers={label} ({rows[-1]['workers']} process(es); "
               f"{loop if wk == 1 else 'uvloop' if _has_uvloop() else 'asyncio'} loop): "
               f"{output_len}-token responses, one piece each, Poisson arrivals, "
@@ -345,16 +347,20 @@ def main(
     if vllm_python:
         print("vllm bench serve, same server and rates (chunks/s = completed x output_len / "
               "duration):")  # fmt: skip
+        vrows = []
         with fast_server() as url:
             for r in rates:
                 v = vllm_bench(url, r, max(1, int(r * duration_s)), output_len, vllm_python,
                                tokenizer or "")  # fmt: skip
+                vrows.append(v)
                 print(
                     f"{v['offered_rps']:>8.0f} {v['achieved_rps']:>9.1f} "
                     f"{v['chunks_per_s']:>9.0f}  TTFT p99 {v['ttft_p99_ms']:.1f} ms  "
                     f"completed {v['completed']}  cpu ms/req {v['cpu_ms_per_req']:.3f} "
                     f"(1-core cap {1000.0 / v['cpu_ms_per_req']:.0f})"
                 )
+        summary.append(summarise("vllm bench serve", vrows))
+    print(format_summary(summary))
     if accuracy:
         for wk in settings:
             acc = timestamp_accuracy(rate=accuracy_rate, workers=wk, loop=loop)
@@ -366,6 +372,41 @@ def main(
                 f"p50 {acc['ttft_excess_p50_ms']:.3f} ms, p99 {acc['ttft_excess_p99_ms']:.3f} ms"
             )
     print(f"machine: {machine_load()} (at end; {time.monotonic() - t:.0f} s)")
+
+
+def summarise(name: str, rows: list[dict[str, Any]], lag_rate: float = 2000.0) -> dict[str, Any]:
+    """One line of issue 18's table: saturated throughput (the best achieved rate over the
+    offered rates) with its chunks/s and CPU-ms per request, the CPU-ms per request and the
+    send-lag p99 at ``lag_rate`` offered (NaN when that rate was not run or not measured)."""
+    best = max(rows, key=lambda r: r["achieved_rps"])
+    at = next((r for r in rows if r["offered_rps"] == lag_rate), {})
+    return {
+        "name": name,
+        "saturated_rps": best["achieved_rps"],
+        "chunks_per_s": best["chunks_per_s"],
+        "cpu_ms_sat": best["cpu_ms_per_req"],
+        "cpu_ms_at": at.get("cpu_ms_per_req", float("nan")),
+        "send_p99_at": at.get("send_lag_p99_ms", float("nan")),
+        "lag_rate": lag_rate,
+    }
+
+
+def format_summary(summary: list[dict[str, Any]]) -> str:
+    """The table, with each harness line's throughput as a multiple of vllm bench serve's."""
+    ref = next((s for s in summary if s["name"] == "vllm bench serve"), None)
+    lag_rate = summary[0]["lag_rate"] if summary else 2000.0
+    lines = [
+        f"summary: {'client':<32} {'sat. req/s':>10} {'chunks/s':>9} {'CPU ms/req':>10} "
+        f"{f'CPU@{lag_rate:.0f}':>9} {f'send p99@{lag_rate:.0f}':>14} {'x vllm':>7}"
+    ]
+    for s in summary:
+        ratio = s["saturated_rps"] / ref["saturated_rps"] if ref else float("nan")
+        lines.append(
+            f"summary: {s['name']:<32} {s['saturated_rps']:>10.0f} {s['chunks_per_s']:>9.0f} "
+            f"{s['cpu_ms_sat']:>10.3f} {s['cpu_ms_at']:>9.3f} {s['send_p99_at']:>11.2f} ms "
+            f"{ratio:>7.2f}"
+        )
+    return "\n".join(lines)
 
 
 def _has_uvloop() -> bool:

@@ -2,14 +2,16 @@
 
 Timing follows ``vllm bench serve`` (anchors-harness.md §6.1) with one refinement:
 
-- every SSE message is stamped with :func:`harness.clock.now` taken right after the network
-  read that completed it returned (before any JSON parsing), so the stamp is the receipt
-  time; messages delivered by the same read share a stamp (anchors-harness.md §7,
-  "Timestamps");
+- every SSE message is stamped with :func:`harness.clock.now` taken when the event loop
+  delivered the network read that completed it (inside the connection's ``data_received``,
+  before any parsing: :func:`_consume_at_receipt`), so the stamp is the receipt time;
+  messages delivered by the same read share a stamp (anchors-harness.md §7, "Timestamps");
 - a *chunk* is an SSE message whose JSON has a non-empty ``choices`` list, even with empty
   text (vLLM's TTFT/ITL rule); the usage-only message and ``[DONE]`` are not chunks.
 
-Token count per chunk (documented rule, anchors-harness.md §6.1 ``output_tokens``):
+Token count per chunk (documented rule, anchors-harness.md §6.1 ``output_tokens``; for
+OpenAI streams read from the raw bytes by :mod:`harness.loadgen.fastscan` where the stream
+has the usual shape, with the same results as the JSON decoding it replaces):
 
 1. if the chunk carries ``usage.completion_tokens`` (``continuous_usage_stats``), its tokens
    are the increase of that cumulative count since the previous chunk;
@@ -481,5 +483,8 @@ def _out_of_fds(exc: BaseException) -> bool:
     return errno_ in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # json.dumps builds one per call otherwise
+
+
 def encode_body(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _ENCODER.encode(body).encode()
