@@ -158,4 +158,23 @@ def session_figures(run_dir: Path, requests: pd.DataFrame) -> list[tuple[str, go
         ("Sessions: prompt tokens by turn", prompt_by_turn(s)),
         ("Sessions: SLO attainment per tier", session_slo_bars(s)),
         ("Sessions: timeline", session_timeline(requests)),
+        ("Sessions: prefix-cache hits by turn", prefix_hits_by_turn(run_dir, requests)),
     ]
+
+
+def prefix_hits_by_turn(run_dir: Path, requests: pd.DataFrame) -> go.Figure | None:
+    """Prefix-cache hit rate per call index (hits / queried prompt tokens), when the run has
+    per-request counts (harness.results.prefix_hits, issue 16)."""
+    from harness.results.prefix_hits import prefix_hit_summary
+
+    p = prefix_hit_summary(run_dir, requests)
+    if not p or not p["per_turn"]:
+        return None
+    turns = pd.DataFrame(p["per_turn"])
+    fig = go.Figure(go.Bar(x=turns["call_index"], y=turns["hit_rate"], name="hit rate"))
+    return _layout(
+        fig,
+        f"Prefix-cache hit rate by turn (run: {p['hit_rate']:.1%})",
+        xaxis={"title": "call index in session", "dtick": 1},
+        yaxis={"title": "hits / prompt tokens queried", "range": [0, 1]},
+    )

@@ -5,12 +5,20 @@ vLLM exports cumulative counters ``vllm:prefix_cache_queries_total`` and
 :class:`MetricsPoller` reads them every ``period_s`` on wall time; when at most one call is in
 flight (sessions replayed one at a time, ``--max-active-sessions 1``), the increase between a
 call's send and its first token (+ one period) belongs to that call: :func:`hit_shares`.
+
+A run directory may hold the per-request counts in ``prefix_hits.parquet`` (``req``,
+``queries``, ``hits``): written by whoever knows them (the simulator from the engine core's
+``num_cached_tokens``, a live run from :func:`hit_counts`) with :func:`write_prefix_hits`;
+:func:`prefix_hit_summary` turns them into the run's hit rate and the rate per turn index
+(issue 16), which the sessions report shows.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -18,6 +26,7 @@ import pandas as pd
 
 from harness.loadgen.sampler import scan_values
 
+PREFIX_HITS_FILE = "prefix_hits.parquet"
 QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
 
@@ -86,3 +95,51 @@ def hit_shares(
     q, h = hit_counts(requests, rows, t0_unix, period_s)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(q > 0, h / q, np.nan)
+
+
+def hits_by_turn(call_index: Any, queries: Any, hits: Any) -> pd.DataFrame:
+    """Per call index: calls, prompt tokens queried, tokens hit and the hit rate (hits /
+    queries, vLLM's ratio); rows with unknown (NaN) counts are left out."""
+    df = pd.DataFrame({"call_index": call_index, "queries": queries, "hits": hits}).dropna()
+    g = df.groupby("call_index")
+    out = pd.DataFrame(
+        {"calls": g.size(), "queries": g["queries"].sum(), "hits": g["hits"].sum()}
+    ).reset_index()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["hit_rate"] = np.where(out["queries"] > 0, out["hits"] / out["queries"], np.nan)
+    return out
+
+
+def write_prefix_hits(run_dir: Path | str, req: Any, queries: Any, hits: Any) -> Path:
+    """Write the per-request prefix-cache counts of a run (``req`` = the request rows' key)."""
+    path = Path(run_dir) / PREFIX_HITS_FILE
+    pd.DataFrame(
+        {
+            "req": np.asarray(req, dtype=np.int64),
+            "queries": np.asarray(queries, dtype=float),
+            "hits": np.asarray(hits, dtype=float),
+        }
+    ).to_parquet(path, index=False)
+    return path
+
+
+def prefix_hit_summary(run_dir: Path | str, requests: pd.DataFrame) -> dict[str, Any] | None:
+    """The run's prefix-cache hit rate and its rate per turn index, or None without
+    ``prefix_hits.parquet``. ``requests``: the run's request rows (``req``, ``call_index``
+    when it is a session run)."""
+    path = Path(run_dir) / PREFIX_HITS_FILE
+    if not path.is_file():
+        return None
+    counts = pd.read_parquet(path)
+    cols = ["req", "call_index"] if "call_index" in requests.columns else ["req"]
+    df = counts.merge(requests[cols], on="req", how="left")
+    if "call_index" not in df.columns:
+        df["call_index"] = 0
+    q, h = float(df["queries"].sum()), float(df["hits"].sum())
+    turns = hits_by_turn(df["call_index"].fillna(0), df["queries"], df["hits"])
+    return {
+        "queries": q,
+        "hits": h,
+        "hit_rate": h / q if q > 0 else float("nan"),
+        "per_turn": turns.to_dict(orient="records"),
+    }

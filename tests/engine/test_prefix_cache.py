@@ -195,3 +195,37 @@ def test_call_segments_follow_compose() -> None:
     i2 = call_identity(s, c2)
     computed = i1.num_prompt_tokens + c1.output_len - 1
     assert core.cached_tokens(i2) == computed // 4 * 4
+
+
+def test_hit_rate_per_run_and_turn_from_a_run_dir(tmp_path) -> None:
+    """Per-request counts (here from the core's num_cached_tokens) -> run and per-turn rates,
+    and the sessions report's panel."""
+    import pandas as pd
+
+    from harness.report.sessions import prefix_hits_by_turn
+    from harness.results.prefix_hits import prefix_hit_summary, write_prefix_hits
+
+    (s,) = sessions_from_frame(_session_frame())
+    core = _core()
+    reqs, queries, hits = [], [], []
+    for c in s.calls:  # one turn after the other, each after its parent finished
+        ident = call_identity(s, c)
+        assert core.add_request(
+            c.request_id, ident.num_prompt_tokens, c.output_len, arrival_s=0, identity=ident
+        )
+        r = core.get(c.request_id)
+        _drain(core)
+        reqs.append(c.req)
+        queries.append(r.num_prompt_tokens)
+        hits.append(r.num_cached_tokens)
+    assert hits[0] == 0 and hits[1] > 0 and hits[2] > hits[1]
+    write_prefix_hits(tmp_path, reqs, queries, hits)
+    requests = pd.DataFrame({"req": reqs, "call_index": [c.index for c in s.calls]})
+    p = prefix_hit_summary(tmp_path, requests)
+    assert p is not None
+    assert p["hit_rate"] == pytest.approx(sum(hits) / sum(queries))
+    assert [t["hit_rate"] for t in p["per_turn"]] == pytest.approx(
+        [h / q for h, q in zip(hits, queries, strict=True)]
+    )
+    assert prefix_hits_by_turn(tmp_path, requests) is not None
+    assert prefix_hit_summary(tmp_path / "none", requests) is None
