@@ -101,6 +101,10 @@ class SortedWaiting:
     optionally splits the queue (WAIT's per-type queues). If the hooks missed something (the
     sizes disagree with the view, e.g. a host aborted a waiting request), the queue is rebuilt
     from the view, so the order is always the view's.
+
+    ``host_order``: ties are broken by the host's queue position instead (preempted at the
+    front, latest preemption first, then arrivals in order), so the order is exactly the
+    *stable* ``sorted(view.waiting, key=key)``.
     """
 
     def __init__(
@@ -108,26 +112,39 @@ class SortedWaiting:
         key: Callable[[RequestView], Any],
         buckets: int = 1,
         bucket: Callable[[RequestView], int] | None = None,
+        *,
+        host_order: bool = False,
     ) -> None:
         self._key = key
         self._bucket = bucket
-        self.queues: list[list[tuple[Any, str]]] = [[] for _ in range(buckets)]
-        self._where: dict[str, tuple[int, Any]] = {}  # waiting rid -> (bucket, key)
+        self._host_order = host_order
+        self._arrived = 0  # host positions: arrivals count up, preemptions down (the front)
+        self._front = 0
+        self.queues: list[list[tuple[Any, int, str]]] = [[] for _ in range(buckets)]
+        self._where: dict[str, tuple[int, tuple[Any, int, str]]] = {}  # rid -> (bucket, entry)
         self._known: dict[str, RequestView] = {}  # every request not yet finished
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def add(self, r: RequestView) -> None:
-        """``r`` joined waiting (an arrival, or back after a preemption)."""
+    def add(self, r: RequestView, *, front: bool = False) -> None:
+        """``r`` joined waiting: an arrival, or (``front``) back after a preemption."""
         rid = r.request_id
         self._known[rid] = r
         if rid in self._where:
             return
+        pos = 0
+        if self._host_order:
+            if front:
+                self._front -= 1
+                pos = self._front
+            else:
+                self._arrived += 1
+                pos = self._arrived
         b = self._bucket(r) if self._bucket is not None else 0
-        entry = (self._key(r), rid)
+        entry = (self._key(r), pos, rid)
         insort(self.queues[b], entry)
-        self._where[rid] = (b, entry[0])
+        self._where[rid] = (b, entry)
 
     def on_step(self, report: StepReport) -> None:
         """Apply a step: admitted leave the queue, preempted return, finished are forgotten."""
@@ -135,13 +152,13 @@ class SortedWaiting:
             got = self._where.pop(rid, None)
             if got is not None:
                 q = self.queues[got[0]]
-                i = bisect_left(q, (got[1], rid))
-                if i < len(q) and q[i][1] == rid:
+                i = bisect_left(q, got[1])
+                if i < len(q) and q[i][2] == rid:
                     del q[i]
-        for rid in report.preempted:
+        for rid in report.preempted:  # in preemption order: each goes to the front
             r = self._known.get(rid)
             if r is not None:
-                self.add(r)
+                self.add(r, front=True)
         for rid in report.finished:
             self._known.pop(rid, None)
 
@@ -152,15 +169,16 @@ class SortedWaiting:
         for q in self.queues:
             q.clear()
         self._where.clear()
-        for r in view.waiting:
+        self._arrived = self._front = 0
+        for r in view.waiting:  # host order: positions 1, 2, ...
             self.add(r)
 
     def head(self, n: int, b: int = 0) -> list[RequestView]:
         """The first ``n`` waiting requests of bucket ``b``, in order."""
         known = self._known
-        return [known[rid] for _, rid in self.queues[b][:n]]
+        return [known[e[2]] for e in self.queues[b][:n]]
 
     def iter(self, b: int = 0) -> Iterator[RequestView]:
         """Bucket ``b`` in order (lazily: callers that stop early pay only for what they read)."""
         known = self._known
-        return (known[rid] for _, rid in self.queues[b])
+        return (known[e[2]] for e in self.queues[b])

@@ -34,6 +34,7 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §7):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from harness.policies.base import (
@@ -47,6 +48,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
@@ -100,6 +102,14 @@ class SLAIPolicy(BasePolicy):
         self._lst: dict[str, tuple[float | None, float]] = {}
         self._adm: dict[str, int] = {}
         self._seq = 0
+        # the prefill queue in its order, kept by the hooks (no per-step sort, issue 13)
+        self._wq: SortedWaiting | None = None
+        if prefill_order == "spf" and self.tier_priority:
+            self._wq = SortedWaiting(lambda r: (r.priority, r.num_prompt_tokens), host_order=True)
+        elif prefill_order == "spf":
+            self._wq = SortedWaiting(lambda r: r.num_prompt_tokens, host_order=True)
+        elif self.tier_priority:
+            self._wq = SortedWaiting(lambda r: r.priority, host_order=True)
 
     # -- deadlines ---------------------------------------------------------------------
     @property
@@ -125,6 +135,27 @@ class SLAIPolicy(BasePolicy):
         self._lst[r.request_id] = (e, value)
         return value
 
+    def _keyed(self, decodes: list[RequestView], view: View) -> list[tuple[float, float, Any]]:
+        """``(lst, arrival, r)`` per decode: :meth:`lst` inlined (it runs per decode per step)."""
+        cache = self._lst
+        now = view.now
+        shift = None  # δ·t̄_batch, the same for every request of this step
+        out = []
+        for r in decodes:
+            e = r.last_token_s
+            rid = r.request_id
+            cached = cache.get(rid)
+            if cached is not None and cached[0] == e:
+                value = cached[1]
+            else:
+                if shift is None:
+                    shift = self.current_offset(view) * self._mean_dur
+                tbt = r.tbt_slo_s if r.tbt_slo_s is not None else self.default_tbt_s
+                value = (e if e is not None else now) + tbt - shift
+                cache[rid] = (e, value)
+            out.append((value, r.arrival_s, r))
+        return out
+
     # -- planning ------------------------------------------------------------------------
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget
@@ -141,7 +172,7 @@ class SLAIPolicy(BasePolicy):
         reserve = math.ceil(self.watermark * view.kv.total_blocks)
 
         decodes = [r for r in view.running if is_decoding(r)]
-        keyed = sorted(((self.lst(r, view), r.arrival_s, r) for r in decodes), key=lambda t: t[:2])
+        keyed = sorted(self._keyed(decodes, view), key=lambda t: t[:2])
         critical = [t[2] for t in keyed if t[0] <= view.now]
         noncritical = [t[2] for t in keyed if t[0] > view.now]
         partial = sorted(
@@ -201,17 +232,17 @@ class SLAIPolicy(BasePolicy):
         self.deferred_total += len(noncritical) - (ndec - ncrit)
         return Plan(run=run, admit=admit)
 
-    def _prefill_queue(self, view: View) -> list[RequestView]:
-        """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first."""
-        queue = list(view.waiting)
-        if self.prefill_order == "spf":
-            if self.tier_priority:
-                queue.sort(key=lambda r: (r.priority, r.num_prompt_tokens))
-            else:
-                queue.sort(key=lambda r: r.num_prompt_tokens)
-        elif self.tier_priority:
-            queue.sort(key=lambda r: r.priority)
-        return queue
+    def _prefill_queue(self, view: View) -> Iterable[RequestView]:
+        """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first
+        (a stable sort of the host's queue; kept incrementally, read lazily: head-of-line)."""
+        if self._wq is None:
+            return view.waiting
+        self._wq.sync(view)
+        return self._wq.iter()
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        if self._wq is not None:
+            self._wq.add(request)
 
     def on_step(self, report: StepReport) -> None:
         k = report.num_steps
@@ -230,6 +261,8 @@ class SLAIPolicy(BasePolicy):
         self._forget(report)
 
     def _forget(self, report: StepReport) -> None:
+        if self._wq is not None:
+            self._wq.on_step(report)
         for rid in report.admitted:
             self._seq += 1
             self._adm[rid] = self._seq
