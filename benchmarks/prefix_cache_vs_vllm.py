@@ -34,6 +34,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from harness.engine.core import EngineCore
 from harness.engine.costmodel import CostModel, fit_cost_model
 from harness.engine.prefix_cache import PromptIdentity
 from harness.policies.registry import make_policy
-from harness.results.prefix_hits import prefix_counters
+from harness.results.prefix_hits import hits_by_turn, prefix_counters
 from harness.workload.sessions import Call, Session, compose, sessions_from_frame
 from harness.workload.token_identity import call_identity
 
@@ -167,7 +168,8 @@ def _turn_table(real: pd.DataFrame, sims: dict[str, pd.DataFrame]) -> pd.DataFra
     for name, df in sims.items():
         g = df.groupby("call_index")
         out[f"sim_{name}_ttft_p50_ms"] = g["ttft_s"].median() * 1000
-        out[f"sim_{name}_hit"] = g["cached_tokens"].sum() / g["prompt_tokens"].sum()
+        hits = hits_by_turn(df["call_index"], df["prompt_tokens"], df["cached_tokens"])
+        out[f"sim_{name}_hit"] = hits.set_index("call_index")["hit_rate"]
     return out
 
 
@@ -243,6 +245,30 @@ def main() -> None:
     def by_segments(s: Session, c: Call) -> PromptIdentity:
         return call_identity(s, c, generated_replies=False)
 
+    # the same named runs with the model's token counts instead of word hints (separators
+    # and BOS still uncounted): how much of the segments gap is the lengths
+    ntok = {
+        (s.session_id, c.index): (len(tok.encode(c.prompt or "", add_special_tokens=False).ids),
+                                  len(tok.encode(c.reply or "", add_special_tokens=False).ids))
+        for s in sessions for c in s.calls
+    }  # fmt: skip
+    tok_sessions = {
+        s.session_id: replace(
+            s,
+            calls=tuple(replace(c, prompt_len=ntok[(s.session_id, c.index)][0]) for c in s.calls),
+        )
+        for s in sessions
+    }
+
+    def by_segments_tok(s: Session, c: Call) -> PromptIdentity:
+        ts = tok_sessions[s.session_id]
+        return call_identity(
+            ts,
+            next(x for x in ts.calls if x.index == c.index),
+            reply_len=lambda x: ntok[(s.session_id, x.index)][1],
+            generated_replies=False,
+        )
+
     # the real loop's gap: next call's engine arrival - parent's last token - think time
     last = dict(zip(keys, ok["engine_last_s"], strict=True))
     think = {(s.session_id, c.index): (c.think_s, c.parents) for s in sessions for c in s.calls}
@@ -261,6 +287,7 @@ def main() -> None:
         ("tokens", by_tokens, None, 0.0),
         ("tokens_overhead", by_tokens, None, overhead),
         ("segments_overhead", by_segments, None, overhead),
+        ("segments_tok_overhead", by_segments_tok, None, overhead),
         ("tokens_real_times", by_tokens, release_at, 0.0),
     ):
         df, core = simulate_sessions(sessions, sent, fn, cfg, fit.model, rel, ovh)
