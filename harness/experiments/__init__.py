@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 from harness.experiments.common import ExperimentResult
 
@@ -29,6 +30,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "harness.experiments.stability",
         "vLLM / FasterTransformer unstable where Sarathi / Orca are stable (004)",
     ),
+    "agents": (
+        "harness.experiments.agents",
+        "agent networks: tandem, fork-join stable; Rybko-Stolyar priorities unstable (004 §4)",
+    ),
     "routers": (
         "harness.experiments.routers",
         "routers over 4 replicas, multi-turn sessions: affinity/prefix vs round-robin (issue 16)",
@@ -41,13 +46,20 @@ def available() -> list[str]:
 
 
 def run_experiment(
-    name: str, out_dir: Path, *, full: bool = False, seed: int | None = None
+    name: str,
+    out_dir: Path,
+    *,
+    full: bool = False,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
 ) -> ExperimentResult:
-    """Run one registered experiment; writes run dirs plus comparison.md/.json under out_dir."""
+    """Run one registered experiment; writes run dirs plus comparison.md/.json under out_dir.
+    ``options``: experiment-specific keywords (``agents``: ``network``)."""
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; choose from: {', '.join(EXPERIMENTS)}")
     mod = importlib.import_module(EXPERIMENTS[name][0])
-    kw = {} if seed is None else {"seed": seed}
+    kw: dict[str, Any] = {} if seed is None else {"seed": seed}
+    kw.update(options or {})
     result: ExperimentResult = mod.run(Path(out_dir), full=full, **kw)
     result.write()
     return result

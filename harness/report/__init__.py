@@ -230,6 +230,9 @@ def _run_context(rv: RunView, store: _FigureStore) -> None:
     from harness.report.sessions import session_figures  # session runs only (issue 15)
 
     rv.figs += [(name, store.add(f)) for name, f in session_figures(rv.dir, rv.requests)]  # type: ignore[attr-defined]
+    from harness.report.cluster import cluster_figures  # clusters, agent networks (issue 16)
+
+    rv.figs += [(name, store.add(f)) for name, f in cluster_figures(rv.dir, rv.samples)]  # type: ignore[attr-defined]
     rv.fig_ids = [fid for _, fid in rv.figs]  # type: ignore[attr-defined]
     rv.meta_rows = _flatten(rv.meta)  # type: ignore[attr-defined]
     rv.setup_rows = setup_rows(rv.meta)  # type: ignore[attr-defined]

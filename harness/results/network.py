@@ -25,6 +25,12 @@ Rules (each cites its source; "ours" = our choice):
   bound > ε·Λ; ``stable`` if its upper bound < ε·Λ, the last quarter's mean is not above the
   previous quarter's by more than 2 standard deviations of W, and the window spans >= 10 mean
   call sojourns; else ``inconclusive``.
+- Peak test (ours; §4 item 6 allows "a backlog trend test [that] rejects boundedness"): also
+  ``unstable`` when the slope's point estimate > ε·Λ and W's maximum over the last half of
+  the run is >= 2x its maximum over the first half. Why: a Rybko-Stolyar instability grows in
+  cycles of growing length (§2.6: peaks ~4x per cycle), so the OLS trend's Newey-West CI
+  stays wide however clear the growth; a bounded backlog's running maximum does not double
+  when the horizon doubles.
 - RS flag (§4 item 8): every agent's ρ < 1 and the verdict is ``unstable`` -> "per-node
   under-loaded but network backlog diverging" (a priority instability, not overload).
 """
@@ -47,6 +53,7 @@ from harness.results.stability import (
     mser_cut,
 )
 
+PEAK_RATIO = 2.0  # the peak test (module rules)
 RS_FLAG = "per-node under-loaded but network backlog diverging (priority instability, §4.8)"
 
 
@@ -166,9 +173,18 @@ def network_verdict(
     jump_ok = (last_q.mean() - prev_q.mean()) <= 2.0 * max(float(ww.std()), 1.0)
     span = float(tw[-1] - tw[0])
     long_enough = mean_sojourn is None or span >= MIN_SOJOURNS_IN_WINDOW * mean_sojourn
+    half = t >= t[0] + (t[-1] - t[0]) / 2
+    peak_ratio = float(w[half].max() / max(float(w[~half].max()), 1.0))
+    out["peak_ratio"] = peak_ratio
     if tr.ci[0] > tol:
         out["verdict"] = VERDICT_UNSTABLE
         out["reason"] = f"W grows: slope CI lower bound {tr.ci[0]:.4g} > {tol:.4g} tokens/unit"
+    elif tr.slope > tol and peak_ratio >= PEAK_RATIO:
+        out["verdict"] = VERDICT_UNSTABLE
+        out["reason"] = (
+            f"W peaks grow: the last half's max is {peak_ratio:.1f}x the first half's, "
+            f"slope {tr.slope:.4g} > {tol:.4g} tokens/unit"
+        )
     elif tr.ci[1] < tol and jump_ok and long_enough:
         out["verdict"] = VERDICT_STABLE
         out["reason"] = f"W slope CI upper bound {tr.ci[1]:.4g} < {tol:.4g} tokens/unit"

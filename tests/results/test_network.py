@@ -86,6 +86,26 @@ def test_verdicts_on_growing_and_bounded_series() -> None:
     assert v["verdict"] == "inconclusive" and "mean sojourns" in v["reason"]
 
 
+def test_peak_test_catches_growth_in_cycles() -> None:
+    """Sawtooth cycles whose peaks quadruple (the RS shape): the CI is wide, the peaks grow."""
+    t = np.arange(0.0, 9000.0)
+    w = np.zeros(len(t))
+    start, peak, length = 0, 100_000.0, 900
+    while start < len(t):  # rise to the peak, drain to a third of it, next cycle 4x larger
+        n = min(length, len(t) - start)
+        up = n // 3
+        w[start : start + up] = np.linspace(peak / 12, peak, up)
+        w[start + up : start + n] = np.linspace(peak, peak / 3, n - up)
+        start, peak, length = start + n, peak * 4, int(length * 1.6)
+    v = network_verdict(t, w, offered_rate=1000.0)
+    assert v["verdict"] == "unstable" and v["peak_ratio"] >= 2, v
+    # one late spike on a flat backlog doubles the peak but has no trend: not unstable
+    flat = np.full(len(t), 10_000.0) + 1000 * np.sin(t / 50)
+    flat[8000:8010] = 40_000.0
+    v = network_verdict(t, flat, offered_rate=1000.0)
+    assert v["peak_ratio"] >= 2 and v["verdict"] != "unstable", v
+
+
 def test_rs_flag_only_for_underloaded_divergence() -> None:
     assert rs_flag({"a": 0.9, "b": 0.9}, "unstable") == RS_FLAG
     assert rs_flag({"a": 0.9, "b": 1.1}, "unstable") is None
