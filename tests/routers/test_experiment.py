@@ -53,3 +53,25 @@ def test_live_routers_on_a_tiny_trace(tmp_path):
         assert r["ok"] == r["calls"] > 0 and math.isfinite(r["ttft_p99_ms"])
         assert sum(r["routed"]) == r["calls"]
     assert (tmp_path / "comparison.md").read_text().count("| live |") == 2
+
+
+def test_simulated_side_equals_harness_simulate_replicas(tmp_path):
+    """The experiment's cluster run is what `harness simulate --replicas 4 --router X` gives."""
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+    from harness.experiments.routers import build_trace, simulate_one, ttft_figures
+
+    trace = build_trace(TINY, 0, tmp_path / "trace.parquet")
+    mine = simulate_one(trace, "session-affinity", TINY, tmp_path / "mine")
+    args = ["simulate", "--trace", str(tmp_path / "trace.parquet"), "--replicas", "4",
+            "--router", "session-affinity", "--policy", TINY.policy,
+            "--cost-model", TINY.cost_model, "--kv-tokens", str(TINY.kv_tokens),
+            "-o", str(tmp_path / "cli")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (run_dir,) = {p.parent for p in (tmp_path / "cli").rglob("requests.parquet")}
+    cli = ttft_figures(run_dir)
+    assert cli["calls"] == mine["calls"]
+    assert cli["ttft_p50_ms"] == pytest.approx(mine["ttft_p50_ms"])
+    assert cli["ttft_p99_ms"] == pytest.approx(mine["ttft_p99_ms"])
