@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from harness.policies.base import (
@@ -48,6 +49,8 @@ from harness.policies.base import (
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
+
+_AGE = attrgetter("arrival_s", "request_id")  # _age_key in C (it runs per request per step)
 
 
 @register("nested-wait")
@@ -128,8 +131,13 @@ class NestedWaitPolicy(ThresholdFlushing):
             else:
                 partial.append(r)  # prefill_remaining > 0
         stages: dict[int, list[RequestView]] = {}
-        for r in sorted(decoding, key=_age_key):
+        for r in sorted(decoding, key=_AGE):
             stages.setdefault(r.num_output_tokens, []).append(r)
+        seg, last = self._seg, len(self._seg) - 1
+        stage_seg = {k: seg[k if k < last else last] for k in stages}  # segment_of, once each
+        with_work = set(stage_seg.values())
+        if num_waiting:
+            with_work.add(0)
 
         def at_first_stage(i: int) -> int:
             return num_waiting if i == 0 else len(stages.get(self.first_stage(i), ()))
@@ -141,7 +149,7 @@ class NestedWaitPolicy(ThresholdFlushing):
             inside = [0] * m
             inside[0] = len(partial)
             for k, rs in stages.items():
-                i = self.segment_of(k)
+                i = stage_seg[k]
                 if k != self.first_stage(i) or i == 0:
                     inside[i] += len(rs)
             quota = [max(0, min(n[i], self.seg_caps[i] - inside[i])) for i in range(m)]
@@ -149,13 +157,13 @@ class NestedWaitPolicy(ThresholdFlushing):
         active = 0
         for i in range(m):
             ready = at_first_stage(i) >= quota[i]
-            if ready or (flush and self._segment_has_work(i, num_waiting, stages)):
+            if ready or (flush and i in with_work):
                 active = i + 1
             elif not flush:
                 break
         run: list[tuple[str, int]] = []
         for k in sorted(stages, reverse=True):
-            i = self.segment_of(k)
+            i = stage_seg[k]
             if i < active:
                 take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
                 run.extend((r.request_id, 1) for r in stages[k][:take])
@@ -189,13 +197,6 @@ class NestedWaitPolicy(ThresholdFlushing):
             out.append(r)
         self.guard_deferred += len(cands) - len(out)
         return out
-
-    def _segment_has_work(
-        self, i: int, num_waiting: int, stages: dict[int, list[RequestView]]
-    ) -> bool:
-        if i == 0 and num_waiting:
-            return True
-        return any(self.segment_of(k) == i for k in stages)
 
     def params(self) -> dict[str, Any]:
         return {
