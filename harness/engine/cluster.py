@@ -608,18 +608,23 @@ def simulate_cluster(
 
 def samples_table(res: ClusterResult) -> pa.Table:
     """SAMPLES rows of every engine (``source="engine"``, ``engine`` = its name), by time."""
+    return engine_samples_table(res.engines, res.samples)
+
+
+def engine_samples_table(names: Sequence[str], samples: Sequence[dict[str, Any]]) -> pa.Table:
+    """SAMPLES rows from per-engine telemetry columns, ``engine`` = the engine's name."""
     parts: dict[str, list[np.ndarray]] = {}
-    names: list[np.ndarray] = []
-    for name, s in zip(res.engines, res.samples, strict=True):
+    engine_col: list[np.ndarray] = []
+    for name, s in zip(names, samples, strict=True):
         m = len(s["t_s"])
         for k, v in s.items():
             parts.setdefault(k, []).append(np.asarray(v))
-        names.append(np.full(m, name, dtype=object))
+        engine_col.append(np.full(m, name, dtype=object))
     cols: dict[str, Any] = {k: np.concatenate(v) for k, v in parts.items()}
     order = np.argsort(cols["t_s"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
     m = len(order)
-    cols["engine"] = pa.array(np.concatenate(names)[order] if m else [], type=pa.string())
+    cols["engine"] = pa.array(np.concatenate(engine_col)[order] if m else [], type=pa.string())
     cols["source"] = pa.array(["engine"] * m, type=pa.string())
     for f in schema.SAMPLES:
         if f.name not in cols:
@@ -627,4 +632,10 @@ def samples_table(res: ClusterResult) -> pa.Table:
     return pa.table({f.name: cols[f.name] for f in schema.SAMPLES}, schema=schema.SAMPLES)
 
 
-__all__ = ["ClusterResult", "EngineSpec", "samples_table", "simulate_cluster"]
+__all__ = [
+    "ClusterResult",
+    "EngineSpec",
+    "engine_samples_table",
+    "samples_table",
+    "simulate_cluster",
+]

@@ -14,8 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.engine.cluster import ClusterResult, EngineSpec, samples_table, simulate_cluster
-from harness.engine.simulate import _json_safe, chunks_table
+from harness.engine.cluster import (
+    ClusterResult,
+    EngineSpec,
+    engine_samples_table,
+    samples_table,
+    simulate_cluster,
+)
+from harness.engine.cluster_split import simulate_split, split_plan
+from harness.engine.simresult import SimResult
+from harness.engine.simulate import _json_safe, chunks_table, requests_table
 from harness.loadgen.sessions import SessionOptions, write_sessions
 from harness.routers.base import Router
 from harness.workload.sessions import has_sessions
@@ -44,9 +52,11 @@ def write_cluster_run(
     *,
     options: SessionOptions | None = None,
     stop_at_s: float | None = None,
-) -> tuple[Path, ClusterResult]:
+) -> tuple[Path, ClusterResult | SimResult]:
     """Simulate the cluster and write its run directory (requests, chunks, samples,
-    sessions.parquet for a session trace, run.json)."""
+    sessions.parquet for a session trace, run.json). A cluster that decomposes
+    (:func:`~harness.engine.cluster_split.split_plan`) runs as independent engines; the
+    result is then the merged :class:`SimResult`, else a :class:`ClusterResult`."""
     from harness.results.rundir import RunWriter
 
     sessions = has_sessions(trace.df)
@@ -75,6 +85,35 @@ def write_cluster_run(
     }
     if sessions:
         full.setdefault("sessions", {"options": opts.model_dump(mode="json")})
+    plan = split_plan(trace, engines, router, options)
+    if plan is not None:
+        full["cluster"]["split"] = True  # routed up front, engines simulated alone (exact)
+        with RunWriter(run_dir, full) as w:
+            merged, parts = simulate_split(
+                trace,
+                engines,
+                plan,
+                stop_at_s=stop_at_s,
+                chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
+            )
+            w.add_requests_table(requests_table(trace, merged))
+            names = [s.name for s in engines]
+            w.add_samples_table(engine_samples_table(names, [p.samples for p in parts]))
+            w.update_meta(
+                duration_s=merged.end_s,
+                sim={
+                    "wall_s": merged.wall_s,
+                    "end_s": merged.end_s,
+                    "num_steps": merged.num_steps,
+                    "policy_calls": merged.num_calls,
+                    **merged.counters,
+                },
+                engines_stats=[
+                    {"name": n, "num_steps": p.num_steps, **p.counters}
+                    for n, p in zip(names, parts, strict=True)
+                ],
+            )
+        return run_dir, merged
     with RunWriter(run_dir, full) as w:
         res = simulate_cluster(
             trace,

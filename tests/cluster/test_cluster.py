@@ -124,3 +124,30 @@ def test_agents_go_to_their_engines() -> None:
             assert r.prompt_len == 10 + 5
     with pytest.raises(ValueError, match="no engine"):
         simulate_cluster(trace, specs[:1])
+
+
+@pytest.mark.parametrize("router", ["round-robin", "random"])
+def test_split_is_the_event_loop(router: str) -> None:
+    """A load-blind router decomposes the cluster into engines simulated alone: same answers
+    as the event loop."""
+    from harness.engine.cluster_split import simulate_split, split_plan
+
+    trace = _plain(500, 150.0, seed=4)
+    plan = split_plan(trace, engines(3, kv_tokens=20_000), make_router(router), None)
+    assert plan is not None
+    merged, parts = simulate_split(trace, engines(3, kv_tokens=20_000), plan)
+    res = simulate_cluster(trace, engines(3, kv_tokens=20_000), make_router(router))
+    rows = _rows(res)
+    assert [r.engine for r in rows] == plan.tolist()
+    # equal up to float rounding (a deferred run's step times are summed from its start)
+    np.testing.assert_allclose([r.first_s for r in rows], merged.first_s, rtol=1e-12)
+    np.testing.assert_allclose([r.last_s for r in rows], merged.last_s, rtol=1e-12)
+    assert len(merged.chunk_req) == len(res.chunk_req)
+
+
+def test_load_aware_routers_do_not_split() -> None:
+    from harness.engine.cluster_split import split_plan
+
+    trace = _plain(50, 10.0)
+    for name in ("least-outstanding-tokens", "prefix-aware", "session-affinity"):
+        assert split_plan(trace, engines(2), make_router(name), None) is None, name
