@@ -277,7 +277,9 @@ def run_one(
         "slope_tokens_per_slot": a.get("slope"),
         "slope_ci": "[{:.1f}, {:.1f}]".format(*a["slope_ci"]) if a.get("slope_ci") else None,
         "second_half_ols": ols_slope(wb.t[half], wb.total[half]),
+        "peak_ratio": a.get("peak_ratio"),
         "verdict": a["verdict"],
+        "reason": a["reason"],
         "expected": EXPECTED[name],
         "flag": a["flag"] or "",
         "slots": horizon,
@@ -360,7 +362,11 @@ def run(
         "Poisson sizes and arrivals, lambda = 0.9*768/608 = 1.137 sessions per slot per type.",
         "rho_per_agent: measured offered work / (b per slot); rho_nominal: from the parameters.",
         "Verdict: harness.results.network (MSER warm-up cut, OLS trend of W(t) with a Newey-West "
-        "CI, tolerance 2% of the offered token rate); W_max_per_window: 900-slot windows.",
+        "CI, tolerance 2% of the offered token rate; also unstable when the slope exceeds it and "
+        "the last half's peak is >= 2x the first half's: peak_ratio); W_max_per_window: "
+        "900-slot windows.",
+        "Orca's fork-join run is --full only (18,000 slots): its W makes ~10^6-token "
+        "excursions that read unstable at 9,000 slots and stable at 18,000 (seed 7).",
     ]
     return ExperimentResult(
         "agents", "Networks of agents (seed 004 §4)", rows, claims, notes, out_dir, full
