@@ -10,9 +10,10 @@ trace write comparable run directories.
 Routing (harness/routers/base.py): decided once per call at its release. A call naming an
 ``agent`` served by engines of that agent goes to that agent's engine (the router picks among
 them when the agent has several); any other call goes to the router over the engines that
-serve no agent. A router sees engines only through :class:`EngineLoad` views, which cost
-O(1) each (outstanding tokens are kept incrementally: sum of prompt + max_tokens of live
-requests minus their computed tokens).
+serve no agent. A router sees engines only through :class:`EngineLoad` views, which read
+counters (outstanding tokens: prompt + max_tokens of live requests, kept incrementally, minus
+their computed tokens, summed over the running batch at most once per engine state and only
+when a router reads it).
 
 Event order (simulate.py's rules, style-examples take-away 5), keyed ``(time, priority, seq)``:
 releases (``RELEASE``, seq = trace row) < patience deadlines < engine step starts (seq =
@@ -120,6 +121,7 @@ class _Engine:
         self.core = EngineCore(self.spy, spec.cost_model, spec.config)  # type: ignore[arg-type]
         self.clock = clock
         self.pm_total = 0  # prompt + max_tokens of live requests
+        self.computed: int | None = None  # their computed tokens (None: changed since read)
         self.version = 0
         self.pending: float | None = None  # time of the pending step, None when idle
         self.steady = False  # last plan steady, run untouched since: may be deferred
@@ -144,7 +146,9 @@ class _Engine:
 
     @property
     def outstanding_tokens(self) -> int:
-        computed = sum(r.num_computed_tokens for r in self.core.running)
+        computed = self.computed
+        if computed is None:  # summed once per engine state, only when a router asks
+            computed = self.computed = sum(r.num_computed_tokens for r in self.core.running)
         left = self.pm_total - computed
         d = self.deferred
         if d is not None:  # steps of the deferred run that started before now
@@ -334,6 +338,7 @@ class _Cluster:
         if rc is not None:
             self.route_calls[row.req] = rc
         e.pm_total += row.prompt_len + row.output_len
+        e.computed = None
         if e.pending is None:
             self.push_step(e, t)
         return None
@@ -359,6 +364,7 @@ class _Cluster:
                 self.touch(e, t)
                 e.pm_total -= r.num_prompt_tokens + r.max_tokens
                 e.core.abort(row.request_id)
+                e.computed = None
                 if e.pending is None and e.core.has_work():
                     self.push_step(e, t)
             self.live.pop(row.req, None)
@@ -395,6 +401,7 @@ class _Cluster:
         ``hold``) and its outcome."""
         core = e.core
         out: StepOutcome = core.step(t, fast_forward_until=until, hold_until=hold)
+        e.computed = None
         e.calls += 1
         if out.idle:
             e.stall += 1

@@ -151,3 +151,27 @@ def test_load_aware_routers_do_not_split() -> None:
     trace = _plain(50, 10.0)
     for name in ("least-outstanding-tokens", "prefix-aware", "session-affinity"):
         assert split_plan(trace, engines(2), make_router(name), None) is None, name
+
+
+def test_outstanding_tokens_view_is_exact() -> None:
+    """The router's view: prompt + max_tokens of live requests minus their computed tokens."""
+    from harness.routers.base import Router
+
+    checked = []
+
+    class Checking(Router):
+        name = "checking"
+
+        def route(self, call, engines, now_s):  # noqa: ANN001, ANN201
+            for e in engines:
+                live = e.core._requests.values()
+                brute = sum(
+                    r.num_prompt_tokens + r.max_tokens - r.num_computed_tokens for r in live
+                )
+                assert e.outstanding_tokens == brute
+                checked.append(brute)
+            return min(range(len(engines)), key=lambda i: engines[i].outstanding_tokens)
+
+    trace = _plain(300, 80.0, seed=5)
+    simulate_cluster(trace, engines(3, kv_tokens=6000), Checking(), fast_forward=False)
+    assert len(checked) == 900 and max(checked) > 0
