@@ -59,6 +59,7 @@ class EngineRequest:
         "identity",
         "block_ids",
         "num_cached_tokens",
+        "hit_epoch",
     )
 
     def __init__(
@@ -100,6 +101,7 @@ class EngineRequest:
         # ids of the cached (hashed) blocks it holds: always its first len(block_ids) blocks
         self.block_ids: list[int] = _NO_BLOCKS
         self.num_cached_tokens = -1  # prefix-cache hit at first admission (vLLM's field)
+        self.hit_epoch = -1  # eviction count when its waiting hit was last computed
 
     @property
     def num_tokens(self) -> int:
@@ -413,6 +415,28 @@ class EngineCore:
             if over > 0:
                 pc.evict(over)
 
+    def _refresh_waiting_hits(self) -> None:
+        """A waiting request's cached prefix counts as computed in the policy's view, as vLLM
+        counts it when it schedules the request and as the vLLM adapter shows it
+        (adapters/vllm/view.py): the policy then budgets only the tokens to compute. Blocks
+        only disappear by eviction, so a hit is re-walked from the start only after one;
+        otherwise it is extended (one lookup per request and step)."""
+        pc = self.prefix_cache
+        assert pc is not None
+        by, bs, epoch = pc.by_hash, self.block_size, pc.evictions
+        for r in chain(self._front, self._waiting.values()):
+            ident = r.identity
+            if ident is None:
+                continue
+            nmax = (r.num_prompt_tokens + r.num_output_tokens - 1) // bs
+            k = r.num_computed_tokens // bs if r.hit_epoch == epoch else 0
+            if k < nmax:
+                hashes = ident.block_hashes(bs, nmax)
+                while k < nmax and hashes[k] in by:
+                    k += 1
+            r.num_computed_tokens = k * bs
+            r.hit_epoch = epoch
+
     def _cache_full_blocks(self, r: EngineRequest, upto: int) -> None:
         """Hash and cache the request's blocks that are full once ``upto`` tokens are computed
         (vLLM caches them at allocation, so a request scheduled later in the same step can
@@ -435,6 +459,7 @@ class EngineCore:
         self._running.remove(r)
         self._free(r)
         r.num_computed_tokens = 0
+        r.hit_epoch = -1
         r.num_preemptions += 1
         r.status = WAITING
         self._front.appendleft(r)
@@ -467,6 +492,8 @@ class EngineCore:
         ``hold``s runs up to ``hold_until`` instead (the simulator's stop time): arrivals would
         not change it, so they join ``waiting`` after the run, at their own times.
         """
+        if self._pc_live:
+            self._refresh_waiting_hits()
         plan: Plan = self.policy.schedule(self.view(now))
         bs = self.block_size
         budget = self.token_budget
@@ -606,7 +633,9 @@ class EngineCore:
                     continue
                 if budget <= 0 or len(self._running) >= self.max_num_seqs:
                     break
-                rem = r.num_prompt_tokens + r.num_output_tokens  # computed is 0 while waiting
+                # computed is 0 while waiting, or the cached prefix it was shown (looked up
+                # again below: this step's allocations may have evicted some of it)
+                rem = r.num_prompt_tokens + r.num_output_tokens
                 if r.identity is None:
                     hit = 0
                     n = max(1, min(n, rem, budget))
