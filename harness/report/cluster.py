@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from harness.report.figures import _layout, esc
+from harness.report.figures import PALETTE, _layout, esc
 
 NETWORK_JSON = "network.json"
 BINS = 200
@@ -40,21 +40,56 @@ def _bins(s: pd.DataFrame) -> tuple[np.ndarray, float]:
     return lo + width * (np.arange(BINS) + 0.5), width
 
 
-def engine_utilisation(s: pd.DataFrame) -> go.Figure:
-    """Busy share of each engine per time bin (step time / bin width)."""
+def engine_budgets(run_dir: Path) -> dict[str, int]:
+    """Each engine's token budget from run.json (``cluster.engines``); {} when absent."""
+    path = Path(run_dir) / "run.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        engines = (meta.get("cluster") or {}).get("engines") or []
+        return {str(e["name"]): int(e["engine"]["token_budget"]) for e in engines}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def engine_utilisation(s: pd.DataFrame, budgets: dict[str, int] | None = None) -> go.Figure:
+    """Per engine and time bin: busy share (step time / bin width) and, where the token
+    budget is known, batch fill (tokens per step / budget). Both matter: in seed 004's slotted
+    model an engine is always busy, yet an agent starved by its upstream fills a tenth of its
+    batches (seed-stability.md §2.6)."""
     centers, width = _bins(s)
     lo = centers[0] - width / 2
     fig = go.Figure()
-    for name, g in s.groupby("engine", sort=True):
+    for i, (name, g) in enumerate(s.groupby("engine", sort=True)):
+        color = PALETTE[i % len(PALETTE)]
         k = np.clip(((g["t_s"].to_numpy(float) - lo) / width).astype(int), 0, BINS - 1)
         dur = g["step_duration_s"].fillna(0).to_numpy(float)
         busy = np.bincount(k, weights=dur, minlength=BINS) / width
-        fig.add_trace(go.Scatter(x=centers, y=np.minimum(busy, 1.0) * 100, name=esc(name)))
+        fig.add_trace(
+            go.Scatter(
+                x=centers,
+                y=np.minimum(busy, 1.0) * 100,
+                name=f"{esc(name)} busy",
+                line={"color": color},
+            )
+        )
+        b = (budgets or {}).get(str(name))
+        if b:
+            tok = (g["prefill_tokens"].fillna(0) + g["decode_tokens"].fillna(0)).to_numpy(float)
+            steps = np.bincount(k, weights=g["num_steps"].fillna(1).to_numpy(float), minlength=BINS)
+            fill = np.bincount(k, weights=tok, minlength=BINS) / np.maximum(steps, 1) / b
+            fig.add_trace(
+                go.Scatter(
+                    x=centers[steps > 0],
+                    y=fill[steps > 0] * 100,
+                    name=f"{esc(name)} batch fill",
+                    line={"color": color, "dash": "dot"},
+                )
+            )
     return _layout(
         fig,
-        "Per-engine utilisation (busy share of time)",
+        "Per-engine utilisation: busy share of time and batch fill (tokens / budget)",
         xaxis={"title": "time (s)"},
-        yaxis={"title": "% busy", "range": [0, 105]},
+        yaxis={"title": "%", "range": [0, 105]},
     )
 
 
@@ -129,7 +164,7 @@ def cluster_figures(run_dir: Path, samples: pd.DataFrame | None) -> list[tuple[s
     s = _engine_rows(samples)
     if s is not None:
         out += [
-            ("Cluster: per-engine utilisation", engine_utilisation(s)),
+            ("Cluster: per-engine utilisation", engine_utilisation(s, engine_budgets(run_dir))),
             (
                 "Cluster: per-engine queue",
                 engine_gauge(s, "num_waiting", "Per-engine queue (waiting)", "requests waiting"),
