@@ -52,6 +52,7 @@ def admit_list(
     whole: bool = False,
     free_blocks: int | None = None,
     full_kv: bool = False,
+    queue: Iterable[RequestView] | None = None,
 ) -> list[tuple[str, int]]:
     """Waiting requests to admit, head first, while budget, seats and KV allow.
 
@@ -62,11 +63,13 @@ def admit_list(
     chunk of what is left. Stops at the first request whose first chunk does not fit the free
     KV blocks (head-of-line, like the host); with ``full_kv`` at the first whose whole remaining
     prefill does not fit (so an admission never has to preempt to finish its prompt).
+    ``queue``: the waiting requests already in ``order`` (a policy's :class:`SortedWaiting`),
+    read lazily instead of sorting the view.
     """
     out: list[tuple[str, int]] = []
     bs = view.kv.block_size
     free = view.kv.free_blocks if free_blocks is None else free_blocks
-    for r in ordered_waiting(view, order):
+    for r in ordered_waiting(view, order) if queue is None else queue:
         if budget_left <= 0 or seats <= 0:
             break
         rem = r.num_tokens - r.num_computed_tokens

@@ -15,8 +15,8 @@ Decodes sit first in the run order, so KV shortage preempts prefills first (tail
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, BudgetRule, Plan, View
-from harness.policies.common import admit_list, split_running
+from harness.policies.base import BasePolicy, BudgetRule, Plan, RequestView, StepReport, View
+from harness.policies.common import SortedWaiting, admit_list, split_running
 from harness.policies.registry import register
 
 
@@ -31,6 +31,21 @@ class SarathiPolicy(BasePolicy):
             raise ValueError("chunk_size must be >= 1")
         self.order = order
         self.chunk_size = chunk_size
+        # SPF order kept through the hooks (a waiting request's remaining prefill is fixed),
+        # stable over the host queue like common.ordered_waiting: no per-step sort (issue 13)
+        self._wq: SortedWaiting | None = None
+        if order == "spf":
+            self._wq = SortedWaiting(
+                lambda r: r.num_tokens - r.num_computed_tokens, host_order=True
+            )
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        if self._wq is not None:
+            self._wq.add(request)
+
+    def on_step(self, report: StepReport) -> None:
+        if self._wq is not None:
+            self._wq.on_step(report)
 
     def budget_rule(self) -> BudgetRule | None:
         """FCFS Sarathi-Serve is base.BudgetRule with its chunk size as the budget."""
@@ -59,6 +74,10 @@ class SarathiPolicy(BasePolicy):
         admit: list[tuple[str, int]] = []
         seats = view.max_num_seqs - len(view.running)
         if view.waiting and budget > 0 and seats > 0:
-            admit = admit_list(view, budget, seats, order=self.order)
+            queue = None
+            if self._wq is not None:
+                self._wq.sync(view)
+                queue = self._wq.iter()
+            admit = admit_list(view, budget, seats, order=self.order, queue=queue)
         steady = not prefilling and not admit and all_granted
         return Plan(run=run, admit=admit, steady=steady)

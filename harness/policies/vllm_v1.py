@@ -23,8 +23,8 @@ empty, or the head cannot get a seat or its first chunk's KV).
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, BudgetRule, Plan, View
-from harness.policies.common import admit_list
+from harness.policies.base import BasePolicy, BudgetRule, Plan, RequestView, StepReport, View
+from harness.policies.common import SortedWaiting, admit_list
 from harness.policies.registry import register
 
 
@@ -47,6 +47,19 @@ class VLLMV1Policy(BasePolicy):
         self.long_prefill_token_threshold = int(long_prefill_token_threshold)
         self.chunked_prefill = bool(chunked_prefill)
         self.scheduling_policy = scheduling_policy
+        # priority order kept through the hooks (stable over the host queue, like
+        # common.ordered_waiting), so a step does not sort the whole queue (issue 13)
+        self._wq: SortedWaiting | None = None
+        if scheduling_policy == "priority":
+            self._wq = SortedWaiting(lambda r: (r.priority, r.arrival_s), host_order=True)
+
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        if self._wq is not None:
+            self._wq.add(request)
+
+    def on_step(self, report: StepReport) -> None:
+        if self._wq is not None:
+            self._wq.on_step(report)
 
     def budget_rule(self) -> BudgetRule | None:
         """FCFS with chunked prefill and no per-request cap is base.BudgetRule: prefilling
@@ -82,6 +95,10 @@ class VLLMV1Policy(BasePolicy):
         admit: list[tuple[str, int]] = []
         if view.waiting and budget > 0 and seats > 0:
             # KV that pass 1 will allocate is unknown here; the host enforces it exactly.
+            queue = None
+            if self._wq is not None:
+                self._wq.sync(view)
+                queue = self._wq.iter()
             admit = admit_list(
                 view,
                 budget,
@@ -89,6 +106,7 @@ class VLLMV1Policy(BasePolicy):
                 order=self.scheduling_policy,
                 whole=not self.chunked_prefill,
                 free_blocks=None,
+                queue=queue,
             )
             if cap:
                 admit = [(rid, min(n, cap)) for rid, n in admit]
