@@ -420,11 +420,13 @@ class EngineCore:
         counts it when it schedules the request and as the vLLM adapter shows it
         (adapters/vllm/view.py): the policy then budgets only the tokens to compute. Blocks
         only disappear by eviction, so a hit is re-walked from the start only after one;
-        otherwise it is extended (one lookup per request and step)."""
+        otherwise it is extended (one lookup per request and step). Only the first
+        ``max_num_seqs`` waiting requests are refreshed, so an overloaded queue costs no more
+        per step; a deeper one a policy admits is looked up at admission anyway."""
         pc = self.prefix_cache
         assert pc is not None
         by, bs, epoch = pc.by_hash, self.block_size, pc.evictions
-        for r in chain(self._front, self._waiting.values()):
+        for r in islice(chain(self._front, self._waiting.values()), self.max_num_seqs):
             ident = r.identity
             if ident is None:
                 continue

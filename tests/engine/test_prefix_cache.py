@@ -229,3 +229,19 @@ def test_hit_rate_per_run_and_turn_from_a_run_dir(tmp_path) -> None:
     )
     assert prefix_hits_by_turn(tmp_path, requests) is not None
     assert prefix_hit_summary(tmp_path / "none", requests) is None
+
+
+def test_waiting_request_shows_its_cached_prefix_as_computed() -> None:
+    """Like vLLM (and the vLLM adapter's view): the policy budgets only uncached tokens."""
+    pol = ScriptedPolicy(lambda v, i: _everything(v))
+    cfg = EngineConfig(block_size=4, num_blocks=64, token_budget=256)
+    core = EngineCore(pol, AffineCostModel(name="1ms", base_s=1e-3), cfg)
+    assert core.add_request("a", 13, 1, arrival_s=0, identity=seg(("sys", 10), ("a", 3)))
+    core.step(0.0)  # a prefilled, finished: its 3 full blocks stay cached
+    assert core.add_request("b", 16, 1, arrival_s=0, identity=seg(("sys", 10), ("b", 6)))
+    assert core.add_request("c", 5, 1, arrival_s=0)  # no identity: nothing cached
+    core.step(0.1)  # step index 1: b and c admitted
+    seen = pol.views[1]
+    assert seen.wait("b").num_computed_tokens == 8  # 2 blocks of "sys" (10 tokens)
+    assert seen.wait("c").num_computed_tokens == 0
+    assert pol.reports[1].prefill_tokens == (16 - 8) + 5
