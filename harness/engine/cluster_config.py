@@ -78,21 +78,22 @@ def load_cluster_trace(cfg: SimulateConfig, copts: ClusterOptions) -> Trace:
     """A session trace (conversations, agent graphs, session files) or a plain one."""
     if not is_session_run(cfg, copts):
         return load_trace(cfg)
-    from harness.workload.session_build import build_session_trace
+    from types import SimpleNamespace
 
-    opts = copts.sessions or SessionOptions()
-    arrival = "poisson" if cfg.arrival == "trace" else cfg.arrival
-    return build_session_trace(
-        cfg.trace,
-        num_sessions=opts.num_sessions or cfg.num_requests,
-        session_rate=opts.session_rate if opts.session_rate is not None else cfg.rate,
-        arrival=arrival,
+    from harness.loadgen.sessions import session_trace
+
+    # replay's own builder (same session options, arrivals and seeds as a session replay)
+    spec = SimpleNamespace(
+        sessions=copts.sessions,
+        trace=cfg.trace,
+        arrival=cfg.arrival,
+        num_requests=cfg.num_requests,
+        rate=cfg.rate,
         burstiness=cfg.burstiness,
-        tiers=cfg.tiers,
         seed=cfg.seed,
-        think_time=opts.think_time,
-        quiet=True,
+        trace_options={"quiet": True},
     )
+    return session_trace(spec, cfg.tiers)
 
 
 def agent_engine_specs(path: str) -> dict[str, dict[str, Any]]:
@@ -142,9 +143,7 @@ def engine_specs(
     cost = get_cost_model(cfg.cost_model)
     params = cfg.policy_params.get(policy, {})
     df = trace.df
-    named = (
-        sorted({str(a) for a in df["agent"].dropna().unique()}) if "agent" in df.columns else []
-    )
+    named = sorted({str(a) for a in df["agent"].dropna().unique()}) if "agent" in df.columns else []
     unnamed = "agent" not in df.columns or bool(df["agent"].isna().any())
     file = _agent_spec_file(cfg, copts)
     per_agent = agent_engine_specs(file) if file is not None else {}
