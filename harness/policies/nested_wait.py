@@ -130,6 +130,8 @@ class NestedWaitPolicy(ThresholdFlushing):
                 decoding.append(r)
             else:
                 partial.append(r)  # prefill_remaining > 0
+        if not flush and not partial and self.seg_caps is None and num_waiting < n[0]:
+            return Plan()  # segment 1 misses its threshold: the prefix rule runs nothing
         stages: dict[int, list[RequestView]] = {}
         for r in sorted(decoding, key=_AGE):
             stages.setdefault(r.num_output_tokens, []).append(r)

@@ -254,6 +254,8 @@ class WaitPolicy(ThresholdFlushing):
         m = len(self.output_lens)
         n = self.thresholds
         eligible = [waiting.count(j) >= n[j] or (flush and waiting.count(j) > 0) for j in range(m)]
+        if not flush and not partial and not any(eligible):
+            return Plan()  # what the rest computes then (no stage runs, nothing admitted), fast
         dec = sorted(decoding, key=_age_key)
         types = self._types_of(dec)
         if flush:  # end-of-run flush: every type with anything to do runs (#17)
