@@ -211,6 +211,7 @@ def run_cluster_simulation(
             meta,
             options=copts.sessions,
             stop_at_s=cfg.stop_at_s,
+            split=True,
         )
         write_summary(run_dir)
         add_session_summary(run_dir)

@@ -52,11 +52,13 @@ def write_cluster_run(
     *,
     options: SessionOptions | None = None,
     stop_at_s: float | None = None,
+    split: bool = False,
 ) -> tuple[Path, ClusterResult | SimResult]:
     """Simulate the cluster and write its run directory (requests, chunks, samples,
-    sessions.parquet for a session trace, run.json). A cluster that decomposes
-    (:func:`~harness.engine.cluster_split.split_plan`) runs as independent engines; the
-    result is then the merged :class:`SimResult`, else a :class:`ClusterResult`."""
+    sessions.parquet for a session trace, run.json); returns a :class:`ClusterResult`.
+    ``split``: a cluster that decomposes (:func:`~harness.engine.cluster_split.split_plan`)
+    runs as independent engines (same answers, faster); the result is then the merged
+    :class:`SimResult`."""
     from harness.results.rundir import RunWriter
 
     sessions = has_sessions(trace.df)
@@ -85,7 +87,7 @@ def write_cluster_run(
     }
     if sessions:
         full.setdefault("sessions", {"options": opts.model_dump(mode="json")})
-    plan = split_plan(trace, engines, router, options)
+    plan = split_plan(trace, engines, router, options) if split else None
     if plan is not None:
         full["cluster"]["split"] = True  # routed up front, engines simulated alone (exact)
         with RunWriter(run_dir, full) as w:

@@ -123,3 +123,32 @@ def test_bad_cluster_flags(tmp_path: Path, extra: list[str], needle: str) -> Non
     assert "Traceback" not in res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], res.output
+
+
+def test_plain_trace_round_robin_splits(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    args = [
+        "simulate",
+        "--trace",
+        "synthetic",
+        "--num-requests",
+        "200",
+        "--rate",
+        "20",
+        "--replicas",
+        "4",
+        "--router",
+        "round-robin",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    d = _run_dir(out)
+    meta = json.loads((d / schema.RUN_JSON).read_text())
+    assert meta["cluster"]["split"] is True
+    req = pq.read_table(d / schema.REQUESTS_FILE).to_pydict()
+    assert len(req["req"]) == 200 and all(req["success"])
+    samples = pq.read_table(d / schema.SAMPLES_FILE).to_pydict()
+    assert set(samples["engine"]) == {"r0", "r1", "r2", "r3"}
