@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 from harness.policies.base import (
@@ -44,12 +45,13 @@ from harness.policies.base import (
     StepReport,
     View,
     blocks_for,
-    is_decoding,
     prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting
+from harness.policies.common import SortedWaiting, split_running
 from harness.policies.registry import register
+
+_LST_ARRIVAL = itemgetter(0, 1)  # sort (lst, arrival, request) by (lst, arrival)
 
 
 @register("slai")
@@ -171,14 +173,15 @@ class SLAIPolicy(BasePolicy):
         free = view.kv.free_blocks
         reserve = math.ceil(self.watermark * view.kv.total_blocks)
 
-        decodes = [r for r in view.running if is_decoding(r)]
-        keyed = sorted(self._keyed(decodes, view), key=lambda t: t[:2])
-        critical = [t[2] for t in keyed if t[0] <= view.now]
-        noncritical = [t[2] for t in keyed if t[0] > view.now]
-        partial = sorted(
-            (r for r in view.running if prefill_remaining(r) > 0),
-            key=lambda r: (self._adm.get(r.request_id, -1), r.arrival_s),
-        )
+        # one pass: a running request that is not decoding has prefill left (base.py)
+        decodes, prefilling = split_running(view.running)
+        keyed = self._keyed(decodes, view)
+        keyed.sort(key=_LST_ARRIVAL)
+        now = view.now
+        critical = [t[2] for t in keyed if t[0] <= now]
+        noncritical = [t[2] for t in keyed if t[0] > now]
+        adm = self._adm
+        partial = sorted(prefilling, key=lambda r: (adm.get(r.request_id, -1), r.arrival_s))
         if not view.waiting and not partial and len(decodes) <= min(budget, beta):
             # Light load: every decode runs every step, as in Sarathi (work-conserving).
             self.noncritical_total += len(noncritical)
