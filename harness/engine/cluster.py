@@ -22,8 +22,10 @@ waiting queue and is seen by the engine's next step. Each engine has at most one
 step; the next one of all engines comes from a heap of step times, so no per-event work
 grows with the number of engines.
 
-Speed without changing answers (Plan.steady): an engine whose policy promised a steady
-decode run and that nothing has touched since is not stepped at every other engine's
+Speed without changing answers (Plan.steady): a step fast-forwards identical decode steps up
+to the next known release; with sessions also up to the next step start of any other
+engine (a call released by a finish can come no earlier). An engine whose policy promised a
+steady decode run and that nothing has touched since is not stepped at every other engine's
 event. Its run is *deferred*: the closed-form run length (first finish, KV boundary, stop;
 the same bound :meth:`EngineCore.step` computes) gives the time of its next decision, and
 the core executes the run only then, or earlier when a call is routed to it or one of its
@@ -390,10 +392,15 @@ class _Cluster:
                 self.num_deferred += 1
                 return
         until: float | None = None
-        if self.fast_forward and not self.dynamic:
+        if self.fast_forward:
             until = self.stop
             if self.next_release < until:
                 until = self.next_release
+            # A release not yet known comes from a finish in a step not yet executed: after
+            # the next step start of another engine (the heap's head), so up to there no
+            # call can reach this engine unseen.
+            if self.dynamic and self.steps and self.steps[0][0] < until:
+                until = self.steps[0][0]
         self._execute(e, t, until, self.stop if until is not None else None)
 
     def _execute(self, e: _Engine, t: float, until: float | None, hold: float | None) -> None:
