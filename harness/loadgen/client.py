@@ -341,9 +341,7 @@ async def stream_request(
                 res.fail(kind, f"HTTP {resp.status}: {text.strip()}")
                 return res
             feed = make_feed(interp, res, st)
-            if type(resp.content) is aiohttp.StreamReader:
-                await _consume_at_receipt(resp.content, feed, st)
-            else:
+            if not await _consume_at_receipt(resp.content, feed, st):
                 async for data in resp.content.iter_any():
                     t = now()
                     if st.done:
@@ -383,8 +381,8 @@ async def stream_request(
 
 
 async def _consume_at_receipt(
-    content: aiohttp.StreamReader, feed: Callable[[bytes, float], None], st: _StreamState
-) -> None:
+    content: Any, feed: Callable[[bytes, float], None], st: _StreamState
+) -> bool:
     """Read the body by handling each piece inside the connection's ``data_received``
     callback, where aiohttp's parser hands it to the response's stream, instead of
     buffering it and waking this task to read it (anchors-harness.md §7, "Timestamps").
@@ -396,7 +394,11 @@ async def _consume_at_receipt(
     or a read timeout, all raised from ``iter_any`` exactly as before). Bytes that arrived
     together with the response headers were buffered before this hook existed: they are
     read first, stamped now, as the plain loop would. A stream error raised by ``feed`` is
-    set on the stream so that this task raises it, as the plain loop did."""
+    set on the stream so that this task raises it, as the plain loop did. Returns False,
+    having read nothing, where the stream cannot be switched (another aiohttp stream type or
+    layout): the caller then reads it the plain way."""
+    if type(content) is not aiohttp.StreamReader:
+        return False
     now = clock.now
 
     def on_data(data: bytes) -> None:
@@ -406,10 +408,13 @@ async def _consume_at_receipt(
             except _BadPayload as exc:
                 content.set_exception(exc)
 
+    try:
+        content.__class__ = _ReceiptReader
+    except TypeError:
+        return False
     key = id(content)
     _RECEIPT_HOOKS[key] = on_data
     try:
-        content.__class__ = _ReceiptReader
         early = content.read_nowait()
         if early:
             feed(early, now())
@@ -418,6 +423,7 @@ async def _consume_at_receipt(
     finally:
         del _RECEIPT_HOOKS[key]
         content.__class__ = aiohttp.StreamReader
+    return True
 
 
 _RECEIPT_HOOKS: dict[int, Callable[[bytes], None]] = {}

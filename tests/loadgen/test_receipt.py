@@ -66,3 +66,13 @@ async def test_streamed_chunks_are_stamped_at_receipt(sse_server: FakeServer) ->
         if k < 4:
             assert res.chunk_t[k] < writes[k + 1]
     assert res.chunk_t[-1] <= clock.now()
+
+
+async def test_a_stream_that_cannot_be_switched_is_left_to_the_plain_loop() -> None:
+    from harness.loadgen.client import _consume_at_receipt, _StreamState
+
+    def feed(data: bytes, t: float) -> None:
+        raise AssertionError("nothing may be read")
+
+    assert await client._consume_at_receipt(object(), feed, _StreamState()) is False
+    assert _consume_at_receipt is client._consume_at_receipt and client._RECEIPT_HOOKS == {}
