@@ -4,8 +4,9 @@ Raw asyncio protocol, HTTP/1.1 keep-alive, no framework: every ``POST`` gets a s
 completion of ``max_tokens`` tokens (vLLM chunk shape, continuous usage stats, final usage
 chunk, ``[DONE]``) with ``Content-Length`` framing. With ``itl_ms == 0`` the whole response
 is written in ONE ``transport.write`` (prebuilt per length), so the server costs almost
-nothing and the client is the bottleneck (issue 2, "Must show"). With ``itl_ms > 0`` chunks
-are written ``itl_ms`` apart and each write is logged (just before it) with
+nothing and the client is the bottleneck (issue 2, "Must show"). With ``itl_ms > 0`` the
+headers go out at once and chunks ``itl_ms`` apart after them (the first one ``itl_ms``
+after the headers, a stand-in for the prefill), and each write is logged (just before it) with
 :func:`harness.clock.now` (the system-wide ``CLOCK_MONOTONIC`` behind ``perf_counter`` on
 Linux, so comparable with the client's stamps in another process) for the timestamp-accuracy
 check.
@@ -151,8 +152,12 @@ class _Proto(asyncio.Protocol):
 
             return go
 
+        # Chunk k goes out (k + 1) ITLs after the headers: like a real server, which sends
+        # its headers when it accepts the request and the first token after the prefill, so
+        # the first chunk arrives in a read of its own (the TTFT-excess check measures that
+        # read, not the one that carried the headers).
         for k in range(n):
-            loop.call_at(start + k * itl, write(k))
+            loop.call_at(start + (k + 1) * itl, write(k))
 
 
 async def serve(port: int, itl_ms: float, log_path: str | None) -> None:
