@@ -43,6 +43,8 @@ def split_segment(buf: bytes) -> tuple[bytes, bytes]:
     if end < 0:
         return b"", buf
     end += 2
+    if end == len(buf):
+        return buf, b""
     return buf[:end], buf[end:]
 
 
@@ -101,7 +103,7 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if nu == n and full:
         # Rule 1 (continuous usage stats): a chunk's tokens are the rise of the cumulative
         # count; the assigned total is the running maximum, as in interpret_openai.
-        cum = json.loads(b"[" + b",".join(cts[:full]) + b"]")
+        cum = [int(cts[0])] if full == 1 else json.loads(b"[" + b",".join(cts[:full]) + b"]")
         a = st.assigned
         if cum == list(range(a + 1, a + full + 1)):  # one token per chunk: the usual case
             toks = [1] * full
@@ -136,6 +138,10 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
 
 
 def _newlines(seg: bytes) -> int:
+    # numpy's compare-and-count runs ~10x faster than bytes.count(b"\n") on a whole response
+    # but costs a few microseconds to set up: small segments (one streamed chunk) count here.
+    if len(seg) < 4096:
+        return seg.count(b"\n")
     return int(np.count_nonzero(np.frombuffer(seg, np.uint8) == 10))
 
 
