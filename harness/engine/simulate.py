@@ -542,6 +542,7 @@ def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path
         run_dir, _ = write_run(
             _run_dir(cfg, name), trace, policy, cost, econf, meta, stop_at_s=cfg.stop_at_s
         )
+        pa.default_memory_pool().release_unused()  # the writer's freed Arrow pages (peak RSS)
         write_summary(run_dir)
         out.append(run_dir)
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results import schema
@@ -52,6 +53,11 @@ class ChunkArrays:
         if self.tokens is None:
             return np.broadcast_to(np.int64(1), self.t.shape)
         return self.tokens
+
+    def release(self) -> None:
+        """Drop the columns (the caller's reference would otherwise keep them alive)."""
+        # new empty arrays, not ``[:0]`` views: a view would keep the whole column alive
+        self.req, self.t, self.tokens = np.zeros(0, self.req.dtype), np.zeros(0), None
 
     def take(self, idx: np.ndarray) -> ChunkArrays:
         """The rows at ``idx`` (an index or boolean array), as new arrays."""
@@ -94,22 +100,55 @@ def read_chunk_arrays(run_dir: Path | str) -> ChunkArrays:
             if tokens is not None:
                 tokens[at : at + m] = k
             at += m
+    # Arrow's allocator keeps the decoded batches' pages for reuse; give them back before
+    # the summary's numpy work (tens of MB at 20M rows)
+    pa.default_memory_pool().release_unused()
     return ChunkArrays(req[:at], t[:at], None if tokens is None else tokens[:at])
 
 
-def group_order(pos: np.ndarray, t: np.ndarray) -> np.ndarray | None:
-    """None when the rows already come in one run per request, time-ordered within (a
-    replay writes each request's chunks at once); else the stable order by (``pos``, time).
+def _time_sorted(t: np.ndarray) -> bool:
+    """Are the times non-decreasing (checked slice by slice: no N-row temporaries)?"""
+    for a in range(0, t.size, _BATCH):
+        s = t[a : a + _BATCH + 1]
+        if not bool(np.all(s[1:] >= s[:-1])):
+            return False
+    return True
 
-    Groups left as they come need not ascend; every consumer works on adjacency."""
+
+def is_grouped(pos: np.ndarray, t: np.ndarray) -> bool:
+    """Do the rows come in one run per request (``pos``), time-ordered within? (A replay
+    writes each request's chunks at once.) Checked slice by slice, stopping at the first
+    request seen in two runs."""
     if pos.size < 2:
+        return True
+    seen = np.zeros(int(pos.max()) - int(pos.min()) + 1, dtype=bool)
+    lo = int(pos.min())
+    for a in range(0, pos.size, _BATCH):
+        p = pos[a : a + _BATCH + 1]  # one row of overlap: the run across the boundary
+        x = t[a : a + _BATCH + 1]
+        change = p[1:] != p[:-1]
+        if not bool(np.all((x[1:] >= x[:-1]) | change)):
+            return False
+        heads = p[1:][change] - lo  # runs starting in this slice (after its first row)
+        if a == 0:
+            heads = np.r_[p[0] - lo, heads]
+        if seen[heads].any() or np.unique(heads).size != heads.size:
+            return False
+        seen[heads] = True
+    return True
+
+
+def group_order(pos: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+    """None when the rows are already grouped (:func:`is_grouped`); else the stable order by
+    (``pos``, time), as int32 when it fits (memory: it lives beside the log while applied).
+
+    Groups left as they come need not ascend; every consumer works on adjacency. Rows in
+    time order (a simulation) need only a stable sort by ``pos``: it keeps their time order,
+    the same permutation as ``lexsort((t, pos))`` with less working memory."""
+    if is_grouped(pos, t):
         return None
-    change = pos[1:] != pos[:-1]
-    heads = pos[np.flatnonzero(np.r_[True, change])]
-    contiguous = np.bincount(heads - heads.min()).max() <= 1  # no request in two runs
-    if contiguous and bool(np.all((np.diff(t) >= 0) | change)):
-        return None
-    return np.lexsort((t, pos))
+    order = np.argsort(pos, kind="stable") if _time_sorted(t) else np.lexsort((t, pos))
+    return order.astype(np.int32) if order.size <= _I32.max else order
 
 
 def positions(keys: np.ndarray, req_ids: np.ndarray) -> np.ndarray:
@@ -169,6 +208,7 @@ __all__ = [
     "ChunkArrays",
     "chunk_files",
     "group_order",
+    "is_grouped",
     "per_bin_chunks",
     "positions",
     "read_chunk_arrays",

@@ -52,6 +52,7 @@ from harness.results import schema
 from harness.results.chunklog import (
     ChunkArrays,
     group_order,
+    is_grouped,
     per_bin_chunks,
     positions,
     read_chunk_arrays,
@@ -291,7 +292,7 @@ def compute_summary(
     _group_for_both(full_run, run, chunks)
     stab = _stability(full_run, chunks) if stability else None
     rm, cv = M.request_metrics(run.requests, chunks)
-    del chunks  # the view holds what the metrics need; the rest may go (memory, issue 13)
+    chunks.release()  # the view holds what the metrics need; the rest may go (memory, issue 13)
     itl, itl_grp = cv.itl()
     duration = _duration(run, rm, cv)
     tiers_meta = tiers_from_meta(meta)
@@ -449,8 +450,7 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
     """
     ids = full.requests["req"].to_numpy(dtype=np.int64)
     pos = positions(chunks.req, ids)
-    order = group_order(pos, chunks.t)
-    if order is None:
+    if is_grouped(pos, chunks.t):
         return
     measured_at = positions(measured.requests["req"].to_numpy(dtype=np.int64), ids)
     keep = np.zeros(ids.size, dtype=bool)
@@ -458,9 +458,11 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
     keep[measured_at[known]] = M.success_flag(measured.requests)[known]
     sel = pos >= 0
     sel &= keep[np.where(sel, pos, 0)]
-    if not sel.all() and group_order(pos[sel], chunks.t[sel]) is None:
+    if not sel.all() and is_grouped(pos[sel], chunks.t[sel]):
         return
-    del pos, sel  # before the reordered copies: the peak is the log plus the order plus a column
+    del sel
+    order = group_order(pos, chunks.t)
+    del pos  # before the reordered copies: the peak is the log plus the order plus a column
     chunks.req = chunks.req[order]  # field by field: one old column freed before the next
     chunks.t = chunks.t[order]
     if chunks.tokens is not None:
