@@ -1,23 +1,27 @@
 """Simulator speed and memory: a table for every registered policy, two workloads, and overload.
 
-Usage::
+Usage (any part alone, so the table can be re-measured piece by piece on a quiet machine)::
 
-    python benchmarks/bench_simulator.py [--num-requests 100000] [--policies all|vllm,rad]
-        [--workloads lmsys,azure] [--no-overload] [--timeout 300] [--json OUT.json]
+    python benchmarks/bench_simulator.py [--requests 100000] [--policies all|vllm,rad]
+        [--workloads lmsys,azure,overload] [--no-kernel] [--timeout 600] [--json OUT.json]
 
 Workloads (issue 13):
 
-- ``lmsys``: /work/shared/data/lmsys_sample_lengths.csv, Poisson at 0.9 x capacity, where the
-  capacity C is the completion rate of 5,000 requests all arriving at once under ``vllm``.
+- ``lmsys``: the LMSYS-Chat lengths sample (lmsys_sample_lengths.csv), Poisson at 0.9 x
+  capacity, where capacity C is ``vllm``'s saturated throughput on this engine configuration:
+  finished requests / makespan with 5,000 requests offered at t = 0 (the definition of
+  harness/experiments/capacity.py ``saturated_capacity``, on ``harness simulate``'s engine
+  defaults rather than Vidur's).
 - ``azure``: Azure LLM-inference 2023 conversation lengths, Poisson at 4 req/s.
-- overload: the lmsys lengths at 1.5 x the policy's *own* capacity (its 5,000-request
-  all-at-once completion rate); the run must finish, and its stability verdict (summary.json)
-  should say ``unstable``.
+- ``overload``: the lmsys lengths at 1.5 x the policy's *own* capacity; the run must finish
+  within 60 s (``--overload-limit``) and its stability verdict (summary.json) must say
+  ``unstable``: the ``check`` column says ``ok`` or what failed.
 
 Per row: *whole process* = ``harness simulate --no-report`` in a child process (import, trace
 build, simulate, run-directory and summary.json writing), its wall time and peak RSS (from
 ``wait4``); *kernel* = :func:`~harness.engine.simulate.simulate` alone in this process on the
-same trace (token times kept in memory). Requests/s = requests / seconds.
+same trace (token times kept in memory). Requests/s = requests / seconds. The header line gives
+the load average: figures from a busy machine are not comparable.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.engine.costmodel import get_cost_model
 from harness.engine.simulate import SimulateConfig, SimulationStalled, simulate
 from harness.policies import make_policy
@@ -45,11 +51,15 @@ HARNESS = str(Path(sys.executable).parent / "harness")
 
 
 def capacity(trace: str, policy: str, cost_model: str, n: int = 5000, seed: int = 0) -> float:
-    """Completion rate (req/s) of ``n`` requests all arriving at time 0 (overload)."""
+    """Saturated throughput (req/s): finished requests / makespan, ``n`` requests at t = 0
+    (harness/experiments/capacity.py's definition) on ``harness simulate``'s engine defaults."""
     econf = SimulateConfig(trace=trace, cost_model=cost_model).engine_config()
     probe = build_trace(trace, num_requests=n, rate=float("inf"), seed=seed, quiet=True)
     res = simulate(probe, make_policy(policy), get_cost_model(cost_model), econf)
-    return len(probe) / res.end_s
+    done = res.status == 1
+    if not done.any():
+        raise RuntimeError(f"{policy}: the capacity run finished nothing")
+    return float(done.sum() / np.nanmax(res.last_s[done]))
 
 
 def whole_process(
@@ -111,12 +121,13 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-requests", type=int, default=100_000)
+    ap.add_argument("--requests", "--num-requests", dest="requests", type=int, default=100_000)
     ap.add_argument("--policies", default="all", help="comma-separated, or 'all' registered")
-    ap.add_argument("--workloads", default="lmsys,azure")
+    ap.add_argument("--workloads", default="lmsys,azure,overload", help="any of these three")
     ap.add_argument("--load", type=float, default=0.9, help="lmsys rate / capacity")
     ap.add_argument("--azure-rate", type=float, default=4.0)
-    ap.add_argument("--overload", type=float, default=1.5, help="0 skips the overload rows")
+    ap.add_argument("--overload", type=float, default=1.5, help="overload rate / own capacity")
+    ap.add_argument("--overload-limit", type=float, default=60.0, help="s, whole process")
     ap.add_argument("--cost-model", default="a100-llama2-7b")
     ap.add_argument("--timeout", type=float, default=600.0, help="per whole-process run, s")
     ap.add_argument("--no-kernel", action="store_true", help="skip the kernel-only timing")
@@ -124,21 +135,30 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
 
-    policies = available() if args.policies == "all" else args.policies.split(",")
-    n, cm = args.num_requests, args.cost_model
+    known = available()
+    policies = known if args.policies == "all" else args.policies.split(",")
+    workloads = [w for w in args.workloads.split(",") if w]
+    bad = [p for p in policies if p not in known] + [
+        w for w in workloads if w not in ("lmsys", "azure", "overload")
+    ]
+    if bad:
+        print(f"error: unknown policy or workload {bad[0]!r}", file=sys.stderr)
+        sys.exit(2)
+    n, cm = args.requests, args.cost_model
     cap_lmsys = capacity(LMSYS, "vllm", cm, seed=args.seed)
     rates = {"lmsys": (LMSYS, args.load * cap_lmsys), "azure": (AZURE, args.azure_rate)}
     print(
         f"# {n:,} requests, cost model {cm}; lmsys capacity (vllm) {cap_lmsys:.1f} req/s -> "
         f"{args.load} x = {rates['lmsys'][1]:.1f} req/s; azure {args.azure_rate} req/s; "
-        f"load average {os.getloadavg()[0]:.2f}",
+        f"overload {args.overload} x own capacity; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
     head = (
         "| policy | workload | rate req/s | whole s | whole req/s | peak RSS MiB | kernel s "
-        "| kernel req/s | steps | policy calls | kernel | verdict |"
+        "| kernel req/s | steps | policy calls | kernel | verdict | check |"
     )
-    print(head + "\n|" + "---|" * 12, flush=True)
+    print(head + "\n|" + "---|" * 13, flush=True)
     rows: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
@@ -149,28 +169,38 @@ def main() -> None:
             f"{_fmt(n / ws if ws else None, ',.0f')} | {_fmt(row.get('rss_mib'), ',.0f')} | "
             f"{_fmt(ks, '.1f')} | {_fmt(n / ks if ks else None, ',.0f')} | "
             f"{row.get('steps', '-')} | {row.get('policy_calls', '-')} | "
-            f"{row.get('kernel', '-')} | {row.get('verdict') or row.get('error', '-')} |",
+            f"{row.get('kernel', '-')} | {row.get('verdict') or row.get('error', '-')} | "
+            f"{row.get('check', '-')} |",
             flush=True,
         )
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
 
-    for wl in [w for w in args.workloads.split(",") if w]:
-        src, rate = rates[wl]
-        trace = None
+    for wl in workloads:
+        traces: dict[float, Any] = {}
         for pol in policies:
-            row: dict[str, Any] = {"policy": pol, "workload": wl, "rate": rate}
+            if wl == "overload":
+                src, rate = LMSYS, args.overload * capacity(LMSYS, pol, cm, seed=args.seed)
+                label = f"lmsys {args.overload:g}x own capacity"
+            else:
+                (src, rate), label = rates[wl], wl
+            row: dict[str, Any] = {"policy": pol, "workload": label, "rate": rate}
             row.update(whole_process(src, rate, n, pol, cm, args.timeout, args.seed))
+            if wl == "overload":
+                fails = []
+                if row.get("wall_s") is None or row["wall_s"] >= args.overload_limit:
+                    fails.append(f">= {args.overload_limit:g} s")
+                if row.get("verdict") != "unstable":
+                    fails.append(f"verdict {row.get('verdict')}")
+                row["check"] = "; ".join(fails) or "ok"
             if not args.no_kernel and row.get("error") is None:
-                if trace is None:
-                    trace = build_trace(src, num_requests=n, rate=rate, seed=args.seed, quiet=True)
-                row.update(kernel_only(trace, src, pol, cm))
-            emit(row)
-    if args.overload > 0:
-        for pol in policies:
-            rate = args.overload * capacity(LMSYS, pol, cm, seed=args.seed)
-            row = {"policy": pol, "workload": f"lmsys {args.overload}x own capacity", "rate": rate}
-            row.update(whole_process(LMSYS, rate, n, pol, cm, args.timeout, args.seed))
+                if rate not in traces:
+                    traces = {
+                        rate: build_trace(
+                            src, num_requests=n, rate=rate, seed=args.seed, quiet=True
+                        )
+                    }
+                row.update(kernel_only(traces[rate], src, pol, cm))
             emit(row)
 
 
