@@ -249,6 +249,9 @@ class EngineCore:
         self.token_budget = self.config.token_budget
         # cost models with per-request context terms get the prefill attention work too
         self._prefill_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
+        # A policy may declare that its preemptions lose progress (MC-SF's baselines clear
+        # requests "back to the waiting queue as unprocessed", seed-mcsf.md §3.1, §7 A7).
+        self._restart = bool(getattr(policy, "preempt_restarts", False))
         self.max_num_seqs = self.config.max_num_seqs
         self._requests: dict[str, EngineRequest] = {}
         self._front: deque[EngineRequest] = deque()  # preempted, front of waiting
@@ -463,6 +466,9 @@ class EngineCore:
         r.num_computed_tokens = 0
         r.hit_epoch = -1
         r.num_preemptions += 1
+        if self._restart:  # progress lost: its output is generated again from the prompt
+            r.num_output_tokens = 0
+            r.first_token_s = r.last_token_s = None
         r.status = WAITING
         self._front.appendleft(r)
         self.preemptions_total += 1
@@ -503,7 +509,9 @@ class EngineCore:
         preempted: list[str] = []
         bugs: list[str] = []
 
-        # Rule 1: explicit preemptions, in order.
+        # Rule 1: explicit preemptions, in order. A restarting policy's clearing is a failed
+        # iteration: it stalls for the time of the batch it attempted (seed-mcsf.md §7 A7).
+        stall = self._attempted_s() if plan.preempt and self._restart else 0.0
         for rid in plan.preempt:
             r = reqs.get(rid)
             if r is None or r.status != RUNNING:
@@ -687,7 +695,7 @@ class EngineCore:
                 if r.identity is not None:
                     self._cache_full_blocks(r, hit + n)
 
-        if not sched:
+        if not sched and not stall:
             report = None
             if preempted:
                 report = StepReport(
@@ -706,10 +714,13 @@ class EngineCore:
                 now, 0.0, 0, np.empty(0), [], 0, [], preempted, admitted, [], report, True, bugs
             )
 
-        if self._prefill_attn:
+        if not sched:  # only the stall of a failed iteration
+            duration = 0.0
+        elif self._prefill_attn:
             duration = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
         else:
             duration = self.cost_model.step_time(prefill, n_decode, kv_read)
+        duration += stall
 
         # Fast-forward (Plan.steady): every running request decodes, nothing else happens.
         k = 1
@@ -813,6 +824,24 @@ class EngineCore:
             False,
             bugs,
         )
+
+    def _attempted_s(self) -> float:
+        """Step time of every running request's next tokens (a decode, or the rest of its
+        prefill): the batch a restarting policy found would overflow (seed-mcsf.md §7 A7)."""
+        prefill = n_decode = kv_read = 0
+        attn = 0.0
+        for r in self._running:
+            c = r.num_computed_tokens
+            n = r.num_prompt_tokens + r.num_output_tokens - c
+            if n == 1 and r.num_output_tokens > 0:
+                n_decode += 1
+            else:
+                prefill += n
+                attn += n * (c + n / 2)
+            kv_read += c + n
+        if self._prefill_attn:
+            return self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+        return self.cost_model.step_time(prefill, n_decode, kv_read)
 
     def _fast_forward_len(
         self, now: float, first: float, n_decode: int, kv_read: int, until: float

@@ -10,8 +10,10 @@ clears *all* running requests and β-clearing clears each one independently with
 Decisions (seed-mcsf.md §7 A7): the overflow is detected before the step, so the host never
 holds more than ``M``; the step that clears still runs what is left (an empty step for
 α-greedy) and admits nothing; cleared requests rejoin the queue at their arrival position
-from the next step, so a failed iteration costs one step plus the recomputation. One
-independent β pass per step.
+from the next step. One independent β pass per step. ``progress="lost"`` is the paper's
+semantics (A7): a cleared request's generated tokens are discarded (the engine core restarts
+it from the prompt) and the clearing step stalls for the time of the batch it attempted;
+``"kept"`` (the default) is the host's recompute preemption with no stall.
 """
 
 from __future__ import annotations
@@ -43,11 +45,16 @@ class _AlphaProtection(BasePolicy):
         beta: float = 1.0,
         seed: int = 0,
         memory_tokens: int | None = None,
+        progress: str = "kept",
     ) -> None:
         if not 0.0 <= alpha < 1.0:
             raise ValueError("alpha must be in [0, 1)")
         if not 0.0 < beta <= 1.0:
             raise ValueError("beta must be in (0, 1]")
+        if progress not in ("kept", "lost"):
+            raise ValueError("progress must be 'kept' or 'lost'")
+        self.progress = progress
+        self.preempt_restarts = progress == "lost"  # read by the engine core (A7)
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.seed = seed
@@ -119,21 +126,30 @@ class _AlphaProtection(BasePolicy):
             self._started.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "beta": self.beta, "seed": self.seed}
+        return {
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "seed": self.seed,
+            "progress": self.progress,
+        }
 
 
 @register("mcsf-alpha")
 class AlphaProtectionGreedy(_AlphaProtection):
     """α-protection greedy (§3.1): on overflow, clear every running request."""
 
-    def __init__(self, alpha: float = 0.25, memory_tokens: int | None = None) -> None:
-        super().__init__(alpha=alpha, beta=1.0, seed=0, memory_tokens=memory_tokens)
+    def __init__(
+        self, alpha: float = 0.25, memory_tokens: int | None = None, progress: str = "kept"
+    ) -> None:
+        super().__init__(
+            alpha=alpha, beta=1.0, seed=0, memory_tokens=memory_tokens, progress=progress
+        )
 
     def _clear(self, running: list[RequestView]) -> list[RequestView]:
         return list(running)
 
     def params(self) -> dict[str, Any]:
-        return {"alpha": self.alpha}
+        return {"alpha": self.alpha, "progress": self.progress}
 
 
 @register("mcsf-alpha-beta")
@@ -141,9 +157,16 @@ class AlphaProtectionBetaClearing(_AlphaProtection):
     """α-protection β-clearing (§3.2): on overflow, clear each running request w.p. ``β``."""
 
     def __init__(
-        self, alpha: float = 0.2, beta: float = 0.2, seed: int = 0, memory_tokens: int | None = None
+        self,
+        alpha: float = 0.2,
+        beta: float = 0.2,
+        seed: int = 0,
+        memory_tokens: int | None = None,
+        progress: str = "kept",
     ) -> None:
-        super().__init__(alpha=alpha, beta=beta, seed=seed, memory_tokens=memory_tokens)
+        super().__init__(
+            alpha=alpha, beta=beta, seed=seed, memory_tokens=memory_tokens, progress=progress
+        )
 
     def _clear(self, running: list[RequestView]) -> list[RequestView]:
         mask = self._rng.random(len(running)) < self.beta

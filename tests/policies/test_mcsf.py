@@ -150,3 +150,66 @@ def test_prompt_longer_than_budget_is_chunked_not_stuck():
         token_budget=1024,
     )
     assert core.num_finished == 1
+
+
+def _steps(policy, n_steps, kv_tokens=100):
+    """Step the engine core ``n_steps`` times on the §3.1 loop workload; (core, outcomes)."""
+    from paper_host import LINEAR
+
+    from harness.engine.config import EngineConfig
+    from harness.engine.core import EngineCore
+
+    cfg = EngineConfig(kv_tokens=kv_tokens, block_size=1, token_budget=8192, max_num_seqs=64)
+    core = EngineCore(policy, LINEAR, cfg)
+    for spec in _loop_workload():
+        spec = dict(spec)
+        assert core.add_request(spec.pop("request_id"), arrival_s=spec.pop("arrival_s"), **spec)
+    now, outs = 0.0, []
+    for _ in range(n_steps):
+        if not core.has_work():
+            break
+        out = core.step(now)
+        outs.append(out)
+        now = out.end_s
+    return core, outs
+
+
+def test_progress_lost_alpha_greedy_is_the_papers_infinite_loop():
+    """§3.1 / §7 A7: with progress lost, clearing all and re-admitting the same FCFS set
+    repeats forever: nothing finishes, and every failed iteration costs time (the stall)."""
+    pol = make_policy("mcsf-alpha", alpha=0.1, progress="lost")
+    core, outs = _steps(pol, 3000)
+    assert core.num_finished == 0 and pol.clearings >= 50
+    assert all(r.num_output_tokens < 40 for r in core.running + core.waiting)
+    clearing = [o for o in outs if o.preempted]
+    assert clearing and all(not o.idle and o.duration_s > 0 for o in clearing)
+    # kept progress (recompute preemption) ends the loop
+    kept = make_policy("mcsf-alpha", alpha=0.1)
+    core, _ = _steps(kept, 3000)
+    assert core.num_finished == 4
+
+
+def test_progress_lost_stall_is_the_attempted_batch_time():
+    """A7: the clearing step lasts the Vidur-like time of the batch that would overflow: four
+    decodes reading (prompt + output) tokens each, under LINEAR (0.01 s + 1e-5 s per KV token)."""
+    pol = make_policy("mcsf-alpha", alpha=0.1, progress="lost")
+    core, outs = _steps(pol, 200)
+    first = next(o for o in outs if o.preempted)
+    assert first.num_steps == 1 and not first.sampled and first.duration_s > 0.01
+    kv_read = round((first.duration_s - 0.01) / 1e-5)
+    # per request: (prompt 20 + output o) tokens; (1-α)M = 90 admits all four, M = 100 is
+    # exceeded when 4 * (20 + o) > 100, i.e. at o = 6: kv_read = 4 * 26
+    assert kv_read == 4 * 26
+
+
+def test_progress_lost_beta_clearing_finishes_and_redoes_work():
+    pol = make_policy("mcsf-alpha-beta", alpha=0.1, beta=0.5, seed=1, progress="lost")
+    core, outs = _steps(pol, 20_000)
+    assert core.num_finished == 4 and pol.clearings >= 1
+    sampled = sum(o.tokens_each * len(o.sampled) for o in outs)
+    assert sampled > 4 * 40  # cleared requests generated their lost tokens again
+
+
+def test_progress_must_be_kept_or_lost():
+    with pytest.raises(ValueError, match="progress"):
+        make_policy("mcsf-alpha", progress="partial")
