@@ -590,10 +590,16 @@ def run_replay(
 ) -> Path:
     """Synchronous entry point: runs the replay with a live progress bar (when ``cfg.progress``
     and a terminal is attached) and returns the run directory."""
+    from harness.loadgen.workers import new_event_loop  # uvloop when installed: less CPU/request
+
     show = cfg.progress if progress is None else progress
     if not show:
-        return asyncio.run(run_replay_async(cfg, trace=trace))
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(run_replay_async(cfg, trace=trace))
     from harness.loadgen.progress import LiveProgress
 
-    with LiveProgress(total=cfg.num_requests) as live:
-        return asyncio.run(run_replay_async(cfg, trace=trace, on_progress=live.update))
+    with (
+        LiveProgress(total=cfg.num_requests) as live,
+        asyncio.Runner(loop_factory=new_event_loop) as runner,
+    ):
+        return runner.run(run_replay_async(cfg, trace=trace, on_progress=live.update))
