@@ -1,7 +1,8 @@
 """`harness replay` (defaults, sampler on) against `vllm bench serve`, alternating runs on one
 server, with the server and the clients on different cores (issue 14, "Must show").
 
-One command, about 10 minutes on a 2-core box (starts and stops every server itself)::
+One command (starts and stops every server itself; about 10 minutes on a quiet 2-core box,
+16 at load average 11)::
 
     python benchmarks/replay_vs_vllm.py --pairs 3 --json /tmp/replay_vs_vllm.json
 
@@ -11,9 +12,12 @@ pins itself and both clients to ``--client-cpus`` (default CPU 1), and runs ``--
 of ``harness replay`` / ``vllm bench serve`` (order alternating) at ``--rate`` (8 req/s),
 ``--num`` (400) requests, ``--input-len``/``--output-len`` (128/64) tokens, ``ignore_eos``.
 Then the same table against the fast local SSE server (``harness.loadgen.fastsse``, chunks
-``--fast-itl-ms`` apart, pinned the same way) at ``--fast-rate`` (400 req/s). On a GPU box the
-client never shares cores with the engine; pinning gives a 2-core box the same separation (other
-processes on the machine are not excluded: the load average is printed with every run).
+``--fast-itl-ms`` apart, default 0: each response in one write, as ``bench-client`` uses it, so
+the client is what is measured; 1 ms spacing overloads the one-core server at 400 req/s),
+pinned the same way, at ``--fast-rate`` (400 req/s), ``--fast-num`` (2000) requests. On a GPU
+box the client never shares cores with the engine; pinning gives a 2-core box the same
+separation (other processes on the machine are not excluded: the load average is printed with
+every run).
 ``--url URL`` uses an already running vLLM instead (not pinned); ``--skip-vllm`` /
 ``--skip-fast`` drop one table.
 
@@ -347,7 +351,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--fast-rate", type=float, default=400.0)
     ap.add_argument("--fast-num", type=int, default=2000)
-    ap.add_argument("--fast-itl-ms", type=float, default=1.0, help="fast server chunk spacing")
+    ap.add_argument(
+        "--fast-itl-ms", type=float, default=0.0,
+        help="fast server chunk spacing (0, bench-client's: each response in one write)",
+    )  # fmt: skip
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-fast", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
