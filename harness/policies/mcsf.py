@@ -66,15 +66,22 @@ def future_peak_ok(base: np.ndarray, end: np.ndarray, capacity: int, block_size:
     ``base_j`` is request j's KV tokens in the current step, ``end_j`` its last step offset.
     Load only rises between completions, so checking ``T ∈ {0} ∪ {end_j}`` suffices (§2.1).
 
-    Cost O(R·(log R + block_size)), not O(R²) (issue 13: it runs per admission attempt with
-    up to ``max_num_seqs`` requests): with requests sorted by ``end`` descending, the set
-    alive at ``T`` is a prefix, and with ``base = q·bs + r``, ``T = Q·bs + S``,
-    ``ceil((base + T)/bs) = q + Q + [r + S >= 1] + [r + S >= bs + 1]``, so prefix sums of
-    ``q`` and of per-remainder counts give every point's load exactly (integer arithmetic).
+    Cost O(R·(log R + block_size)), not O(R²), for 128 requests and more (issue 13: it runs
+    per admission attempt with up to ``max_num_seqs`` requests): with requests sorted by
+    ``end`` descending, the set alive at ``T`` is a prefix, and with ``base = q·bs + r``,
+    ``T = Q·bs + S``, ``ceil((base + T)/bs) = q + Q + [r + S >= 1] + [r + S >= bs + 1]``, so
+    prefix sums of ``q`` and of per-remainder counts give every point's load exactly (integer
+    arithmetic). Below 128 requests one dense pass is cheaper (fewer numpy calls), same answer.
     """
     if base.size == 0:
         return True
     points = np.unique(np.concatenate(([0], end[end >= 0])))
+    if base.size < 128:  # small sets: one dense points x requests pass has fewer numpy calls
+        tokens = base[None, :] + points[:, None]
+        if block_size > 1:
+            tokens = -(-tokens // block_size) * block_size
+        load = np.where(end[None, :] >= points[:, None], tokens, 0).sum(axis=1)
+        return bool((load <= capacity).all())
     order = np.argsort(-end, kind="stable")
     k = np.searchsorted(-end[order], -points, side="right")  # #{j: end_j >= T}
     b = base[order]
