@@ -167,6 +167,18 @@ class _Engine:
         return self.core.cached_tokens(identity)
 
 
+def _note_cache(row: Row, r: Any, core: EngineCore) -> None:
+    """Record the attempt's prefix-cache lookup at its first admission (vLLM's per-request
+    ``num_cached_tokens`` against its prompt: harness.results.prefix_hits); left NaN with no
+    prefix cache or when it was never admitted."""
+    if core.prefix_cache is None:
+        return
+    if r.num_cached_tokens >= 0:
+        row.cache_queries, row.cache_hits = r.num_prompt_tokens, r.num_cached_tokens
+    elif r.first_token_s is not None or r.num_computed_tokens > 0:  # admitted, no identity
+        row.cache_queries, row.cache_hits = r.num_prompt_tokens, 0
+
+
 def _deferrable(e: _Engine, t: float, stop: float) -> tuple[np.ndarray, float, int] | None:
     """The steady decode run an untouched engine would execute from ``t`` (the bounds of
     :meth:`EngineCore.step`'s fast-forward: first finish, KV blocks, stop): its step starts,
@@ -364,6 +376,7 @@ class _Cluster:
                 if r.first_token_s is not None and r.first_token_s <= t:
                     return
                 self.touch(e, t)
+                _note_cache(row, r, e.core)
                 e.pm_total -= r.num_prompt_tokens + r.max_tokens
                 e.core.abort(row.request_id)
                 e.computed = None
@@ -441,6 +454,7 @@ class _Cluster:
                 continue  # finished after the user left: the deadline event abandons it
             del self.live[r.index]
             row.preemptions = r.num_preemptions
+            _note_cache(row, r, core)
             self.driver.attempt_done(row, r.first_token_s, r.last_token_s, r.num_output_tokens)
             rc = self.route_calls.pop(r.index, None)
             if rc is not None and self.router is not None:
@@ -571,6 +585,7 @@ def simulate_cluster(
         r = cl.engines[row.engine].core.get(row.request_id) if row.engine >= 0 else None
         if r is None:
             return math.nan, math.nan, 0
+        _note_cache(row, r, cl.engines[row.engine].core)
         f = math.nan if r.first_token_s is None else r.first_token_s
         last = math.nan if r.last_token_s is None else r.last_token_s
         return f, last, r.num_output_tokens

@@ -25,6 +25,7 @@ from harness.engine.cluster_split import simulate_split, split_plan
 from harness.engine.simresult import SimResult
 from harness.engine.simulate import _json_safe, chunks_table, requests_table
 from harness.loadgen.sessions import SessionOptions, write_sessions
+from harness.results.prefix_hits import write_prefix_hits
 from harness.routers.base import Router
 from harness.workload.sessions import has_sessions
 from harness.workload.trace import Trace
@@ -129,6 +130,9 @@ def write_cluster_run(
         w.add_samples_table(samples_table(res))
         if sessions:
             write_sessions(run_dir, res.driver.sessions_table())
+        hits = res.driver.prefix_hit_counts()
+        if hits is not None:  # per-request prefix-cache counts: the hit rate by turn
+            write_prefix_hits(run_dir, *hits)
         w.update_meta(
             duration_s=res.end_s,
             sim={"wall_s": res.wall_s, "end_s": res.end_s, **res.counters},

@@ -76,6 +76,8 @@ class Row:
         "engine",
         "done",
         "deadline",
+        "cache_queries",
+        "cache_hits",
     )
 
     def __init__(self, req: int, request_id: str, sess: _SessionState, call: Call) -> None:
@@ -97,6 +99,10 @@ class Row:
         self.engine = -1
         self.done = False
         self.deadline = math.inf
+        # prefix-cache lookup at first admission (prompt tokens, of which cached); NaN while
+        # unknown: no prefix cache, or never admitted (harness.results.prefix_hits)
+        self.cache_queries = math.nan
+        self.cache_hits = math.nan
 
 
 @dataclass
@@ -296,6 +302,16 @@ class SessionDriver:
                 st_rec.end = stop_s
 
     # -- tables -----------------------------------------------------------------------------
+    def prefix_hit_counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(req, queries, hits) per request row for ``prefix_hits.parquet``; None when no
+        row was looked up in a prefix cache (no engine has one)."""
+        rows = sorted(self.rows, key=lambda r: r.req)
+        q = np.array([r.cache_queries for r in rows], dtype=float)
+        if not np.isfinite(q).any():
+            return None
+        h = np.array([r.cache_hits for r in rows], dtype=float)
+        return np.array([r.req for r in rows], dtype=np.int64), q, h
+
     def requests_table(self, with_sessions: bool) -> pa.Table:
         """REQUESTS rows (plus the session columns for a session trace), one per attempt."""
         rows = sorted(self.rows, key=lambda r: r.req)
