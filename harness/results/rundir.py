@@ -16,7 +16,9 @@ On :meth:`RunWriter.close` (also on an exception / Ctrl-C through the context ma
 parts of each table are streamed into one ``<table>.parquet`` file (written as .tmp, then
 renamed), and only then the parts folder is removed. So a finished run has exactly the
 single-file layout of ``schema.py``; a SIGKILLed one keeps its parts folders and
-``status: running``. :func:`read_run` reads either: the single file when present (a crash
+``status: running`` (a simulator's writer, ``stream_chunks=True``, appends its chunk rows
+to one open ``chunks.parquet.tmp`` instead, which a SIGKILL leaves unreadable: simulations
+are reproducible). :func:`read_run` reads either: the single file when present (a crash
 between the rename and the cleanup leaves a complete file plus stale parts, which are
 ignored), else the sorted parts. Status in run.json: ``running`` → ``complete`` |
 ``partial``; :attr:`Run.status` reports a ``running`` run that nobody is writing as
