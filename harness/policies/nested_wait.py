@@ -174,6 +174,9 @@ class NestedWaitPolicy(ThresholdFlushing):
         if self.step_cap is not None:
             run = run[: self.step_cap]
             cands = cands[: max(0, self.step_cap - len(run))]
+        # the host admits at most the free seats (base.py rule 3): plan no more, so a full
+        # engine (every seat held, the overload case) skips the guard's pass over running
+        cands = cands[: max(0, view.max_num_seqs - len(view.running))]
         if self.memory_guard and cands:
             cands = self._guard(view, cands)
         return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in cands])
