@@ -26,7 +26,6 @@ The driver owns request rows and session records; the cluster loop
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from harness.loadgen.sessions import (
     SessionRecord,
 )
 from harness.results import schema
+from harness.results.sessions import sessions_table
 from harness.workload.sessions import Call, Session, format_parents
 from harness.workload.token_identity import call_prompt_len
 
@@ -352,26 +352,8 @@ class SessionDriver:
         return pa.table({f.name: cols[f.name] for f in sch}, schema=sch)
 
     def sessions_table(self) -> pa.Table:
-        """sessions.parquet rows, as :meth:`SessionDispatcher.sessions_table` (t0 = 0)."""
-        rows = [
-            {
-                "session_id": r.session_id,
-                "tier": r.tier,
-                "target_s": r.target,
-                "start_s": r.start,
-                "end_s": r.end,
-                "calls_planned": r.calls_planned,
-                "calls_sent": r.calls_sent,
-                "calls_done": r.calls_done,
-                "calls_failed": r.calls_failed,
-                "retries": r.retries,
-                "abandoned": r.abandoned,
-                "end_reason": r.end_reason,
-                "errors": json.dumps(r.errors, sort_keys=True) if r.errors else None,
-            }
-            for r in self.records.values()
-        ]
-        return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
+        """sessions.parquet rows, as the live replay writes them (already on the run clock)."""
+        return sessions_table(self.records.values())
 
 
 __all__ = ["DEADLINE", "RELEASE", "STEP", "Row", "SessionDriver"]

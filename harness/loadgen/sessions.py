@@ -368,11 +368,11 @@ class SessionDispatcher(Dispatcher):
         headers["x-session-id"] = s.session_id
         url = self.url if c.target is None else c.target + self.dialect.path(self.endpoint)
         base = self.interpret
-        capture = self.options.history == "reply"
+        interp = base  # the plain interpreter keeps the client's byte-scan fast path
+        if self.options.history == "reply":  # the server's reply text is the next history
 
-        def interp(payloads: list[bytes], t: float, r: RequestResult, state: Any) -> None:
-            base(payloads, t, r, state)
-            if capture:
+            def interp(payloads: list[bytes], t: float, r: RequestResult, state: Any) -> None:
+                base(payloads, t, r, state)
                 _reply_texts(payloads, captured)
 
         async def post() -> None:
@@ -432,27 +432,9 @@ class SessionDispatcher(Dispatcher):
 
     def sessions_table(self) -> pa.Table:
         """The sessions table on the run clock (``t0`` = 0)."""
-        t0 = self.t0
-        rows = []
-        for r in self.records.values():
-            rows.append(
-                {
-                    "session_id": r.session_id,
-                    "tier": r.tier,
-                    "target_s": r.target - t0,
-                    "start_s": r.start - t0,
-                    "end_s": r.end - t0,
-                    "calls_planned": r.calls_planned,
-                    "calls_sent": r.calls_sent,
-                    "calls_done": r.calls_done,
-                    "calls_failed": r.calls_failed,
-                    "retries": r.retries,
-                    "abandoned": r.abandoned,
-                    "end_reason": r.end_reason,
-                    "errors": json.dumps(r.errors, sort_keys=True) if r.errors else None,
-                }
-            )
-        return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
+        from harness.results.sessions import sessions_table
+
+        return sessions_table(self.records.values(), self.t0)
 
     async def run(self, t0: float) -> Any:
         """The parent's run; ``sessions.parquet`` is written however it ends (Ctrl-C too)."""

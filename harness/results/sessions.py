@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results import metrics as M
@@ -38,6 +40,31 @@ def read_sessions(run_dir: Path | str) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     return pq.read_table(path, schema=schema.SESSIONS).to_pandas()
+
+
+def sessions_table(records: Iterable[Any], t0: float = 0.0) -> pa.Table:
+    """``sessions.parquet`` rows from session records
+    (:class:`harness.loadgen.sessions.SessionRecord`): the live replay's on the absolute clock
+    (``t0`` = the run's start), the simulator's already on the run clock (``t0`` = 0)."""
+    rows = [
+        {
+            "session_id": r.session_id,
+            "tier": r.tier,
+            "target_s": r.target - t0,
+            "start_s": r.start - t0,
+            "end_s": r.end - t0,
+            "calls_planned": r.calls_planned,
+            "calls_sent": r.calls_sent,
+            "calls_done": r.calls_done,
+            "calls_failed": r.calls_failed,
+            "retries": r.retries,
+            "abandoned": r.abandoned,
+            "end_reason": r.end_reason,
+            "errors": json.dumps(r.errors, sort_keys=True) if r.errors else None,
+        }
+        for r in records
+    ]
+    return pa.Table.from_pylist(rows, schema=schema.SESSIONS)
 
 
 def _tiers(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
