@@ -189,6 +189,11 @@ def session_summary(run_dir: Path | str) -> dict[str, Any] | None:
     out["duration_s"] = float(duration)
     out["tiers"] = {str(t): _block(g, float(duration)) for t, g in s.groupby("tier", sort=True)}
     out["per_turn"] = per_turn(calls).to_dict(orient="records")
+    from harness.results.prefix_hits import prefix_hit_summary
+
+    hits = prefix_hit_summary(run_dir, run.requests)  # run and per-turn hit rate (issue 16)
+    if hits is not None:
+        out["prefix_cache"] = hits
     info = run.meta.get("sessions") or {}
     for key in ("sharegpt", "lmsys", "fallback", "agent_graph"):
         if key in info:

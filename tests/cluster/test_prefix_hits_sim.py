@@ -11,6 +11,7 @@ from harness.engine.cluster_run import write_cluster_run
 from harness.report.sessions import prefix_hits_by_turn
 from harness.results.prefix_hits import PREFIX_HITS_FILE, prefix_hit_summary
 from harness.results.rundir import read_run
+from harness.results.sessions import session_summary
 from harness.routers.registry import make_router
 
 from .conftest import engines, session_trace
@@ -54,6 +55,9 @@ def test_simulated_session_run_writes_hits_by_turn(tmp_path: Path) -> None:
     assert hits["queries"].sum() == res.counters["prefix_cache_queries"]
     assert hits["hits"].sum() == res.counters["prefix_cache_hits"]
     rate = _per_turn(run_dir)
+    summary = session_summary(run_dir)
+    assert summary is not None
+    assert summary["prefix_cache"]["per_turn"][1]["hit_rate"] == rate[1]  # in summary.json
     assert rate[0] == 0  # distinct system prompts: a conversation's first turn shares nothing
     assert rate[1] > 0 and rate[2] > 0  # later turns hit the previous turn's prompt + reply
 
