@@ -21,6 +21,13 @@ every run).
 ``--url URL`` uses an already running vLLM instead (not pinned); ``--skip-vllm`` /
 ``--skip-fast`` drop one table.
 
+Equal offered work: vLLM's ``random`` dataset sends prompts of exactly ``--input-len`` tokens;
+the replay's default synthetic prompts are words (~1.7x as many tokens on tiny-llama's
+byte-level BPE: 221 instead of 128), so by default the harness replays the same synthetic trace
+frozen with ``trace build --prompts tokenizer:`` (same Poisson arrivals, every other replay
+option at its default, sampler on); ``--harness-prompts words`` keeps the word prompts. The
+table shows the mean prompt tokens each client's requests carried (from the server's usage).
+
 Figures per run: send lag p50/p99 (send time minus scheduled time), TTFT p50, median ITL and
 the share of inter-token gaps below ``--zero-us`` microseconds. The harness figures come from
 its run directory; vLLM's from ``--save-detailed`` (per-request ``ttfts``/``itls``) plus a shim
@@ -128,15 +135,39 @@ def _lag_stats(lag_ms: np.ndarray) -> dict[str, float]:
     }
 
 
-def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: int,
-                out: Path) -> dict[str, Any]:  # fmt: skip
-    """One ``harness replay`` with its defaults (sampler on); figures from its run directory."""
+def build_trace(a: argparse.Namespace, rate: float, num: int, out: Path) -> Path:
+    """The synthetic trace frozen with prompts of exactly ``--input-len`` tokens of the
+    server's tokenizer (``trace build --prompts tokenizer:``), as vLLM's ``random`` dataset
+    sends them: the replay's default word prompts are ~1.7x as many tokens on tiny-llama's
+    byte-level BPE, which would offer the server more prefill work than vLLM's client does."""
     cmd = [
-        sys.executable, "-m", "harness.cli.main", "replay", "--trace", "synthetic",
-        "--rate", str(rate), "--num-requests", str(num), "--target", url,
-        "--model", model, "--source-option", f"input_len={a.input_len}",
-        "--source-option", f"output_len={a.output_len}", "--out", str(out),
-        "--no-progress", "--no-report", "--seed", str(a.seed),
+        sys.executable, "-m", "harness.cli.main", "trace", "build", "synthetic",
+        "--out", str(out), "--num-requests", str(num), "--rate", str(rate),
+        "--seed", str(a.seed), "--prompts", f"tokenizer:{a.tokenizer}",
+        "--opt", f"input_len={a.input_len}", "--opt", f"output_len={a.output_len}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"harness trace build failed: {proc.stderr[-800:]}")
+    return out
+
+
+def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: int,
+                out: Path, trace: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """One ``harness replay`` with its defaults (sampler on); figures from its run directory.
+    With ``trace`` it replays that frozen file (same arrivals as ``--rate``, exact prompts)."""
+    if trace is not None:
+        load = ["--trace", str(trace)]
+    else:
+        load = [
+            "--trace", "synthetic", "--rate", str(rate), "--num-requests", str(num),
+            "--source-option", f"input_len={a.input_len}",
+            "--source-option", f"output_len={a.output_len}",
+        ]  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "harness.cli.main", "replay", *load, "--target", url,
+        "--model", model, "--out", str(out), "--no-progress", "--no-report",
+        "--seed", str(a.seed),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -153,6 +184,7 @@ def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: i
     return {
         "client": "harness replay",
         "completed": int(req["success"].sum()),
+        "prompt_tokens": float(req["prompt_tokens"].mean()),
         **_lag_stats(lag),
         "ttft_p50_ms": float(np.median(ttft)) if ttft.size else float("nan"),
         **_gap_stats(gaps, a.zero_us),
@@ -193,6 +225,7 @@ def run_vllm(a: argparse.Namespace, url: str, model: str, rate: float, num: int,
     return {
         "client": "vllm bench serve",
         "completed": int(d["completed"]),
+        "prompt_tokens": float(np.mean([x for x in d.get("input_lens", []) if x] or [np.nan])),
         **_lag_stats(np.asarray(lag, dtype=float) * 1000.0),
         "ttft_p50_ms": float(np.median(ttfts)) if ttfts.size else float("nan"),
         **_gap_stats(gaps, a.zero_us),
@@ -273,13 +306,16 @@ def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: floa
               tmp: Path) -> list[dict[str, Any]]:  # fmt: skip
     """``--pairs`` alternating pairs (harness first in even pairs, vLLM first in odd ones)."""
     rows = []
+    trace = None
+    if a.harness_prompts == "tokenizer" and name != "fast":
+        trace = build_trace(a, rate, num, tmp / f"{name}-trace.parquet")
     for i in range(a.pairs):
         for who in ("harness", "vllm") if i % 2 == 0 else ("vllm", "harness"):
             d = tmp / f"{name}-{who}-{i}"
             d.mkdir()
             load = os.getloadavg()[0]
             if who == "harness":
-                r = run_harness(a, url, model, rate, num, d / "run")
+                r = run_harness(a, url, model, rate, num, d / "run", trace)
             else:
                 r = run_vllm(a, url, model, rate, num, d)
             r.update(table=name, pair=i, load1=load, cpus=sorted(os.sched_getaffinity(0)))
@@ -290,13 +326,14 @@ def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: floa
 
 def format_table(rows: list[dict[str, Any]], zero_us: float) -> str:
     lines = [
-        f"| client | pair | load 1m | done | send lag p50 / p99 ms | TTFT p50 ms | ITL p50 ms "
-        f"| gaps < {zero_us:g} us |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| client | pair | load 1m | done | prompt tok | send lag p50 / p99 ms | TTFT p50 ms "
+        f"| ITL p50 ms | gaps < {zero_us:g} us |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['client']} | {r['pair']} | {r['load1']:.1f} | {r['completed']} | "
+            f"{r['prompt_tokens']:.0f} | "
             f"{r['send_lag_p50_ms']:.2f} / {r['send_lag_p99_ms']:.2f} | {r['ttft_p50_ms']:.2f} | "
             f"{r['itl_p50_ms']:.3f} | {100 * r['zero_gap_share']:.1f}% |"
         )
@@ -354,6 +391,11 @@ def main() -> None:
     ap.add_argument(
         "--fast-itl-ms", type=float, default=0.0,
         help="fast server chunk spacing (0, bench-client's: each response in one write)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--harness-prompts", choices=["tokenizer", "words"], default="tokenizer",
+        help="vLLM table: harness prompts of exactly --input-len tokens of --tokenizer (a "
+        "frozen trace, as vLLM's random dataset) or the replay's default words",
     )  # fmt: skip
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-fast", action="store_true")
