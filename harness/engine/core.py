@@ -533,6 +533,9 @@ class EngineCore:
         prefill = n_prefill = n_decode = kv_read = 0
         attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
         scheduled: list[tuple[str, int, bool]] = []
+        # Only the items whose block count changes (a decode crosses a block boundary once
+        # every block_size tokens) are revisited to allocate: no second pass over the batch.
+        grow: list[tuple[EngineRequest, int]] = []
         for rid, n in plan.run:
             r = reqs.get(rid)
             if r is None or r.status != RUNNING or rid in seen:
@@ -541,33 +544,35 @@ class EngineCore:
             seen.add(rid)
             items.append((r, n))
             c = r.num_computed_tokens
-            rem = r.num_prompt_tokens + r.num_output_tokens - c
+            o = r.num_output_tokens
+            rem = r.num_prompt_tokens + o - c
             if n > rem:
                 n = rem
             if n > budget:
                 n = budget
             if n <= 0:
                 continue
-            need_total += -(-(c + n) // bs) - r.num_blocks
+            nb = -(-(c + n) // bs)
+            if nb != r.num_blocks:
+                need_total += nb - r.num_blocks
+                grow.append((r, nb))
             sched[rid] = (r, n)
             budget -= n
             # composition (rule 5 input to the cost model), redone below after a preemption
-            o = r.num_output_tokens
-            is_dec = n == 1 and o > 0 and c == r.num_prompt_tokens + o - 1
-            if is_dec:
+            if n == 1 and o > 0 and rem == 1:  # a decode: c == prompt + o - 1
                 n_decode += 1
+                scheduled.append((rid, 1, True))
             else:
                 prefill += n
                 n_prefill += 1
                 attn += n * (c + n / 2)
+                scheduled.append((rid, n, False))
             kv_read += c + n
-            scheduled.append((rid, n, is_dec))
         preempted_in_run = False
         free = self.total_blocks - self.used_blocks
         if need_total <= free:
             self._make_room(need_total)
-            for r, n in sched.values():
-                nb = -(-(r.num_computed_tokens + n) // bs)
+            for r, nb in grow:
                 self.used_blocks += nb - r.num_blocks
                 r.num_blocks = nb
             free -= need_total
@@ -788,8 +793,13 @@ class EngineCore:
                 if r.identity is not None:
                     self._pc_live -= 1
                 del self._requests[r.request_id]
-            done = set(map(id, finished))
-            self._running = [r for r in self._running if id(r) not in done]
+            if len(finished) <= 4:  # a few: C-level removals beat rebuilding the list
+                remove = self._running.remove
+                for r in finished:
+                    remove(r)
+            else:
+                done = set(map(id, finished))
+                self._running = [r for r in self._running if id(r) not in done]
             self.num_finished += len(finished)
 
         total = end - now
