@@ -3,8 +3,9 @@
 Same tables and columns as ``harness replay`` of the same trace (harness.results.schema):
 request rows (with the session columns for a session trace, one row per attempt), chunk
 rows (one token each), engine telemetry per step in samples with the ``engine`` column, and
-``sessions.parquet`` for a session trace; run.json names every engine (policy, parameters,
-cost model, KV) and the router.
+``sessions.parquet`` for a session trace, ``prefix_hits.parquet`` when engines cache prefixes
+(each attempt's lookup at first admission: the hit rate per run and per turn index); run.json
+names every engine (policy, parameters, cost model, KV) and the router.
 """
 
 from __future__ import annotations
