@@ -91,10 +91,13 @@ def capacity(rates: list[float], rows: list[dict[str, Any]]) -> float:
     return cap
 
 
-def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResult:
+def run(
+    out_dir: Path, *, full: bool = False, seed: int = 42, time_scale: float = TIME_SCALE
+) -> ExperimentResult:
+    """``time_scale`` 1.0 is the isolating run: the uncalibrated (faster) cost model."""
     lengths = load_lengths("sharegpt4_lengths_llama2.csv")
     lengths_source = lengths.attrs["source"]
-    cm = calibrated_cost_model()
+    cm = calibrated_cost_model(time_scale)
     if full:
         rates = [round(x, 2) for x in np.arange(0.4, 2.41, 0.1)]
         n = 2000
@@ -135,7 +138,7 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
     paid_hi = max(
         (m.get("tbt_p99_paid_s", 0.0) for m in per_policy[SLAI_BEST]), default=float("nan")
     )
-    setting = f"seed {seed}, 1 seed, {n} requests/rate, steps x{TIME_SCALE:g}"
+    setting = f"seed {seed}, 1 seed, {n} requests/rate, steps x{time_scale:g}"
     claims = [
         {
             "claim": f"median TTFT at {hi:g} req/s (paper's absolute rate; {rel:.2f} x Sarathi's "
@@ -171,6 +174,28 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
             "cause": "TTFT-bound capacity gap without the TBT SLO",
         },
     ]
+    if full and time_scale != 1.0:  # isolating run: the same small grid with steps x1.0
+        iso = run(out_dir / "uncalibrated-x1", full=False, seed=seed, time_scale=1.0)
+        c = iso.claims[1]
+        paid_iso = max(
+            (r.get("tbt_p99_paid_s") or 0.0 for r in iso.rows if r["config"] == SLAI_BEST),
+            default=float("nan"),
+        )
+        claims.append(
+            {
+                "claim": "capacity with both SLOs, uncalibrated steps x1 (isolating the "
+                "calibration; small grid, 300 requests/rate)",
+                "paper": "1.15 -> 1.45 req/s (+26%) (paper)",
+                "measured": c["measured"] + f"; SLAI's paid P99 TBT at most {paid_iso:.3f} s",
+                "delta_pct": c["delta_pct"],
+                "agrees": c["agrees"],
+                "verdict": "isolating run",
+                "cause": "x1.15 slows every step, so SLAI's paid P99 TBT (~0.09 s at x1) "
+                "crosses 0.1 s and binds (+2%); at x1 no TBT binds and the TTFT gap is wider "
+                "than the paper's: a uniform slowdown cannot match both the paper's capacity "
+                "and its TBT headroom",
+            }
+        )
     for name, cap in caps.items():
         rows.append({"config": name, "rate_rps": "capacity", "capacity_rps": cap})
     notes = [
@@ -182,6 +207,10 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 42) -> ExperimentResul
         "as in the paper (unscaled it is ~1.46 small, ~1.56 full).",
         "The paper's runs stop at a 2100 s wall clock and count completed requests only (#25); "
         "these runs finish every request.",
+        "Isolating the calibration (issue 19, small grid, seed 42, steps x1): capacity "
+        "1.46 -> 2.07 req/s (+43%) with both SLOs, SLAI's paid P99 TBT <= 0.091 s at every rate "
+        "up to 2.4 req/s; with steps x1.15 it reaches 0.105 s and binds (+2%). The --full run "
+        "repeats this as its last claim.",
     ]
     return ExperimentResult(
         "slai",

@@ -116,13 +116,18 @@ def test_stability_small(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_mcsf_small(tmp_path):
     res = run_experiment("mcsf", tmp_path)
-    (claim,) = res.claims
-    # word-like lengths, 50/s, N <= 1000, 3 seeds: best baseline's AEL slope is 2.0x MC-SF's
-    # (paper 3x at N up to 10,000; the small run is the early, less congested part)
-    assert claim["ratio"] == pytest.approx(2.0, abs=0.5)
+    high, low, clearing = res.claims
+    # word-like lengths, baselines clear with progress lost + stall, N <= 1000, 3 seeds: the
+    # best baseline's AEL slope is 2.0x MC-SF's at 50/s and 2.2x at matched low load (paper
+    # 3x and 8x at N up to 10,000: the small run is the early part, before the queue builds)
+    assert high["ratio"] == pytest.approx(2.0, abs=0.5)
+    assert high["ratio_ci"] < 0.6
+    assert "matched load" in low["claim"] and low["ratio"] == pytest.approx(2.2, abs=0.7)
+    # the baselines never overflow here: the clearing semantics cannot explain the gap
+    assert clearing["clearing_runs"] == 0
     slopes = [r for r in res.rows if r["arrivals"] == "slope"]
     assert len({r["seed"] for r in slopes}) == 3
     mcsf_rows = [
