@@ -115,6 +115,16 @@ def test_stability_small(tmp_path):
     _claims(tmp_path)
 
 
+def test_mcsf_matched_load_is_the_papers_low_demand_relative_load():
+    from harness.experiments.mcsf import LOW_RHO, _capacity
+
+    # the paper's low-demand MC-SF slope 1/800 s/arrival at 10/s: 10/s is 1.025 x capacity
+    assert 10.0 / _capacity(1 / 800, 10.0) == pytest.approx(LOW_RHO, abs=1e-3)
+    # fluid queue: slope (1/mu - 1/lambda) / 2 inverts exactly
+    mu = _capacity(0.0064, 50.0)
+    assert (1 / mu - 1 / 50.0) / 2 == pytest.approx(0.0064) and mu == pytest.approx(30.5, abs=0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_mcsf_small(tmp_path):
