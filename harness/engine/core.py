@@ -524,7 +524,6 @@ class EngineCore:
         # last-listed request still holding KV, possibly already scheduled, possibly the
         # requester itself), like vLLM's ``self.running.pop()`` (anchors-engines.md §1.4).
         sched: dict[str, tuple[EngineRequest, int]] = {}
-        items: list[tuple[EngineRequest, int]] = []
         seen: set[str] = set()
         # Fast pass (speed only, same result): validate, clip to remaining tokens and budget,
         # and sum the KV blocks every item needs. When they all fit (the common case) they are
@@ -542,7 +541,6 @@ class EngineCore:
                 bugs.append(f"run {rid!r}: not a running request (or listed twice)")
                 continue
             seen.add(rid)
-            items.append((r, n))
             c = r.num_computed_tokens
             o = r.num_output_tokens
             rem = r.num_prompt_tokens + o - c
@@ -582,6 +580,14 @@ class EngineCore:
             prefill = n_prefill = n_decode = kv_read = 0
             attn = 0.0
             scheduled = []
+            # the valid run items again (statuses are unchanged since the fast pass)
+            items: list[tuple[EngineRequest, int]] = []
+            seen.clear()
+            for rid, n in plan.run:
+                r = reqs.get(rid)
+                if r is not None and r.status == RUNNING and rid not in seen:
+                    seen.add(rid)
+                    items.append((r, n))
             order = [r for r, _ in items]
             for r, n in items:
                 if r.status != RUNNING:  # preempted earlier in this step as a victim
@@ -774,16 +780,19 @@ class EngineCore:
                 if r.num_output_tokens >= r.max_tokens:
                     finished.append(r)
         else:
+            sample = sampled.append
             for r, n in sched.values():
                 c = r.num_computed_tokens + n
                 r.num_computed_tokens = c
-                if c == r.num_prompt_tokens + r.num_output_tokens:
-                    r.num_output_tokens += 1
+                o = r.num_output_tokens
+                if c == r.num_prompt_tokens + o:
+                    o += 1
+                    r.num_output_tokens = o
                     if r.first_token_s is None:
                         r.first_token_s = end
                     r.last_token_s = end
-                    sampled.append(r)
-                    if r.num_output_tokens >= r.max_tokens:
+                    sample(r)
+                    if o >= r.max_tokens:
                         finished.append(r)
         if finished:
             for r in finished:
