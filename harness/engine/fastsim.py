@@ -54,8 +54,8 @@ def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
     hit, whatever ``EngineConfig.prefix_caching`` says); hosts that add identities (sessions)
     run the engine core."""
     rule = declared_rule(policy)
-    if rule is None:
-        return None
+    if rule is None or getattr(policy, "preempt_restarts", False):
+        return None  # no rule, or preemption that discards output (engine core only)
     return config.token_budget if rule.budget is None else min(config.token_budget, rule.budget)
 
 

@@ -110,6 +110,9 @@ def test_the_kernel_is_reached_through_the_declared_rule() -> None:
     assert fast_budget(_DeclaredRule(), cfg) == 64
     assert fast_budget(_OverridesPlanning(), cfg) is None
     assert fast_budget(_CountsSteps(), cfg) is None
+    restarts = _DeclaredRule()
+    restarts.preempt_restarts = True  # the engine core discards a cleared request's output
+    assert fast_budget(restarts, cfg) is None
     tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
     fast = simulate(tr, _DeclaredRule(), cost, cfg)
     ref = simulate(tr, _DeclaredRule(), cost, cfg, kernel="reference")
