@@ -524,7 +524,7 @@ class EngineCore:
         # last-listed request still holding KV, possibly already scheduled, possibly the
         # requester itself), like vLLM's ``self.running.pop()`` (anchors-engines.md §1.4).
         sched: dict[str, tuple[EngineRequest, int]] = {}
-        seen: set[str] = set()
+        zero: set[str] = set()  # listed items that got no tokens (sched holds the others)
         # Fast pass (speed only, same result): validate, clip to remaining tokens and budget,
         # and sum the KV blocks every item needs. When they all fit (the common case) they are
         # allocated in one go; otherwise the sequential pass below decides victims exactly.
@@ -537,10 +537,9 @@ class EngineCore:
         grow: list[tuple[EngineRequest, int]] = []
         for rid, n in plan.run:
             r = reqs.get(rid)
-            if r is None or r.status != RUNNING or rid in seen:
+            if r is None or r.status != RUNNING or rid in sched or rid in zero:
                 bugs.append(f"run {rid!r}: not a running request (or listed twice)")
                 continue
-            seen.add(rid)
             c = r.num_computed_tokens
             o = r.num_output_tokens
             rem = r.num_prompt_tokens + o - c
@@ -549,6 +548,7 @@ class EngineCore:
             if n > budget:
                 n = budget
             if n <= 0:
+                zero.add(rid)
                 continue
             nb = -(-(c + n) // bs)
             if nb != r.num_blocks:
@@ -582,7 +582,7 @@ class EngineCore:
             scheduled = []
             # the valid run items again (statuses are unchanged since the fast pass)
             items: list[tuple[EngineRequest, int]] = []
-            seen.clear()
+            seen: set[str] = set()
             for rid, n in plan.run:
                 r = reqs.get(rid)
                 if r is not None and r.status == RUNNING and rid not in seen:
@@ -764,21 +764,27 @@ class EngineCore:
                 run = self._running
                 grow = sum(_blocks(r.num_computed_tokens + k, bs) - r.num_blocks for r in run)
                 self._make_room(grow)
+            used = self.used_blocks
+            live = self._pc_live
+            sample = sampled.append
             for r, _n in sched.values():
                 c = r.num_computed_tokens + k
                 r.num_computed_tokens = c
-                r.num_output_tokens += k
-                nb = _blocks(c, bs)
-                self.used_blocks += nb - r.num_blocks
+                o = r.num_output_tokens + k
+                r.num_output_tokens = o
+                nb = -(-c // bs)
+                used += nb - r.num_blocks
                 r.num_blocks = nb
-                if r.identity is not None:
+                if live and r.identity is not None:
+                    self.used_blocks = used
                     self._cache_full_blocks(r, c)
                 if r.first_token_s is None:
                     r.first_token_s = t_first
                 r.last_token_s = end
-                sampled.append(r)
-                if r.num_output_tokens >= r.max_tokens:
+                sample(r)
+                if o >= r.max_tokens:
                     finished.append(r)
+            self.used_blocks = used
         else:
             sample = sampled.append
             for r, n in sched.values():
@@ -868,11 +874,11 @@ class EngineCore:
         """How many identical decode steps to run: bounded by the first finish, the KV blocks
         that would be needed, and start times strictly before ``until``."""
         run = self._running
-        k_max = min(r.max_tokens - r.num_output_tokens for r in run)
+        k_max = min([r.max_tokens - r.num_output_tokens for r in run])
         if k_max <= 1:
             return 1, np.array([now + first])
         bs = self.block_size
-        comp = np.fromiter((r.num_computed_tokens for r in run), dtype=np.int64, count=len(run))
+        comp = np.array([r.num_computed_tokens for r in run], dtype=np.int64)
         # Step 1's blocks (for comp + 1 tokens) are already allocated; ``free`` is what is left.
         free = self.total_blocks - self.used_blocks
 
