@@ -169,7 +169,9 @@ class StepOutcome:
     finished: list[EngineRequest]
     preempted: list[str]
     admitted: list[str]
-    scheduled: list[tuple[str, int, bool]]
+    # the list itself, or (sched, prefill ids) from which EngineCore.step builds it on demand:
+    # only tests and telemetry read it, so a step does not pay a tuple per scheduled request
+    scheduled_src: list[tuple[str, int, bool]] | tuple[dict, set]
     report: StepReport | None
     idle: bool = False
     plan_bugs: list[str] = field(default_factory=list)
@@ -177,6 +179,14 @@ class StepOutcome:
     @property
     def end_s(self) -> float:
         return self.start_s + self.duration_s
+
+    @property
+    def scheduled(self) -> list[tuple[str, int, bool]]:
+        src = self.scheduled_src
+        if isinstance(src, list):
+            return src
+        sched, pre = src
+        return [(rid, n, rid not in pre) for rid, (_r, n) in sched.items()]
 
     @property
     def tokens(self) -> list[tuple[str, int]]:
@@ -531,7 +541,7 @@ class EngineCore:
         need_total = 0
         prefill = n_prefill = n_decode = kv_read = 0
         attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
-        scheduled: list[tuple[str, int, bool]] = []
+        pre_ids: set[str] = set()  # scheduled prefill chunks (the rest are decodes)
         # Only the items whose block count changes (a decode crosses a block boundary once
         # every block_size tokens) are revisited to allocate: no second pass over the batch.
         grow: list[tuple[EngineRequest, int]] = []
@@ -559,12 +569,11 @@ class EngineCore:
             # composition (rule 5 input to the cost model), redone below after a preemption
             if n == 1 and o > 0 and rem == 1:  # a decode: c == prompt + o - 1
                 n_decode += 1
-                scheduled.append((rid, 1, True))
             else:
                 prefill += n
                 n_prefill += 1
                 attn += n * (c + n / 2)
-                scheduled.append((rid, n, False))
+                pre_ids.add(rid)
             kv_read += c + n
         preempted_in_run = False
         free = self.total_blocks - self.used_blocks
@@ -579,7 +588,7 @@ class EngineCore:
             budget = self.token_budget
             prefill = n_prefill = n_decode = kv_read = 0
             attn = 0.0
-            scheduled = []
+            pre_ids.clear()
             # the valid run items again (statuses are unchanged since the fast pass)
             items: list[tuple[EngineRequest, int]] = []
             seen: set[str] = set()
@@ -633,8 +642,8 @@ class EngineCore:
                     prefill += n
                     n_prefill += 1
                     attn += n * (c + n / 2)
+                    pre_ids.add(rid)
                 kv_read += c + n
-                scheduled.append((rid, n, is_dec))
         if self._pc_live:  # full blocks of what runs are cached now (vLLM: at allocation)
             for r, n in sched.values():
                 if r.identity is not None:
@@ -702,7 +711,7 @@ class EngineCore:
                 n_prefill += 1
                 attn += n * (hit + n / 2)
                 kv_read += hit + n
-                scheduled.append((rid, n, False))
+                pre_ids.add(rid)
                 if r.identity is not None:
                     self._cache_full_blocks(r, hit + n)
 
@@ -844,7 +853,7 @@ class EngineCore:
             finished,
             preempted,
             admitted,
-            scheduled,
+            (sched, pre_ids),
             report,
             False,
             bugs,
