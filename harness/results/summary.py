@@ -114,14 +114,15 @@ def _block(
     rm: pd.DataFrame,
     cv: M.ChunkView,
     itl: np.ndarray,
-    itl_grp: np.ndarray,
+    itl_in: np.ndarray | None,
     mask: np.ndarray,
     duration: float,
     good: np.ndarray | None,
     peaks: dict[str | None, float] | None = None,
     tier: str | None = None,
 ) -> dict[str, Any]:
-    """The vLLM keys over the requests in ``mask`` (§6.2 formulas). ``peaks``: the chunk
+    """The vLLM keys over the requests in ``mask`` (§6.2 formulas); ``itl_in``: which ITL
+    samples are theirs (None: all). ``peaks``: the chunk
     peaks per tier (None: the whole run) from :func:`_chunk_peaks`, when one-token chunks
     let the chunk times go before the blocks."""
     succ = rm["success"].to_numpy(dtype=bool) & mask
@@ -146,7 +147,7 @@ def _block(
     values = {
         "ttft": rm["ttft_s"].to_numpy()[succ],
         "tpot": tp[np.isfinite(tp)],
-        "itl": itl[mask[itl_grp]] if itl.size and not mask.all() else itl,
+        "itl": itl[itl_in] if itl_in is not None else itl,
         "e2el": rm["e2el_s"].to_numpy()[succ],
     }
     for name in M.LATENCY_METRICS:
@@ -297,6 +298,13 @@ def compute_summary(
     duration = _duration(run, rm, cv)
     tiers_meta = tiers_from_meta(meta)
     sm = slo_masks(rm, cv, tiers_meta, itl=(itl, itl_grp))
+    # from here the ITL samples are only split by tier: one byte a sample instead of the
+    # request position (memory, issue 13)
+    tier_code = np.full(len(rm), -1, dtype=np.int8 if len(sm.names) < 127 else np.int32)
+    for code, name in enumerate(sm.names):
+        tier_code[sm.masks[name]] = code
+    itl_tier = tier_code[itl_grp]
+    del itl_grp
     peaks = _chunk_peaks(rm, cv, sm.masks)
     if peaks is not None:  # every later read of the chunk times is done: let them go (memory)
         cv = M.ChunkView(
@@ -332,7 +340,7 @@ def compute_summary(
     out["duration"] = duration
     out["goodput_slos_ms"] = dict(goodput) if goodput else None
     out["warmup"] = warm
-    out.update(_block(rm, cv, itl, itl_grp, everyone, duration, good, peaks))
+    out.update(_block(rm, cv, itl, None, everyone, duration, good, peaks))
 
     # Failures by error kind.
     failed = ~rm["success"].to_numpy(dtype=bool)
@@ -365,7 +373,9 @@ def compute_summary(
     for name in names:
         m = masks[name]
         tm = tiers_meta.get(name, {})
-        blk = _block(rm, cv, itl, itl_grp, m, duration, good, peaks, name)
+        itl_in = None if m.all() else itl_tier == names.index(name)
+        blk = _block(rm, cv, itl, itl_in, m, duration, good, peaks, name)
+        del itl_in
         cnt = int(m.sum())
         t_slo, b_slo = tm.get("ttft_slo_s"), tm.get("tbt_slo_s")
         blk_head = {
@@ -461,6 +471,10 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
     if not sel.all() and is_grouped(pos[sel], chunks.t[sel]):
         return
     del sel
+    if pos.min() >= 0 and bool(np.all(ids[1:] > ids[:-1])):
+        # every row's request known and the requests in id order (a simulation): the ids sort
+        # like the positions, so sort by them and let the positions go first (memory)
+        pos = chunks.req
     order = group_order(pos, chunks.t)
     del pos  # before the reordered copies: the peak is the log plus the order plus a column
     chunks.req = chunks.req[order]  # field by field: one old column freed before the next
