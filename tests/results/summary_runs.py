@@ -46,7 +46,7 @@ def _samples(rng: np.random.Generator, end: float) -> pa.Table:
     )
 
 
-def sim_run(run_dir: Path, n: int = 400, seed: int = 1) -> Path:
+def sim_run(run_dir: Path, n: int = 400, seed: int = 1, unknown: bool = True) -> Path:
     rng = np.random.default_rng(seed)
     arr = np.cumsum(rng.exponential(1 / 20.0, n))
     tiers = np.where(rng.uniform(size=n) < 0.3, "paid", "free")
@@ -80,8 +80,9 @@ def sim_run(run_dir: Path, n: int = 400, seed: int = 1) -> Path:
                 "error_kind": None if ok else ("cancelled" if fate[i] == 1 else "rejected"),
             }
         )
-    creq.append(n + 5)  # a chunk of a request the run does not know
-    ct.append(float(arr[-1]))
+    if unknown:  # a chunk of a request the run does not know
+        creq.append(n + 5)
+        ct.append(float(arr[-1]))
     creq_a, ct_a = np.asarray(creq), np.asarray(ct)
     order = np.lexsort((creq_a, ct_a))  # global time order, requests interleaved
     creq_a, ct_a = creq_a[order], ct_a[order]

@@ -55,9 +55,10 @@ def test_the_runs_have_the_shapes_they_test(tmp_path):
         assert (ca.tokens is None) == (name == "sim")
 
 
-def test_reference_metrics_by_hand(tmp_path):
+@pytest.mark.parametrize("unknown", [True, False])  # False: sorted by id, no positions
+def test_reference_metrics_by_hand(tmp_path, unknown):
     """TTFT, ITL and E2EL statistics from a per-request loop over the raw files."""
-    d = RUNS["sim"](tmp_path / "sim")
+    d = RUNS["sim"](tmp_path / "sim", unknown=unknown)
     s = write_summary(d)
     req = pq.read_table(d / schema.REQUESTS_FILE).to_pandas()
     ch = pq.read_table(d / schema.CHUNKS_FILE).to_pandas()
@@ -79,6 +80,12 @@ def test_reference_metrics_by_hand(tmp_path):
         for p in (50, 90, 99):
             assert s[f"p{p}_{key}_ms"] == pytest.approx(np.percentile(v, p) * 1000, rel=1e-12)
     assert s["tbt_token_max_ms"] == pytest.approx(max(itl) * 1000, rel=1e-12)
+    # pooled in (request, time) order, as before the change: the same bits, not just close
+    v = np.asarray(itl)
+    assert (s["mean_itl_ms"], s["std_itl_ms"]) == (
+        float(np.mean(v) * 1000),
+        float(np.std(v) * 1000),
+    )
 
 
 def test_compact_columns_and_parts(tmp_path):
