@@ -373,6 +373,11 @@ def verdict(rows: list[dict[str, Any]], zero_us: float) -> str:
     ])  # fmt: skip
 
 
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default=None, help="an already running vLLM (not pinned)")
@@ -406,10 +411,10 @@ def main() -> None:
     try:
         server_cpus, client_cpus = _cpus(a.server_cpus), _cpus(a.client_cpus)
     except ValueError:
-        sys.exit("error: --server-cpus/--client-cpus take lists like 0 or 0-1,3")
+        _fail("--server-cpus/--client-cpus take lists like 0 or 0-1,3")
     have = os.sched_getaffinity(0)
     if not (server_cpus <= have and client_cpus <= have) or server_cpus & client_cpus:
-        sys.exit(f"error: server/client CPUs must be disjoint subsets of {sorted(have)}")
+        _fail(f"server/client CPUs must be disjoint subsets of {sorted(have)}")
     print(f"{os.cpu_count()} CPUs; server on {sorted(server_cpus)}, clients on "
           f"{sorted(client_cpus)}; {_load()}", flush=True)  # fmt: skip
     tables: dict[str, list[dict[str, Any]]] = {}
