@@ -310,8 +310,8 @@ def run(out_dir: Path, *, full: bool = False, seed: int = 0) -> ExperimentResult
         "high-demand slope, mu = 1 / (2 slope + 1/50). The paper's own two slopes imply "
         "different capacities (A9), so absolute rates do not carry over.",
         "Relative load decides the ratio (issue 19, word-like, N up to 10,000, alpha-beta "
-        "0.2/0.2 best; seeds 0-4, 95% CI): x7.0 ± 0.6 at 31.5/s, x4.1 ± 0.3 at 50/s, x3.4 at "
-        "100/s (seed 0); a fluid queue "
+        "0.2/0.2 best; seeds 0-4, 95% CI): x7.0 ± 0.6 at 31.5/s, x4.1 ± 0.3 at 50/s, x3.0 ± 0.2 "
+        "at 100/s; a fluid queue "
         "gives (1/mu_b - 1/lambda) / (1/mu_m - 1/lambda), which falls from infinity at MC-SF's "
         "capacity towards the capacity ratio, so the paper's x3 sits at a higher relative load "
         "than 50/s is here.",
