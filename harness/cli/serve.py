@@ -46,6 +46,11 @@ def serve(
     record_requests: bool = typer.Option(
         False, "--record-requests", help="Keep per-request model times (GET /harness/requests)."
     ),
+    prefix_caching: bool = typer.Option(
+        True,
+        "--prefix-caching/--no-prefix-caching",
+        help="The engine's prefix cache (vLLM's default: on).",
+    ),
     replicas: int = typer.Option(
         1, "--replicas", help="Engine cores behind the one endpoint, each with its own loop."
     ),
@@ -83,6 +88,7 @@ def serve(
         "tiers": tiers,
         "engine": engine,
         "record_requests": record_requests,
+        "prefix_caching": prefix_caching,
     }
     if cost_model is not None:
         kw["cost_model"] = cost_model

@@ -50,6 +50,11 @@ class ServerConfig(BaseModel):
     max_catchup_s: float = Field(
         0.25, gt=0, description="wall lateness (s) beyond which the loop resynchronises"
     )
+    prefix_caching: bool = Field(
+        True,
+        description="the engine core's prefix cache (on, as in vLLM); off for comparisons "
+        "with a simulation whose requests carry no prompt identity",
+    )
     replicas: int = Field(1, ge=1, le=256, description="engine cores behind the endpoint")
     router: str = Field("round-robin", description="router over replicas (harness policies)")
     router_params: dict[str, Any] = Field(default_factory=dict, description="router kwargs")
@@ -79,6 +84,8 @@ def engine_kwargs(cfg: ServerConfig) -> dict[str, Any]:
     from harness.engine.simulate import UNBOUNDED_KV_TOKENS
 
     kw = dict(cfg.engine)
+    if not cfg.prefix_caching:
+        kw["prefix_caching"] = False
     if cfg.kv_tokens is not None:
         kw["kv_tokens"] = cfg.kv_tokens
     elif not {"num_blocks", "kv_tokens", "gpu_mem_gib"} & set(kw):

@@ -118,6 +118,8 @@ async def _server(separate: bool, **kw: Any) -> AsyncIterator[str]:
     for k, v in kw.items():
         if v is True:
             cmd.append(f"--{k.replace('_', '-')}")
+        elif v is False and k == "prefix_caching":
+            cmd.append("--no-prefix-caching")
         elif v is not None and v is not False:
             cmd += [f"--{k.replace('_', '-')}", str(v)]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
@@ -170,6 +172,10 @@ async def compare(
         kv_tokens=kv_tokens,
         speed=speed,
         record_requests=True,
+        # The simulations below replay plain rows, which carry no prompt identity, so their
+        # engines never hit a cached prefix; the server must not either (with caching on, a
+        # preempted request would re-admit onto its own cached blocks there and not here).
+        prefix_caching=False,
     ) as url:
         rep_dir = await run_replay_async(
             ReplayConfig(
