@@ -46,7 +46,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting
+from harness.policies.common import SortedWaiting, split_running
 from harness.policies.registry import register
 from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
 
@@ -122,14 +122,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         n = self.thresholds
         self._wq.sync(view)
         num_waiting = len(self._wq)
-        partial: list[RequestView] = []
-        decoding: list[RequestView] = []
-        for r in view.running:
-            o = r.num_output_tokens
-            if o > 0 and r.num_computed_tokens == r.num_prompt_tokens + o - 1:  # is_decoding
-                decoding.append(r)
-            else:
-                partial.append(r)  # prefill_remaining > 0
+        decoding, partial = split_running(view.running)
         if not flush and not partial and self.seg_caps is None and num_waiting < n[0]:
             return Plan()  # segment 1 misses its threshold: the prefix rule runs nothing
         stages: dict[int, list[RequestView]] = {}

@@ -50,7 +50,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting
+from harness.policies.common import SortedWaiting, split_running
 from harness.policies.registry import register
 
 
@@ -224,14 +224,7 @@ class WaitPolicy(ThresholdFlushing):
     def _plan(self, view: View, *, flush: bool) -> Plan:
         self._wq.sync(view)
         waiting = _Heads(self._wq)
-        partial: list[RequestView] = []
-        decoding: list[RequestView] = []
-        for r in view.running:
-            o = r.num_output_tokens
-            if o > 0 and r.num_computed_tokens == r.num_prompt_tokens + o - 1:  # is_decoding
-                decoding.append(r)
-            else:
-                partial.append(r)  # prefill_remaining > 0
+        decoding, partial = split_running(view.running)
         if self.gating == "admission":
             plan = self._plan_admission(view, waiting, partial, decoding, flush)
         else:
