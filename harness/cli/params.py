@@ -7,7 +7,9 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 
 def parse_params(items: Iterable[str] | None) -> dict[str, dict[str, Any]]:
@@ -72,3 +74,26 @@ def check_params(params: dict[str, dict[str, Any]], policies: Iterable[str]) -> 
                 raise ValueError(
                     f"--param {pol}.{name}: {pol} has no parameter {name!r}; valid: {valid}"
                 )
+
+
+# Session options shared by `harness replay` and `harness simulate` (one declaration each).
+SessionRate = Annotated[
+    float | None, typer.Option(help="Sessions: arrivals per second (open loop).")
+]
+MaxActiveSessions = Annotated[
+    int | None, typer.Option(help="Sessions: cap on sessions in progress.")
+]
+ThinkTime = Annotated[
+    str | None,
+    typer.Option(help="Sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"),
+]
+Patience = Annotated[
+    float | None, typer.Option(help="Sessions: abandon when a call's TTFT exceeds S.")
+]
+MaxRetries = Annotated[int | None, typer.Option(help="Sessions: re-sends of a failed call.")]
+RetryBackoff = Annotated[
+    float | None, typer.Option(help="Sessions: first retry delay, s (doubles).")
+]
+MaxContext = Annotated[
+    int | None, typer.Option(help="Sessions: model context, tokens (longer: not sent).")
+]

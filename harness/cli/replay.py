@@ -18,6 +18,15 @@ from typing import Annotated, Any
 import typer
 
 from harness.cli.errors import HarnessError, fail, one_line
+from harness.cli.params import (
+    MaxActiveSessions,
+    MaxContext,
+    MaxRetries,
+    Patience,
+    RetryBackoff,
+    SessionRate,
+    ThinkTime,
+)
 
 # ReplayConfig fields whose CLI flag has another name (so errors name the real flag).
 _FLAGS = {
@@ -189,33 +198,18 @@ def replay(
         bool, typer.Option("--report/--no-report", help="Write report.html into the run dir.")
     ] = True,
     # Sessions (multi-turn conversations, agent graphs): harness.loadgen.sessions.
-    session_rate: Annotated[
-        float | None, typer.Option(help="Sessions: arrivals per second (open loop).")
-    ] = None,
+    session_rate: SessionRate = None,
     num_sessions: Annotated[int | None, typer.Option(help="Sessions: replay at most N.")] = None,
-    max_active_sessions: Annotated[
-        int | None, typer.Option(help="Sessions: cap on sessions in progress.")
-    ] = None,
+    max_active_sessions: MaxActiveSessions = None,
     history: Annotated[
         str | None,
         typer.Option(help="Sessions: 'trace' (the trace's replies) or 'reply' (the server's)."),
     ] = None,
-    think_time: Annotated[
-        str | None,
-        typer.Option(help="Sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"),
-    ] = None,
-    patience: Annotated[
-        float | None, typer.Option(help="Sessions: abandon when a call's TTFT exceeds S.")
-    ] = None,
-    max_retries: Annotated[
-        int | None, typer.Option(help="Sessions: re-sends of a failed call.")
-    ] = None,
-    retry_backoff: Annotated[
-        float | None, typer.Option(help="Sessions: first retry delay, s (doubles).")
-    ] = None,
-    max_context: Annotated[
-        int | None, typer.Option(help="Sessions: model context, tokens (longer: not sent).")
-    ] = None,
+    think_time: ThinkTime = None,
+    patience: Patience = None,
+    max_retries: MaxRetries = None,
+    retry_backoff: RetryBackoff = None,
+    max_context: MaxContext = None,
 ) -> None:
     """Replay a trace open-loop (absolute schedule) and record every streamed chunk."""
     if arrival is None:

@@ -17,6 +17,15 @@ from typing import Annotated, Any
 import typer
 
 from harness.cli.errors import HarnessError, fail, one_line
+from harness.cli.params import (
+    MaxActiveSessions,
+    MaxContext,
+    MaxRetries,
+    Patience,
+    RetryBackoff,
+    SessionRate,
+    ThinkTime,
+)
 from harness.engine.costmodel import DEFAULT_COST_MODEL
 
 _FLAGS = {
@@ -134,33 +143,18 @@ def simulate(
     prefix_caching: Annotated[
         bool, typer.Option(help="Cluster engines cache prompt prefixes (vLLM's default: on).")
     ] = True,
-    session_rate: Annotated[
-        float | None, typer.Option(help="Sessions: arrivals per second (open loop).")
-    ] = None,
+    session_rate: SessionRate = None,
     num_sessions: Annotated[int | None, typer.Option(help="Sessions: simulate at most N.")] = None,
-    max_active_sessions: Annotated[
-        int | None, typer.Option(help="Sessions: cap on sessions in progress.")
-    ] = None,
+    max_active_sessions: MaxActiveSessions = None,
     history: Annotated[
         str | None,
         typer.Option(help="Sessions: 'trace' (the trace's replies) or 'reply' (generated)."),
     ] = None,
-    think_time: Annotated[
-        str | None,
-        typer.Option(help="Sessions: think time, S | exp:MEAN | lognormal:MED:SIGMA | uniform:A:B"),
-    ] = None,
-    patience: Annotated[
-        float | None, typer.Option(help="Sessions: abandon when a call's TTFT exceeds S.")
-    ] = None,
-    max_retries: Annotated[
-        int | None, typer.Option(help="Sessions: re-sends of a failed call.")
-    ] = None,
-    retry_backoff: Annotated[
-        float | None, typer.Option(help="Sessions: first retry delay, s (doubles).")
-    ] = None,
-    max_context: Annotated[
-        int | None, typer.Option(help="Sessions: model context, tokens (longer: not sent).")
-    ] = None,
+    think_time: ThinkTime = None,
+    patience: Patience = None,
+    max_retries: MaxRetries = None,
+    retry_backoff: RetryBackoff = None,
+    max_context: MaxContext = None,
     ray: Annotated[
         str | None,
         typer.Option(
