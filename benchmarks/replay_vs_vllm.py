@@ -36,6 +36,14 @@ that records each request's scheduled time (the same Poisson draws as vLLM's own
 ``send_s``): ``vllm bench serve`` records no send lag of its own. A gap counts as "zero" below
 ``--zero-us`` because vLLM stamps each message after parsing it, so messages read together get
 gaps of microseconds rather than exactly 0.
+
+The server's own view of each run, so a difference between the clients can be told apart from a
+difference in the server's speed between runs: around every run the script reads vLLM's
+``/metrics`` and takes the run's increase of ``vllm:time_to_first_token_seconds`` and
+``vllm:inter_token_latency_seconds`` (sums and counts: exact means; the histograms' buckets
+are too coarse for medians). Each client's *excess* is its own mean minus the server's mean for
+the same run: what the client adds (transport, HTTP, its own loop) on top of what the server
+measured. Comparable clients have comparable excess, whatever the server's speed in their run.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.loadgen.bench import _VLLM_SHIM, fast_server
 
@@ -135,6 +144,49 @@ def _lag_stats(lag_ms: np.ndarray) -> dict[str, float]:
     }
 
 
+SERVER_HISTOS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+}
+
+
+def server_histos(url: str) -> dict[str, tuple[float, float]] | None:
+    """``(sum, count)`` of vLLM's TTFT and ITL histograms now (all engines summed); None when
+    the server has no ``/metrics`` (the fast server)."""
+    import urllib.request
+
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    out = {k: [0.0, 0.0] for k in SERVER_HISTOS}
+    names = {v: k for k, v in SERVER_HISTOS.items()}
+    for fam in text_string_to_metric_families(text):
+        key = names.get(fam.name)
+        if key is None:
+            continue
+        for smp in fam.samples:
+            if smp.name.endswith("_sum"):
+                out[key][0] += smp.value
+            elif smp.name.endswith("_count"):
+                out[key][1] += smp.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def server_means(before: dict | None, after: dict | None) -> dict[str, float]:
+    """The run's server-side mean TTFT and ITL (ms) from two ``server_histos`` readings."""
+    res = {"server_ttft_mean_ms": float("nan"), "server_itl_mean_ms": float("nan")}
+    if not before or not after:
+        return res
+    for k in SERVER_HISTOS:
+        ds, dn = after[k][0] - before[k][0], after[k][1] - before[k][1]
+        if dn > 0:
+            res[f"server_{k}_mean_ms"] = 1000.0 * ds / dn
+    return res
+
+
 def build_trace(a: argparse.Namespace, rate: float, num: int, out: Path) -> Path:
     """The synthetic trace frozen with prompts of exactly ``--input-len`` tokens of the
     server's tokenizer (``trace build --prompts tokenizer:``), as vLLM's ``random`` dataset
@@ -187,6 +239,8 @@ def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: i
         "prompt_tokens": float(req["prompt_tokens"].mean()),
         **_lag_stats(lag),
         "ttft_p50_ms": float(np.median(ttft)) if ttft.size else float("nan"),
+        "ttft_mean_ms": float(np.mean(ttft)) if ttft.size else float("nan"),
+        "itl_mean_ms": float(np.mean(gaps)) if gaps.size else float("nan"),
         **_gap_stats(gaps, a.zero_us),
         "gaps": int(gaps.size),
         "valid": summ.get("valid", summ.get("run_valid")),
@@ -228,6 +282,8 @@ def run_vllm(a: argparse.Namespace, url: str, model: str, rate: float, num: int,
         "prompt_tokens": float(np.mean([x for x in d.get("input_lens", []) if x] or [np.nan])),
         **_lag_stats(np.asarray(lag, dtype=float) * 1000.0),
         "ttft_p50_ms": float(np.median(ttfts)) if ttfts.size else float("nan"),
+        "ttft_mean_ms": float(np.mean(ttfts)) if ttfts.size else float("nan"),
+        "itl_mean_ms": float(np.mean(gaps)) if gaps.size else float("nan"),
         **_gap_stats(gaps, a.zero_us),
         "gaps": int(gaps.size),
         "valid": None,
@@ -314,10 +370,14 @@ def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: floa
             d = tmp / f"{name}-{who}-{i}"
             d.mkdir()
             load = os.getloadavg()[0]
+            before = server_histos(url)
             if who == "harness":
                 r = run_harness(a, url, model, rate, num, d / "run", trace)
             else:
                 r = run_vllm(a, url, model, rate, num, d)
+            r.update(server_means(before, server_histos(url)))
+            r["ttft_excess_ms"] = r["ttft_mean_ms"] - r["server_ttft_mean_ms"]
+            r["itl_excess_ms"] = r["itl_mean_ms"] - r["server_itl_mean_ms"]
             r.update(table=name, pair=i, load1=load, cpus=sorted(os.sched_getaffinity(0)))
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -327,24 +387,40 @@ def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: floa
 def format_table(rows: list[dict[str, Any]], zero_us: float) -> str:
     lines = [
         f"| client | pair | load 1m | done | prompt tok | send lag p50 / p99 ms | TTFT p50 ms "
-        f"| ITL p50 ms | gaps < {zero_us:g} us |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| ITL p50 ms | gaps < {zero_us:g} us | server TTFT / ITL mean ms "
+        f"| client TTFT / ITL mean ms | excess TTFT / ITL ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['client']} | {r['pair']} | {r['load1']:.1f} | {r['completed']} | "
             f"{r['prompt_tokens']:.0f} | "
             f"{r['send_lag_p50_ms']:.2f} / {r['send_lag_p99_ms']:.2f} | {r['ttft_p50_ms']:.2f} | "
-            f"{r['itl_p50_ms']:.3f} | {100 * r['zero_gap_share']:.1f}% |"
+            f"{r['itl_p50_ms']:.3f} | {100 * r['zero_gap_share']:.1f}% | "
+            f"{r.get('server_ttft_mean_ms', float('nan')):.2f} / "
+            f"{r.get('server_itl_mean_ms', float('nan')):.3f} | "
+            f"{r['ttft_mean_ms']:.2f} / {r['itl_mean_ms']:.3f} | "
+            f"{r.get('ttft_excess_ms', float('nan')):.2f} / "
+            f"{r.get('itl_excess_ms', float('nan')):.3f} |"
         )
     return "\n".join(lines)
 
 
 def verdict(rows: list[dict[str, Any]], zero_us: float) -> str:
     """The issue's targets on the per-client medians over pairs (issue 14, "Must show")."""
+    keys = (
+        "send_lag_p99_ms",
+        "ttft_p50_ms",
+        "itl_p50_ms",
+        "zero_gap_share",
+        "server_ttft_mean_ms",
+        "server_itl_mean_ms",
+        "ttft_excess_ms",
+        "itl_excess_ms",
+    )
     med = {
-        c: {k: float(np.median([r[k] for r in rows if r["client"] == c]))
-            for k in ("send_lag_p99_ms", "ttft_p50_ms", "itl_p50_ms", "zero_gap_share")}
+        c: {k: float(np.median([r.get(k, np.nan) for r in rows if r["client"] == c]))
+            for k in keys}
         for c in ("harness replay", "vllm bench serve")
     }  # fmt: skip
     h, v = med["harness replay"], med["vllm bench serve"]
@@ -370,7 +446,22 @@ def verdict(rows: list[dict[str, Any]], zero_us: float) -> str:
         f"{100 * v['zero_gap_share']:.1f}% ({gap_pts:.1f} pts) -> {ok(gap_pts <= 5)}",
         f"- TTFT p50 within 10%: {h['ttft_p50_ms']:.2f} vs {v['ttft_p50_ms']:.2f} ms "
         f"({100 * rel('ttft_p50_ms'):.1f}%) -> {ok(rel('ttft_p50_ms') <= 0.10)}",
+        *_server_lines(h, v),
     ])  # fmt: skip
+
+
+def _server_lines(h: dict[str, float], v: dict[str, float]) -> list[str]:
+    """The server's own means in each client's runs, and what each client added on top."""
+    if np.isnan(h["server_ttft_mean_ms"]) or np.isnan(v["server_ttft_mean_ms"]):
+        return ["- server-side reference: none (the server has no vLLM /metrics)"]
+    return [
+        f"- server's own mean TTFT / ITL in the runs (medians over pairs): harness runs "
+        f"{h['server_ttft_mean_ms']:.2f} / {h['server_itl_mean_ms']:.3f} ms, vLLM-client runs "
+        f"{v['server_ttft_mean_ms']:.2f} / {v['server_itl_mean_ms']:.3f} ms",
+        f"- client excess over the server (client mean - server mean): TTFT harness "
+        f"{h['ttft_excess_ms']:.2f} vs vLLM {v['ttft_excess_ms']:.2f} ms; ITL harness "
+        f"{h['itl_excess_ms']:.3f} vs vLLM {v['itl_excess_ms']:.3f} ms",
+    ]
 
 
 def _fail(msg: str) -> None:
