@@ -85,6 +85,8 @@ class _Pending(StepTally):
     scheduled: dict[str, int]
     out_before: dict[str, int]
     kv_tokens: int
+    # Σ chunk·(context before + chunk/2) over prefill chunks: the engine core's prefill_attn
+    prefill_attn: float = 0.0
 
 
 def _check_version() -> None:
@@ -296,6 +298,7 @@ class HarnessScheduler(Scheduler):
             self._pending = None
             return
         prefill = decode = n_pre = n_dec = kv_tokens = 0
+        attn = 0.0
         out_before: dict[str, int] = {}
         for rid, n in scheduled.items():
             req = self.requests[rid]
@@ -310,6 +313,7 @@ class HarnessScheduler(Scheduler):
             else:
                 prefill += n
                 n_pre += 1
+                attn += n * (before + n / 2)
         admitted = tuple(d.req_id for d in out.scheduled_new_reqs) + tuple(
             getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
         )
@@ -323,6 +327,7 @@ class HarnessScheduler(Scheduler):
             num_prefill_seqs=n_pre,
             num_decode_seqs=n_dec,
             kv_tokens=kv_tokens,
+            prefill_attn=attn,
             admitted=admitted,
             preempted=preempted,
         )
@@ -362,6 +367,7 @@ class HarnessScheduler(Scheduler):
                     "num_decode_seqs": pend.num_decode_seqs,
                     "batch_tokens": pend.prefill_tokens + pend.decode_tokens,
                     "kv_tokens": pend.kv_tokens,
+                    "prefill_attn": pend.prefill_attn,
                     "kv_used_blocks": kv.used_blocks,
                     "num_running": len(self.running),
                     "num_waiting": len(self.waiting),

@@ -9,6 +9,8 @@ One line per executed step, keys::
     num_prefill_seqs, num_decode_seqs
     kv_tokens      sum over scheduled requests of their context length after the step
                    (the attention read volume a cost model may charge for)
+    prefill_attn   Σ chunk·(context before + chunk/2) over prefill chunks (causal attention's
+                   query-key work; the engine core's ``prefill_attn``, costmodel.ContextCostModel)
     batch_tokens   prefill_tokens + decode_tokens
     kv_used_blocks, num_running, num_waiting, preempted, admitted, finished (counts)
 
@@ -127,6 +129,7 @@ def step_log_samples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "prefill_tokens": r["prefill_tokens"],
                 "decode_tokens": r["decode_tokens"],
                 "kv_used_tokens": r["kv_tokens"],
+                "prefill_attn": r.get("prefill_attn"),
             }
         )
     return out

@@ -495,6 +495,27 @@ def fit_cost_model(
     return FitResult(model=model, r2=r2, rmse_s=math.sqrt(ss_res / len(t)), n=len(t))
 
 
+def loop_overhead_s(step_start_s: Any, step_end_s: Any, back_to_back_s: float = 5e-3) -> float:
+    """Median time from a measured step's end (its tokens out) to the next step's start, over
+    back-to-back steps: the engine loop's own work between steps (output processing, input
+    handling; vLLM's ``update_from_output`` to the next ``schedule``).
+
+    Why: a simulated engine has no time between steps, so a cost model fitted for it charges
+    each step its period (``adapters.vllm.steplog.step_log_samples``), and the simulator's
+    tokens appear at the period's end. The real tokens left this much earlier; a comparison of
+    first-token times subtracts it (steady token gaps are periods in both and need nothing).
+    """
+    start = np.asarray(step_start_s, dtype=float)
+    end = np.asarray(step_end_s, dtype=float)
+    if len(start) < 2:
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    gap = start[1:] - end[:-1]
+    gap = gap[(gap >= 0) & (gap <= back_to_back_s)]
+    return float(np.median(gap)) if len(gap) else 0.0
+
+
 # Default KV sizing per preset (used when no --kv-tokens/--num-blocks is given): GPU memory,
 # weights (fp16 params x 2 B) and KV bytes/token (anchors-engines.md §5.2: Llama-2-7B MHA
 # 512 KiB/token; Llama-3-8B / Mistral-7B GQA-8 128 KiB/token; seed-rad-slai.md §1.5). The

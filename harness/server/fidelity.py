@@ -76,6 +76,48 @@ def rel_errors(got: dict[str, float], ref: dict[str, float]) -> dict[str, float]
     }
 
 
+def engine_ready_times(
+    api_arrival_s: np.ndarray,
+    engine_arrival_s: np.ndarray,
+    step_start_s: np.ndarray,
+    step_end_s: np.ndarray,
+    idle_gap_s: float = 5e-3,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """When each request became available to a real engine's loop: the arrival a simulator
+    (whose engine sees an arrival at the next step boundary) must be given.
+
+    Why not the engine's own receipt stamp: a busy engine loop (vLLM's ``run_busy_loop``:
+    drain the input queue, then one step) takes in a request only between steps, so its
+    receipt stamp already includes the wait for the step in flight. A simulator given that
+    stamp makes the request wait for its own step in flight again, about half a step too much
+    on every TTFT (the sim-high TTFT medians of issue 17 for all three policies).
+
+    - A request received after an idle gap (no step within ``idle_gap_s`` before it) woke the
+      loop: ready = receipt.
+    - A request received at a step boundary became ready during the step before, at the API
+      server's stamp plus the front end's own delay ``F``, clipped to that step's start and
+      to the receipt. ``F`` is the median receipt - API stamp of the idle-gap requests (the
+      front end alone, no step in the way); with none, the smallest delay seen.
+
+    Returns the ready times and ``{"front_end_ms", "idle_share"}``.
+    """
+    api = np.asarray(api_arrival_s, dtype=float)
+    eng = np.asarray(engine_arrival_s, dtype=float)
+    order = np.argsort(step_start_s, kind="stable")
+    starts = np.asarray(step_start_s, dtype=float)[order]
+    ends = np.asarray(step_end_s, dtype=float)[order]
+    k = np.searchsorted(starts, eng, side="left") - 1  # the last step started before receipt
+    has_prev = k >= 0
+    kk = np.maximum(k, 0)
+    prev_end = np.where(has_prev, ends[kk], -np.inf)
+    prev_start = np.where(has_prev, starts[kk], -np.inf)
+    idle = eng - prev_end > idle_gap_s
+    lag = eng - api
+    front = float(np.median(lag[idle])) if idle.any() else float(lag.min())
+    ready = np.where(idle, eng, np.minimum(eng, np.maximum(prev_start, api + front)))
+    return ready, {"front_end_ms": front * 1e3, "idle_share": float(idle.mean())}
+
+
 def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> tuple[dict[str, float], Path]:
     """The engine host alone: simulate the requests at the model times the server stamped
     on arrival and compare each request's first/last token model times with the server's.
