@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -499,6 +500,8 @@ def main() -> None:
     ap.add_argument("--zero-us", type=float, default=50.0)
     ap.add_argument("--json", default=None, help="write all rows here")
     a = ap.parse_args()
+    # SIGTERM (timeout, CI cancel) unwinds like Ctrl-C, so the servers started below are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         server_cpus, client_cpus = _cpus(a.server_cpus), _cpus(a.client_cpus)
     except ValueError:
