@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.engine.cluster import (
     ClusterResult,
     EngineSpec,
@@ -22,6 +24,7 @@ from harness.engine.cluster import (
     samples_table,
     simulate_cluster,
 )
+from harness.engine.cluster_fast import routed_budgets, simulate_routed
 from harness.engine.cluster_split import simulate_split, split_plan
 from harness.engine.simresult import SimResult
 from harness.engine.simulate import _json_safe, chunks_table, requests_table
@@ -90,16 +93,26 @@ def write_cluster_run(
     if sessions:
         full.setdefault("sessions", {"options": opts.model_dump(mode="json")})
     plan = split_plan(trace, engines, router, options) if split else None
-    if plan is not None:
-        full["cluster"]["split"] = True  # routed up front, engines simulated alone (exact)
+    budgets = None
+    if split and plan is None:
+        budgets = routed_budgets(trace, engines, router, options, stop_at_s)
+    if plan is not None or budgets is not None:
+        if plan is not None:
+            full["cluster"]["split"] = True  # routed up front, engines simulated alone (exact)
+        else:
+            full["cluster"]["array_engines"] = True  # the event loop on array engines (exact)
         with RunWriter(run_dir, full) as w:
-            merged, parts = simulate_split(
-                trace,
-                engines,
-                plan,
-                stop_at_s=stop_at_s,
-                chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
-            )
+
+            def sink(req: np.ndarray, t: np.ndarray) -> None:
+                w.add_chunks_table(chunks_table(req, t))
+
+            if plan is not None:
+                merged, parts = simulate_split(
+                    trace, engines, plan, stop_at_s=stop_at_s, chunk_sink=sink
+                )
+            else:
+                assert budgets is not None
+                merged, parts, _ = simulate_routed(trace, engines, router, budgets, chunk_sink=sink)
             w.add_requests_table(requests_table(trace, merged))
             names = [s.name for s in engines]
             w.add_samples_table(engine_samples_table(names, [p.samples for p in parts]))

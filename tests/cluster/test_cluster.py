@@ -175,3 +175,58 @@ def test_outstanding_tokens_view_is_exact() -> None:
     trace = _plain(300, 80.0, seed=5)
     simulate_cluster(trace, engines(3, kv_tokens=6000), Checking(), fast_forward=False)
     assert len(checked) == 900 and max(checked) > 0
+
+
+@pytest.mark.parametrize(
+    ("router", "kv_tokens"),
+    [
+        ("least-outstanding-tokens", 20_000),
+        ("least-outstanding-tokens", 6000),  # KV-bound: thousands of preemptions
+        ("session-affinity", 8000),
+        ("prefix-aware", 8000),
+        ("random", 6000),
+    ],
+)
+def test_array_engines_are_the_event_loop(router: str, kv_tokens: int) -> None:
+    """The routed cluster on array engines (cluster_fast) gives every call the engine and the
+    token times of the event loop over engine cores: the routers read the same load views at
+    the same instants."""
+    from harness.engine.cluster_fast import routed_budgets, simulate_routed
+
+    trace = _plain(900, 120.0, seed=6)
+    ref = simulate_cluster(trace, engines(3, kv_tokens=kv_tokens), make_router(router))
+    budgets = routed_budgets(trace, engines(3), make_router(router), None, None)
+    assert budgets is not None
+    merged, parts, engine_of = simulate_routed(
+        trace, engines(3, kv_tokens=kv_tokens), make_router(router), budgets
+    )
+    rows = _rows(ref)
+    assert engine_of.tolist() == [r.engine for r in rows]
+    np.testing.assert_array_equal([r.first_s for r in rows], merged.first_s)
+    np.testing.assert_array_equal([r.last_s for r in rows], merged.last_s)
+    assert merged.preemptions.tolist() == [r.preemptions for r in rows]
+    assert merged.counters["preemptions_total"] == ref.counters["preemptions_total"]
+    if kv_tokens == 6000:
+        assert merged.counters["preemptions_total"] > 100
+    assert merged.num_steps == ref.counters["num_steps"]
+    a = np.lexsort((ref.chunk_t, ref.chunk_req))
+    b = np.lexsort((merged.chunk_t, merged.chunk_req))
+    np.testing.assert_array_equal(ref.chunk_req[a], merged.chunk_req[b])
+    np.testing.assert_array_equal(ref.chunk_t[a], merged.chunk_t[b])
+    for p, e, s in zip(parts, ref.per_engine, ref.samples, strict=True):
+        assert p.num_steps == e["num_steps"]
+        for col in s:  # the same telemetry, step by step
+            np.testing.assert_array_equal(np.asarray(p.samples[col]), np.asarray(s[col]), col)
+
+
+def test_array_engines_only_where_exact() -> None:
+    from harness.engine.cluster_fast import routed_budgets
+
+    trace = _plain(50, 10.0)
+    lot = make_router("least-outstanding-tokens")
+    assert routed_budgets(trace, engines(2), lot, None, None) is not None
+    assert routed_budgets(trace, engines(2), lot, None, 1.0) is None  # a stop time
+    assert routed_budgets(trace, engines(2, policy="wait"), lot, None, None) is None
+    from harness.loadgen.sessions import SessionOptions
+
+    assert routed_budgets(trace, engines(2), lot, SessionOptions(max_retries=1), None) is None
