@@ -463,7 +463,7 @@ def fit_cost_model(
     else:
         w = np.clip(np.log2(np.maximum(d, 1.0)) / math.log2(kv_sat_batch), 0.0, 1.0)
         attn = (
-            df["prefill_attn"].fillna(0).to_numpy(float) / steps
+            pd.to_numeric(df["prefill_attn"], errors="coerce").fillna(0).to_numpy(float) / steps
             if "prefill_attn" in df
             else np.zeros(len(df))
         )

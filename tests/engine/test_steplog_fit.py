@@ -1,0 +1,78 @@
+"""Fitting the context cost model on a real engine's step log (issue 17 fidelity), here a
+synthetic vLLM step log made from known coefficients: what ``step_log_samples`` hands the
+fitter (periods, ``kv_tokens``, ``prefill_attn``) must give those coefficients back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adapters.vllm.steplog import step_log_samples
+from harness.engine.costmodel import ContextCostModel, fit_cost_model, loop_overhead_s
+
+TRUE = ContextCostModel(
+    base_s=0.6e-3,
+    per_token_s=8e-6,
+    per_decode_s=25e-6,
+    per_kv_s=40e-9,
+    per_kv_lo_s=15e-9,
+    kv_sat_batch=64,
+    per_prefill_attn_s=2e-9,
+)
+GAP_S = 0.25e-3  # the engine loop's own work between steps
+
+
+def _log(n: int = 600, seed: int = 2) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows: list[dict] = []
+    t = 0.0
+    for i in range(n):
+        n_pre = int(rng.integers(0, 4)) if i % 3 == 0 else 0
+        chunks = rng.integers(16, 400, n_pre)
+        ctx = rng.integers(0, 300, n_pre)  # context before each chunk (chunked prefill)
+        d = int(rng.integers(0, 96))
+        kv = int((chunks + ctx).sum() + rng.integers(50, 600, d).sum() + d)
+        attn = float((chunks * (ctx + chunks / 2)).sum())
+        p = int(chunks.sum())
+        if p + d == 0:
+            d = 1
+        dur = TRUE.step_time(p, d, kv, prefill_attn=attn) * (1 + rng.normal(0, 0.01))
+        rows.append(
+            {
+                "kind": "step",
+                "t_s": t,
+                "duration_s": dur,
+                "prefill_tokens": p,
+                "decode_tokens": d,
+                "kv_tokens": kv,
+                "prefill_attn": attn,
+            }
+        )
+        t += dur + (GAP_S if i % 50 else 0.2)  # back to back, with an idle gap now and then
+    return rows
+
+
+def test_context_fit_on_a_step_log_recovers_the_coefficients() -> None:
+    rows = _log()
+    fit = fit_cost_model(step_log_samples(rows), kind="context")
+    m = fit.model
+    assert isinstance(m, ContextCostModel)
+    assert fit.r2 > 0.99
+    # the fitted step is the period: the loop's gap lands in the constant
+    assert m.base_s == pytest.approx(TRUE.base_s + GAP_S, rel=0.1)
+    assert m.per_token_s == pytest.approx(TRUE.per_token_s, rel=0.05)
+    assert m.per_decode_s == pytest.approx(TRUE.per_decode_s, rel=0.1)
+    assert m.per_prefill_attn_s == pytest.approx(TRUE.per_prefill_attn_s, rel=0.1)
+    assert m.per_kv_s == pytest.approx(TRUE.per_kv_s, rel=0.2)
+    assert m.per_kv_lo_s == pytest.approx(TRUE.per_kv_lo_s, rel=0.2)
+    start = np.array([r["t_s"] for r in rows])
+    end = start + np.array([r["duration_s"] for r in rows])
+    assert loop_overhead_s(start, end) == pytest.approx(GAP_S)
+
+
+def test_old_step_logs_without_prefill_attn_still_fit() -> None:
+    rows = _log(200)
+    for r in rows:
+        del r["prefill_attn"]
+    fit = fit_cost_model(step_log_samples(rows), kind="context")
+    assert fit.model.per_prefill_attn_s == 0.0
