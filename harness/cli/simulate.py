@@ -6,7 +6,11 @@ policy or preset, negative rate, malformed trace or tiers): one line, exit 2.
 
 Session traces (conversations, agent graphs), ``--replicas N`` and ``--agents FILE`` run on
 the cluster simulator (:mod:`harness.engine.cluster`, issue 16); a plain trace on one
-replica keeps the single-engine kernel.
+replica keeps the single-engine kernel and never imports the cluster modules (nor, through
+the session options, the load generator's HTTP client). ``--tokenizer`` counts a session
+trace's prompts in the model's tokens (:func:`harness.workload.token_identity.
+tokenize_session_trace`): a trace's lengths are hints (ShareGPT: bytes / 4), and the prefix
+cache's hit rate depends on where its blocks end.
 """
 
 from __future__ import annotations
@@ -155,6 +159,15 @@ def simulate(
     max_retries: MaxRetries = None,
     retry_backoff: RetryBackoff = None,
     max_context: MaxContext = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="Sessions: count prompts in this tokenizer's tokens (tokenizer.json or its "
+            "folder); with --history trace the composed prompts become token ids, so the "
+            "prefix cache hashes what the server hashes.",
+            show_default=False,
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -232,30 +245,48 @@ def simulate(
         )
     except (ValidationError, ValueError) as e:
         fail(one_line(e, _FLAGS))
-    copts = _cluster_options(
-        trace,
-        replicas=replicas,
-        router=router,
-        router_param=router_param,
-        agents=agents,
-        prefix_caching=prefix_caching,
-        sessions={
-            "session_rate": session_rate,
-            "num_sessions": num_sessions,
-            "max_active_sessions": max_active_sessions,
-            "history": history,
-            "think_time": think_time,
-            "patience_s": patience,
-            "max_retries": max_retries,
-            "retry_backoff_s": retry_backoff,
-            "max_context": max_context,
-        },
-    )
-    from harness.engine.cluster_config import needs_cluster, run_cluster_simulation
+    session_flags = {
+        "session_rate": session_rate,
+        "num_sessions": num_sessions,
+        "max_active_sessions": max_active_sessions,
+        "history": history,
+        "think_time": think_time,
+        "patience_s": patience,
+        "max_retries": max_retries,
+        "retry_backoff_s": retry_backoff,
+        "max_context": max_context,
+    }
+    copts = None
+    cluster = False
+    if _maybe_cluster(
+        trace, replicas, agents, router is not None or bool(router_param), session_flags
+    ):
+        copts = _cluster_options(
+            trace,
+            replicas=replicas,
+            router=router,
+            router_param=router_param,
+            agents=agents,
+            prefix_caching=prefix_caching,
+            sessions=session_flags,
+        )
+        from harness.engine.cluster_config import needs_cluster
 
-    cluster = needs_cluster(cfg, copts)
+        cluster = needs_cluster(cfg, copts)
     if cluster and ray is not None:
         fail("--ray runs single-engine simulations; a cluster (--replicas, sessions) runs here")
+    tok = None
+    if tokenizer is not None:
+        from harness.engine.cluster_config import is_session_run
+
+        if copts is None or not is_session_run(cfg, copts):
+            fail(f"--tokenizer counts a session trace's prompts; {trace} has no sessions")
+        from harness.workload.prompts import load_tokenizer
+
+        try:
+            tok = load_tokenizer(tokenizer)
+        except TraceError as e:
+            fail(f"--tokenizer: {e}")
     from harness.results.console import print_summary
     from harness.results.repeats import mark_run, seeds_for, write_index
     from harness.results.rundir import read_run
@@ -269,7 +300,7 @@ def simulate(
         )
         try:
             if cluster:
-                dirs = run_cluster_simulation(scfg, copts)
+                dirs = _run_cluster(scfg, copts, tok)
             elif ray is None:
                 dirs = run_simulation(scfg)
             else:
@@ -320,6 +351,37 @@ def simulate(
             cmp_path = write_report([out], out=out / "comparison.html")
             typer.echo(f"comparison report: {cmp_path}")
     typer.echo(f"output folder: {out}")
+
+
+def _maybe_cluster(
+    trace: str, replicas: int, agents: str | None, routed: bool, session_flags: dict[str, Any]
+) -> bool:
+    """False only when the run is certainly a plain trace on one engine (no replicas, agent
+    file, router or session flag, and not a session source): the cluster modules, which
+    import the load generator, are then never loaded.
+    :func:`harness.engine.cluster_config.needs_cluster` decides every other case."""
+    if replicas != 1 or agents is not None or routed:
+        return True
+    if any(v is not None for v in session_flags.values()):
+        return True
+    from harness.workload.sources.conversations import is_session_source
+
+    return is_session_source(trace)
+
+
+def _run_cluster(cfg: Any, copts: Any, tok: Any) -> list[Path]:
+    """One cluster run per policy; with a tokenizer, on the trace counted in its tokens."""
+    from harness.engine.cluster_config import load_cluster_trace, run_cluster_simulation
+
+    if tok is None:
+        return run_cluster_simulation(cfg, copts)
+    from harness.workload.token_identity import tokenize_session_trace
+
+    history = copts.sessions.history if copts.sessions is not None else "trace"
+    trace = tokenize_session_trace(
+        load_cluster_trace(cfg, copts), tok, history=history, seed=cfg.seed
+    )
+    return run_cluster_simulation(cfg, copts, trace=trace)
 
 
 def _cluster_options(

@@ -10,8 +10,9 @@ the spec; issue 15), restated for events instead of asyncio tasks:
   done, is never sent and leaves no request row;
 - its prompt is the composed prompt (:func:`harness.workload.sessions.compose`): system +
   history/replies context + its own text, counted the way the replay counts it
-  (:func:`harness.workload.token_identity.call_prompt_len`; the simulated engine ignores
-  EOS, so a reply has exactly ``output_len`` tokens);
+  (:func:`harness.workload.token_identity.call_prompt_len`: the trace's length hints, or
+  the model's tokens for a trace tokenized by ``harness simulate --tokenizer``; the simulated
+  engine ignores EOS, so a reply has exactly ``output_len`` tokens);
 - ``max_context``: a call whose prompt + output exceeds it is not sent
   (``context_overflow``), and its descendants are not sent;
 - ``patience_s``: no first token ``patience_s`` after the release abandons the session (the
@@ -184,7 +185,9 @@ class SessionDriver:
             return
         t = base + c.think_s
         row = Row(c.req, c.request_id, st, c)
-        row.prompt_len = call_prompt_len(st.session, c)
+        row.prompt_len = call_prompt_len(
+            st.session, c, generated_replies=self.options.history == "reply"
+        )
         row.target_s = t
         if not c.parents and c.think_s == 0:
             self._release(row, t)  # a root at its session's start: that is now

@@ -130,6 +130,13 @@ class TokenCounter:
             return list(self.impl.encode(text, add_special_tokens=False).ids)
         return list(self.impl.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """``text`` as a server encodes a completions prompt: special tokens (BOS) included,
+        so the ids are those its prefix cache hashes."""
+        if self.kind == "tokenizers":
+            return list(self.impl.encode(text, add_special_tokens=True).ids)
+        return list(self.impl.encode(text, add_special_tokens=True))
+
     def decode(self, ids: list[int]) -> str:
         return self.impl.decode(ids)
 

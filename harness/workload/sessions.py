@@ -45,6 +45,9 @@ SESSION_COLUMNS: dict[str, str] = {
     "reply": "str|None: the trace's own reply text (history in 'trace' mode)",
     "agent": "str|None: the agent that serves this call (agent graphs)",
     "target": "str|None: base URL serving this call (None = the run's target)",
+    "prompt_token_ids": "list[int]|None: the model's token ids of the call's composed prompt "
+    "with the trace's replies (token_identity.tokenize_session_trace)",
+    "system_len": "int|None: the system prefix in the model's tokens (else counted in words)",
 }
 CONTEXTS = ("history", "replies", "none")
 SEPARATOR = "\n\n"
@@ -66,6 +69,9 @@ class Call:
     context: str = "history"
     agent: str | None = None
     target: str | None = None
+    # the composed prompt (``--history trace``) as the model's tokenizer encodes it, special
+    # tokens included; None: counted from the lengths (harness.workload.token_identity)
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class Session:
     tier: str | None
     calls: tuple[Call, ...]  # in call-index order
     system: str | None = None
+    system_len: int | None = None  # the system prefix in model tokens (None: in words)
 
     def ancestors(self, index: int) -> list[int]:
         """Call indices ``index`` depends on, directly or not, in increasing order."""
@@ -182,6 +189,8 @@ def sessions_from_frame(df: pd.DataFrame) -> list[Session]:
     agents = _col(df, "agent", None)
     targets = _col(df, "target", None)
     parents_raw = _col(df, "parents", None)
+    token_ids = _col(df, "prompt_token_ids", None)
+    system_lens = _col(df, "system_len", None)
     groups: dict[str, list[int]] = {}
     for i in range(n):
         groups.setdefault(sids[i], []).append(i)
@@ -213,6 +222,7 @@ def sessions_from_frame(df: pd.DataFrame) -> list[Session]:
                     context=context[i],
                     agent=None if agents[i] is None else str(agents[i]),
                     target=None if targets[i] is None else str(targets[i]).rstrip("/"),
+                    token_ids=None if token_ids[i] is None else tuple(map(int, token_ids[i])),
                 )
             )
         validate_graph(sid, calls)
@@ -226,6 +236,7 @@ def sessions_from_frame(df: pd.DataFrame) -> list[Session]:
                 tier=None if tiers[first] is None else str(tiers[first]),
                 calls=tuple(calls),
                 system=sys_text if isinstance(sys_text, str) and sys_text else None,
+                system_len=None if system_lens[first] is None else int(system_lens[first]),
             )
         )
     out.sort(key=lambda s: s.arrival_s)

@@ -12,16 +12,30 @@ with it, so turn k+1, whose history holds turn k's reply, hits them. That is rep
 ``--history reply`` on an engine whose replies round-trip through text; with ``--history trace``
 the history holds the trace's reply text, which is not what the engine generated
 (``generated_replies=False`` names it apart, so only earlier prompts' blocks hit).
+
+Those lengths are the trace's hints (ShareGPT: UTF-8 bytes / 4; system: words), not the
+model's tokens. :func:`tokenize_session_trace` (``harness simulate --tokenizer``) counts them
+in the model's tokens instead, and under ``--history trace`` gives every call the token ids
+of its whole composed prompt, encoded as the server encodes it (special tokens included), so
+its blocks hash like vLLM's (``PromptIdentity.from_token_ids``) and the prefix cache sees
+the token boundaries vLLM sees. Under ``--history reply`` the server's replies are unknown
+text: the system prefix and each call's own text are counted in tokens, the replies stay
+the generated-token runs, separators and BOS are not counted.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from harness.engine.prefix_cache import PromptIdentity
 from harness.loadgen.sessions import words
-from harness.workload.sessions import Call, Session
+from harness.workload.sessions import Call, Session, compose, sessions_from_frame
+
+if TYPE_CHECKING:
+    from harness.workload.prompts import TokenCounter
+    from harness.workload.trace import Trace
 
 
 def system_key(text: str) -> str:
@@ -60,7 +74,8 @@ def call_segments(
     rkey = reply_key if generated_replies else _trace_reply_key
     segs: list[tuple[str, int]] = []
     if session.system:
-        segs.append((system_key(session.system), words(session.system)))
+        n = session.system_len if session.system_len is not None else words(session.system)
+        segs.append((system_key(session.system), n))
     by = {c.index: c for c in session.calls}
     if call.context == "history":
         for a in session.ancestors(call.index):
@@ -79,7 +94,10 @@ def call_prompt_len(
     reply_len: Callable[[Call], int] | None = None,
     generated_replies: bool = True,
 ) -> int:
-    """The call's prompt length in tokens (at least 1, like replay's hint)."""
+    """The call's prompt length in tokens (at least 1, like replay's hint): its token ids'
+    count when the trace was tokenized and the history is the trace's text."""
+    if call.token_ids is not None and not generated_replies:
+        return max(1, len(call.token_ids))
     return max(1, sum(n for _, n in call_segments(session, call, reply_len, generated_replies)))
 
 
@@ -89,11 +107,78 @@ def call_identity(
     reply_len: Callable[[Call], int] | None = None,
     generated_replies: bool = True,
 ) -> PromptIdentity:
-    """The call's :class:`PromptIdentity`: its segments, replying as ``reply_key``."""
+    """The call's :class:`PromptIdentity`: its token ids (a tokenized trace under
+    ``--history trace``) or its segments, replying as ``reply_key``."""
+    if call.token_ids is not None and not generated_replies and call.token_ids:
+        return PromptIdentity.from_token_ids(call.token_ids, reply_key=reply_key(session, call))
     segs = call_segments(session, call, reply_len, generated_replies)
     if not segs:  # replay sends at least one token
         segs = [(text_key(session, call), 1)]
     return PromptIdentity.from_segments(segs, reply_key=reply_key(session, call))
 
 
-__all__ = ["call_identity", "call_prompt_len", "call_segments", "reply_key", "system_key"]
+def tokenize_session_trace(
+    trace: Trace, tokenizer: TokenCounter, *, history: str = "trace", seed: int = 0
+) -> Trace:
+    """``trace`` with its session lengths in ``tokenizer``'s tokens (module docstring).
+
+    Each call's ``prompt_len`` becomes its own text's token count and ``system_len`` the
+    system prefix's; with ``history="trace"`` every call also gets ``prompt_token_ids``, its
+    composed prompt (:func:`~harness.workload.sessions.compose` with the trace's replies,
+    what replay sends) encoded with special tokens, as a completions endpoint encodes it.
+    Texts the trace lacks are synthesised as replay synthesises them for ``seed``
+    (:class:`harness.loadgen.sessions.SessionDispatcher`) and written into ``prompt`` /
+    ``reply``, so the result is self-contained. ``output_len`` (max_tokens) is unchanged.
+    """
+    from harness.workload.prompts import synthesize_prompt
+    from harness.workload.trace import Trace
+
+    if history not in ("trace", "reply"):
+        raise ValueError(f"history must be 'trace' or 'reply', got {history!r}")
+    df = trace.df.copy()
+    sessions = sessions_from_frame(df)
+    texts: dict[int, str] = {}
+    replies: dict[int, str] = {}
+    for s in sessions:
+        for c in s.calls:
+            texts[c.req] = (
+                c.prompt if c.prompt is not None else synthesize_prompt(c.prompt_len, seed, c.req)
+            )
+            replies[c.req] = (
+                c.reply
+                if c.reply is not None
+                else synthesize_prompt(c.output_len, seed, 1_000_003 + c.req)
+            )
+    n = len(df)
+    counted = [tokenizer.count(texts[i]) for i in range(n)]
+    df["prompt"] = [texts[i] for i in range(n)]
+    df["reply"] = [replies[i] for i in range(n)]
+    df["prompt_len"] = [max(1, k) for k in counted]  # a trace length is >= 1
+    sys_len: dict[str, int] = {}
+    for s in sessions:
+        if s.system:
+            sys_len[s.session_id] = tokenizer.count(s.system)
+    if "session_id" in df.columns:
+        df["system_len"] = [sys_len.get(sid) for sid in df["session_id"].astype(str)]
+    if history == "trace":
+        ids: list[list[int] | None] = [None] * n
+        for s in sessions:
+            for c in s.calls:
+                prompt, _ = compose(s, c, lambda x: texts[x.req], lambda x: replies[x.req])
+                ids[c.req] = tokenizer.encode_prompt(prompt)
+        df["prompt_token_ids"] = ids
+    else:
+        df = df.drop(columns=["prompt_token_ids"], errors="ignore")
+    meta = dict(trace.meta)
+    meta["token_counts"] = {"tokenizer": tokenizer.name, "history": history}
+    return Trace.from_frame(df, trace.tiers, meta)
+
+
+__all__ = [
+    "call_identity",
+    "call_prompt_len",
+    "call_segments",
+    "reply_key",
+    "system_key",
+    "tokenize_session_trace",
+]
