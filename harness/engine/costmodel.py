@@ -415,6 +415,7 @@ def fit_cost_model(
     with_floor: bool = False,
     kind: str = "affine",
     kv_sat_batch: int = 64,
+    trim_stalls: bool = False,
 ) -> FitResult:
     """Least-squares fit of a step-time model from measured engine steps (SAMPLES rows with
     ``source == "engine"``).
@@ -429,6 +430,13 @@ def fit_cost_model(
     (the KV resident at the step, a proxy for KV read when decodes dominate). Rows covering
     several fast-forwarded steps are averaged per step. ``with_floor`` sets ``floor_s`` to the
     5th percentile of the shortest steps' durations (the weight-read floor).
+
+    ``trim_stalls``: refit without the steps that ran far longer than the model says (residual
+    above 4 robust sigmas, 1.4826 x MAD; up to three rounds). On a shared CPU another process
+    can take the core mid-step; those stalls are the neighbours' cost, not the engine's, and
+    least squares would spread them over every step (a fit high for typical steps and still
+    short for the stalled ones). One-sided: nothing makes a step faster than its work.
+    ``extra["trimmed"]`` counts the steps left out.
     """
     import pandas as pd
     from scipy.optimize import nnls
@@ -468,7 +476,17 @@ def fit_cost_model(
             else np.zeros(len(df))
         )
         X = np.column_stack([np.ones_like(t), p + d, d, kv * (1 - w), kv * w, attn])
+    keep = np.ones(len(t), dtype=bool)
     coef, _ = nnls(X, t)
+    for _ in range(3 if trim_stalls else 0):
+        res = t - X @ coef
+        sigma = 1.4826 * float(np.median(np.abs(res[keep] - np.median(res[keep]))))
+        new_keep = res <= np.median(res[keep]) + 4 * sigma
+        if sigma <= 0 or new_keep.sum() < 4 or (new_keep == keep).all():
+            break
+        keep = new_keep
+        coef, _ = nnls(X[keep], t[keep])
+    X, t = X[keep], t[keep]
     pred = X @ coef
     ss_res = float(((t - pred) ** 2).sum())
     ss_tot = float(((t - t.mean()) ** 2).sum())
@@ -492,7 +510,13 @@ def fit_cost_model(
             kv_sat_batch=kv_sat_batch,
             per_prefill_attn_s=float(coef[5]),
         )
-    return FitResult(model=model, r2=r2, rmse_s=math.sqrt(ss_res / len(t)), n=len(t))
+    return FitResult(
+        model=model,
+        r2=r2,
+        rmse_s=math.sqrt(ss_res / len(t)),
+        n=len(t),
+        extra={"trimmed": int((~keep).sum())},
+    )
 
 
 def loop_overhead_s(step_start_s: Any, step_end_s: Any, back_to_back_s: float = 5e-3) -> float:

@@ -76,3 +76,21 @@ def test_old_step_logs_without_prefill_attn_still_fit() -> None:
         del r["prefill_attn"]
     fit = fit_cost_model(step_log_samples(rows), kind="context")
     assert fit.model.per_prefill_attn_s == 0.0
+
+
+def test_trimming_stalls_keeps_the_engine_cost() -> None:
+    """Steps where a neighbour took the core (here 8% of them, +5..30 ms) are left out of
+    the fit with ``trim_stalls``; plain least squares spreads them over every step."""
+    rows = _log()
+    rng = np.random.default_rng(7)
+    stalled = rng.random(len(rows)) < 0.08
+    for r, s in zip(rows, stalled, strict=True):
+        if s:
+            r["duration_s"] += float(rng.uniform(5e-3, 30e-3))
+    samples = step_log_samples(rows)
+    plain = fit_cost_model(samples, kind="context")
+    robust = fit_cost_model(samples, kind="context", trim_stalls=True)
+    assert robust.extra["trimmed"] >= stalled.sum() * 0.9
+    assert robust.model.per_token_s == pytest.approx(TRUE.per_token_s, rel=0.05)
+    assert robust.model.base_s == pytest.approx(TRUE.base_s + GAP_S, rel=0.15)
+    assert plain.model.base_s > 2 * (TRUE.base_s + GAP_S)
