@@ -43,6 +43,7 @@ from harness.policies.base import Policy, declared_rule
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
+_NONE_LEFT = 1 << 62  # ``left`` with nobody running
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -99,6 +100,9 @@ def fast_simulate(
     Pr, Or, Cr, Mr, NBr, IDr = IA
     Fr, Lr = FA
     R = 0
+    # min over running requests of max_tokens - outputs (exact): steps until the first finish
+    # of a pure decode run, so pure steps skip the per-request finish test
+    left = _NONE_LEFT
     npf = 0  # running requests that are not decoding (prefilling or recomputing)
     used = 0
     preempt_total = 0
@@ -112,13 +116,20 @@ def fast_simulate(
 
     def retire(keep: np.ndarray, R: int) -> int:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
-        gone = np.flatnonzero(~keep)
+        return drop(np.flatnonzero(~keep), keep, R)
+
+    def drop(gone: np.ndarray, keep: np.ndarray | None, R: int) -> int:
+        """Remove the running positions ``gone`` (ascending; ``keep`` is its complement mask
+        over the first R, or None to derive it), keeping the running order."""
         if len(gone) <= 8:  # usually one or two: shift the tails left (memmove-speed slices)
             for p in gone[::-1].tolist():
                 IA[:, p : R - 1] = IA[:, p + 1 : R]
                 FA[:, p : R - 1] = FA[:, p + 1 : R]
                 R -= 1
             return R
+        if keep is None:
+            keep = np.ones(R, dtype=bool)
+            keep[gone] = False
         idx = np.flatnonzero(keep)
         k = len(idx)
         IA[:, :k] = IA[:, idx]
@@ -273,6 +284,7 @@ def fast_simulate(
             # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
             R0 = R
             adm_g: list[int] = []
+            adm_left = _NONE_LEFT
             if not preempted_any and waiting:
                 seats = max_seqs - R
                 while waiting and budget > 0 and seats > 0:
@@ -297,6 +309,9 @@ def fast_simulate(
                     Lr[R] = last[j]
                     R += 1
                     adm_g.append(g)
+                    lj = M_l[j] - oj - (g == rj)  # its first token comes with a whole prefill
+                    if lj < adm_left:
+                        adm_left = lj
                     budget -= g
                     seats -= 1
                     prefill += g
@@ -305,6 +320,7 @@ def fast_simulate(
 
             if n_decode == 0 and prefill == 0:
                 if preempted_any:
+                    left = int((Mr[:R] - Or[:R]).min()) if R else _NONE_LEFT
                     continue  # state changed: plan again at the same time
                 if i < n:
                     t = max(t, nxt)
@@ -320,8 +336,7 @@ def fast_simulate(
             # ---- fast-forward a steady run of pure decode steps --------------------------------
             k = 1
             if fast_forward and pure and not adm_g and t + dur < until:
-                Mv = Mr[:R]
-                k_max = int((Mv - Or[:R]).min())
+                k_max = left
                 if k_max > 1:
                     k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
                     if k_max > 1:
@@ -380,16 +395,23 @@ def fast_simulate(
                     npf += len(adm_g) - len(hits)
                 s_p.append(prefill)
                 s_dec.append(n_decode)
-            done = Or[:R] >= Mr[:R]
-            if done.any():
-                rows = IDr[:R][done]
-                state[rows] = _FINISHED
-                Orow[rows] = Or[:R][done]
-                first[rows] = Fr[:R][done]
-                last[rows] = Lr[:R][done]
-                used -= int(NBr[:R][done].sum())
-                R = retire(~done, R)
-                finished_total += len(rows)
+            if pure:  # everyone running before admission sampled k tokens
+                left -= k
+                if adm_left < left:
+                    left = adm_left
+            if not pure or left <= 0:
+                done = Or[:R] >= Mr[:R]
+                gone = np.flatnonzero(done)
+                if len(gone):
+                    rows = IDr[gone]
+                    state[rows] = _FINISHED
+                    Orow[rows] = Or[gone]
+                    first[rows] = Fr[gone]
+                    last[rows] = Lr[gone]
+                    used -= int(NBr[gone].sum())
+                    R = drop(gone, None, R)
+                    finished_total += len(rows)
+                left = int((Mr[:R] - Or[:R]).min()) if R else _NONE_LEFT
             if not pure:
                 v = Or[:R]
                 npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))

@@ -84,48 +84,71 @@ class SimResult:
 
 
 class ChunkLog:
-    """Token-time accumulator: per step one time + the sampled rows, numpy at flush.
+    """Token-time accumulator: per step (or fast-forwarded run) one row group, numpy at flush.
 
-    Rows are kept as compact int32/float64 parts. With a ``sink`` they leave memory in
-    batches of at least ``every`` rows (and once more at the end): why batches, not one
-    call per fast-forwarded run, is that a 100k-request run has ~60k such runs, and each
-    sink call builds and buffers an Arrow table (seconds of overhead at that count).
+    Why deferred: a fast-forwarded run gives every row of its group one token at each of its
+    ``k`` step ends, so it is kept as (rows, ends) and expanded to ``k * len(rows)`` chunk rows
+    only when sealed, for all groups at once in a few whole-array operations (not a
+    ``tile``/``repeat`` per run: ~60k runs at 100k requests). With a ``sink``, rows leave memory
+    in batches of at least ``every`` rows (and once more at the end): each sink call builds and
+    buffers an Arrow table, seconds of overhead if called per run.
     """
 
     def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
         self.sink = sink
         self.every = every
-        self.rows: list[Any] = []
-        self.step_t: list[float] = []
-        self.step_n: list[int] = []
+        self.rows: list[Any] = []  # one row group per step or run
+        self.steps: list[int] = []  # steps of each group (1, or a run's length)
+        self.t_parts: list[Any] = []  # step end times: float lists (steps) and arrays (runs)
+        self._t_open: list[float] = []  # ends of the single steps since the last run
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []
         self.pending = 0
 
     def add_step(self, t: float, rows: Any) -> None:
         """One step's sampled trace rows (a list or an int array), all at time ``t``."""
         self.rows.append(rows)
-        self.step_t.append(t)
-        self.step_n.append(len(rows))
+        self.steps.append(1)
+        self._t_open.append(t)
         self.pending += len(rows)
         if self.pending >= self.every:
             self.flush()
 
     def add_run(self, ends: np.ndarray, rows: Any) -> None:
-        """A fast-forwarded run: every row gets one token at each of ``ends``."""
-        self._seal()
-        r = np.asarray(rows, dtype=np.int32)
+        """A fast-forwarded run: every row gets one token at each of ``ends`` (kept, not
+        copied: the caller must not change either afterwards)."""
+        if self._t_open:
+            self.t_parts.append(self._t_open)
+            self._t_open = []
+        self.t_parts.append(ends)
+        self.rows.append(rows)
         k = len(ends)
-        self.parts.append((np.tile(r, k), np.repeat(np.asarray(ends, dtype=np.float64), len(r))))
-        self.pending += k * len(r)
+        self.steps.append(k)
+        self.pending += k * len(rows)
         if self.pending >= self.every:
             self.flush()
 
     def _seal(self) -> None:
-        if self.rows:
-            req = np.concatenate([np.asarray(x, dtype=np.int32) for x in self.rows])
-            t = np.repeat(np.asarray(self.step_t, dtype=np.float64), np.asarray(self.step_n))
-            self.parts.append((req, t))
-        self.rows, self.step_t, self.step_n = [], [], []
+        """Expand the open groups into one (int32 rows, float64 times) part, time order: the
+        ``s``-th step of a group emits the group's rows in order at its ``s``-th end."""
+        if not self.rows:
+            return
+        if self._t_open:
+            self.t_parts.append(self._t_open)
+        groups = self.rows
+        ends = np.concatenate([np.asarray(x, dtype=np.float64) for x in self.t_parts])
+        size = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+        steps = np.asarray(self.steps, dtype=np.int64)
+        allr = np.concatenate(groups, dtype=np.int32, casting="unsafe")
+        self.rows, self.steps, self.t_parts, self._t_open = [], [], [], []
+        if len(ends) == len(groups):  # single steps only: the groups are the rows
+            self.parts.append((allr, np.repeat(ends, size)))
+            return
+        off = np.cumsum(size) - size  # each group's first row in allr
+        bsz = np.repeat(size, steps)  # rows of each step
+        start = np.cumsum(bsz) - bsz  # each step's first output row
+        idx = np.arange(int(bsz.sum()), dtype=np.int64)
+        idx += np.repeat(np.repeat(off, steps) - start, bsz)
+        self.parts.append((allr[idx], np.repeat(ends, bsz)))
 
     def _joined(self) -> tuple[np.ndarray, np.ndarray]:
         """All sealed parts as one (int32 rows, float64 times) pair; the parts are dropped."""

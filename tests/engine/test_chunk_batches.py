@@ -38,3 +38,38 @@ def test_sink_gets_large_batches_with_the_same_rows(policy):
     t = np.concatenate([x for _, x in calls])
     assert np.array_equal(req, kept.chunk_req) and np.array_equal(t, kept.chunk_t)
     assert np.all(np.diff(t) >= 0)
+
+
+def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
+    """Fast-forwarded runs are kept as (rows, ends) and expanded at flush: the rows must be
+    exactly the naive one-token-per-row-per-step expansion, in order, with any flush size."""
+    from harness.engine.simresult import ChunkLog
+
+    rng = np.random.default_rng(7)
+    events = []
+    t = 0.0
+    for _ in range(300):
+        rows = rng.integers(0, 1000, size=int(rng.integers(0, 6))).tolist()
+        if rng.random() < 0.4:
+            ends = t + np.cumsum(rng.random(int(rng.integers(1, 5))))
+            events.append(("run", ends, np.asarray(rows, dtype=np.int64)))
+            t = float(ends[-1])
+        else:
+            t += float(rng.random())
+            events.append(("step", t, rows))
+    want_r = [r for kind, e, rows in events for tt in np.atleast_1d(e) for r in rows]
+    want_t = [tt for kind, e, rows in events for tt in np.atleast_1d(e) for _r in rows]
+    for every in (1, 7, 10**9):
+        got: list[tuple[np.ndarray, np.ndarray]] = []
+        log = ChunkLog(lambda r, tt, got=got: got.append((r, tt)), every)
+        for kind, e, rows in events:
+            (log.add_run if kind == "run" else log.add_step)(e, rows)
+        log.flush()
+        assert np.array_equal(np.concatenate([r for r, _ in got]), want_r)
+        assert np.array_equal(np.concatenate([x for _, x in got]), want_t)
+        assert all(r.dtype == np.int32 for r, _ in got)
+    log = ChunkLog(None, 10**9)
+    for kind, e, rows in events:
+        (log.add_run if kind == "run" else log.add_step)(e, rows)
+    req, tt = log.arrays()
+    assert np.array_equal(req, want_r) and np.array_equal(tt, want_t) and req.dtype == np.int64
