@@ -41,13 +41,16 @@ import asyncio
 import errno
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from harness import clock
+from harness.loadgen import h1
 from harness.loadgen.fastscan import scan_openai, split_segment
 from harness.loadgen.sse import DONE, SSEDecoder
 from harness.results import schema
@@ -94,26 +97,105 @@ class RequestResult:
 
 def make_session(
     *, limit: int = 0, timeout_s: float | None = None, connect_timeout_s: float | None = None
-) -> aiohttp.ClientSession:
-    """The ONE session a run uses: keep-alive pool (``limit`` 0 = unbounded, else the
+) -> HttpSession:
+    """The ONE client a run uses: keep-alive pool (``limit`` 0 = unbounded, else the
     concurrency cap, like vLLM's ``TCPConnector(limit=max_concurrency or 0)``), large read
     buffer, and ``timeout_s`` as the longest silence allowed between bytes. The connect
     timeout defaults to ``timeout_s`` too: under overload the accept queue (or this client's
     own loop) is slow, and a short connect timeout would turn overload into connect errors;
-    an unreachable target is caught by the readiness check instead."""
+    an unreachable target is caught by the readiness check instead.
+
+    Plain ``http://`` requests go through the lean client of :mod:`harness.loadgen.h1` when
+    ``httptools`` is installed (issue 18: a third of aiohttp's CPU per request); everything
+    else, or every request when ``HARNESS_HTTP_CLIENT=aiohttp`` is set, through aiohttp."""
     if connect_timeout_s is None:
         connect_timeout_s = timeout_s
     connector = aiohttp.TCPConnector(
         limit=limit, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300
     )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=timeout_s)
-    return aiohttp.ClientSession(
+    aio = aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
         read_bufsize=READ_BUFSIZE,
         auto_decompress=False,
         skip_auto_headers=("User-Agent",),
     )
+    pool = None
+    if h1.AVAILABLE and os.environ.get("HARNESS_HTTP_CLIENT", "") != "aiohttp":
+        pool = h1.Pool(
+            limit=limit, connect_timeout_s=connect_timeout_s, read_timeout_s=timeout_s,
+            keepalive_s=60.0,
+        )  # fmt: skip
+    return HttpSession(aio, pool)
+
+
+_RESERVED_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connection"))
+
+
+class HttpSession:
+    """aiohttp's session plus the lean HTTP/1.1 pool; ``async with`` closes both."""
+
+    def __init__(self, aio: aiohttp.ClientSession, pool: h1.Pool | None) -> None:
+        self.aio = aio
+        self.pool = pool
+        self._targets: dict[str, tuple[tuple[str, int], str] | None] = {}
+
+    async def __aenter__(self) -> HttpSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        await self.aio.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.aio.closed
+
+    def lean_message(
+        self, url: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[tuple[str, int], bytes] | None:
+        """(host, port) and the whole request (head and body) when the lean client can send
+        it, else None (https, credentials in the URL, a non-ASCII URL, a header the request
+        line owns, a header value aiohttp would refuse: the aiohttp path decides)."""
+        if self.pool is None:
+            return None
+        tgt = self._targets.get(url, False)
+        if tgt is False:
+            tgt = self._targets[url] = _lean_target(url)
+        if tgt is None:
+            return None
+        lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+        n = len(headers)
+        # One CR and one LF per header line: any other is a header injection, refused by
+        # aiohttp with ValueError (the aiohttp path keeps that behaviour).
+        if lines.count("\n") != n or lines.count("\r") != n:
+            return None
+        for k in headers:
+            if k.lower() in _RESERVED_HEADERS:
+                return None
+        head = f"{tgt[1]}{lines}Content-Length: {len(body)}\r\n\r\n"
+        return tgt[0], head.encode() + body
+
+
+def _lean_target(url: str) -> tuple[tuple[str, int], str] | None:
+    """((host, port), "POST path HTTP/1.1\r\nHost: ...\r\n") for a plain http URL."""
+    if not url.isascii() or any(c.isspace() for c in url):
+        return None
+    u = urlsplit(url)
+    if u.scheme != "http" or u.username or u.password or not u.hostname:
+        return None
+    try:
+        port = u.port or 80
+    except ValueError:
+        return None
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    host = u.netloc[:-3] if u.netloc.endswith(":80") else u.netloc  # as aiohttp writes it
+    return (u.hostname, port), f"POST {path} HTTP/1.1\r\nHost: {host}\r\n"
 
 
 class _BadPayload(Exception):
@@ -299,7 +381,7 @@ def reconcile(res: RequestResult, st: _StreamState) -> None:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession,
+    session: HttpSession | aiohttp.ClientSession,
     url: str,
     body: bytes,
     headers: dict[str, str],
@@ -309,7 +391,9 @@ async def stream_request(
     """POST ``body`` and consume the SSE stream into ``res``; stamps ``res.send`` itself.
 
     ``interpret`` reads the stream's messages (default :func:`interpret_openai`; SGLang's
-    native ``/generate`` uses :func:`interpret_sglang_generate`).
+    native ``/generate`` uses :func:`interpret_sglang_generate`). Through the lean client
+    where :meth:`HttpSession.lean_message` allows (a redirect reply is then sent again
+    through aiohttp, which follows it), else through aiohttp; both classify failures alike.
 
     Never raises except :class:`asyncio.CancelledError`, which is recorded as ``cancelled``
     before it propagates.
@@ -318,9 +402,37 @@ async def stream_request(
     interp = interpret or interpret_openai
     got_response = False
     now = clock.now
+    lean = None
+    if type(session) is HttpSession:
+        lean = session.lean_message(url, body, headers)
+        aio = session.aio
+    else:
+        aio = session
     try:
         res.send = now()
-        async with session.post(url, data=body, headers=headers) as resp:
+        if lean is not None:
+            pool = session.pool  # type: ignore[union-attr]
+            conn = await pool.acquire(lean[0])
+            try:
+                fut = conn.request(lean[1], make_feed(interp, res, st), pool.read_timeout_s)
+                try:
+                    reply = await fut
+                except asyncio.CancelledError:
+                    conn.abandon()
+                    raise
+            finally:
+                pool.release(conn)
+            got_response = True
+            res.http_status = status = reply.status
+            if status == 200:
+                _verdict(res, st)
+                return res
+            if status not in h1.REDIRECTS:
+                _fail_status(res, status, reply.error_body.decode("utf-8", "replace"))
+                return res
+            got_response = False  # a redirect: aiohttp sends it again and follows it
+            res.http_status = None
+        async with aio.post(url, data=body, headers=headers) as resp:
             got_response = True
             res.http_status = resp.status
             if resp.status != 200:
@@ -330,15 +442,7 @@ async def stream_request(
                     )
                 except Exception:  # the status is the error; the body is only a hint
                     text = ""
-                kind = schema.ERROR_HTTP
-                low = text.lower()
-                if resp.status in (400, 413, 422) and (
-                    "rejected" in low or "context length" in low
-                ):
-                    # Refused before running: the built-in engine's "request rejected: ..."
-                    # (longer than KV capacity), vLLM's "maximum context length" 400.
-                    kind = schema.ERROR_REJECTED
-                res.fail(kind, f"HTTP {resp.status}: {text.strip()}")
+                _fail_status(res, resp.status, text)
                 return res
             feed = make_feed(interp, res, st)
             if not await _consume_at_receipt(resp.content, feed, st):
@@ -347,22 +451,25 @@ async def stream_request(
                     if st.done:
                         continue  # drain to EOF so the connection returns to the pool
                     feed(data, t)
-            if not res.chunk_t:
-                res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
-            elif not (st.done or st.finished_choices):
-                res.fail(schema.ERROR_STREAM_CUT, "stream ended before [DONE]")
-            else:
-                res.success = True
+            _verdict(res, st)
     except asyncio.CancelledError:
         res.fail(schema.ERROR_CANCELLED, "cancelled while in flight")
         raise
     except _BadPayload as exc:
         res.fail(schema.ERROR_BAD_PAYLOAD, str(exc))
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError, h1.ReadTimeout) as exc:
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             res.fail(schema.ERROR_CONNECT, f"connect timeout: {exc}")
         else:
             res.fail(schema.ERROR_TIMEOUT, f"no data within the read timeout ({exc or 'timeout'})")
+    except h1.ConnectFailed as exc:
+        kind = schema.ERROR_CLIENT_LIMIT if _out_of_fds(exc) else schema.ERROR_CONNECT
+        res.fail(kind, str(exc))
+    except (h1.Disconnected, h1.BadResponse) as exc:
+        if exc.got_response:
+            res.fail(schema.ERROR_STREAM_CUT, f"stream cut: {exc}")
+        else:
+            res.fail(schema.ERROR_CONNECT, f"{type(exc).__name__}: {exc}")
     except aiohttp.ClientPayloadError as exc:
         res.fail(schema.ERROR_STREAM_CUT, f"stream cut: {exc}")
     except aiohttp.ClientError as exc:
@@ -378,6 +485,28 @@ async def stream_request(
             res.prompt_tokens = st.prompt_tokens if st.prompt_tokens is not None else res.prompt_len
         reconcile(res, st)
     return res
+
+
+def _fail_status(res: RequestResult, status: int, text: str) -> None:
+    """A non-200 reply: ``http_status``, or ``rejected`` for a refusal before running (the
+    built-in engine's "request rejected: ..." for longer than KV capacity, vLLM's "maximum
+    context length" 400)."""
+    kind = schema.ERROR_HTTP
+    low = text.lower()
+    if status in (400, 413, 422) and ("rejected" in low or "context length" in low):
+        kind = schema.ERROR_REJECTED
+    res.fail(kind, f"HTTP {status}: {text.strip()}")
+
+
+def _verdict(res: RequestResult, st: _StreamState) -> None:
+    """A 200 reply that ended: success needs a chunk and a proper end ([DONE] or a
+    finish_reason)."""
+    if not res.chunk_t:
+        res.fail(schema.ERROR_NO_CHOICES, "HTTP 200 but no chunk with choices")
+    elif not (st.done or st.finished_choices):
+        res.fail(schema.ERROR_STREAM_CUT, "stream ended before [DONE]")
+    else:
+        res.success = True
 
 
 async def _consume_at_receipt(
@@ -457,6 +586,8 @@ def make_feed(
     if interp is not interpret_openai:
 
         def feed_any(data: bytes, t: float) -> None:
+            if st.done:
+                return
             payloads = dec.feed(data)
             if payloads:
                 interp(payloads, t, res, st)
@@ -467,6 +598,8 @@ def make_feed(
 
     def feed_openai(data: bytes, t: float) -> None:
         nonlocal pending, slow
+        if st.done:
+            return  # drained to the end of the body, as the connection is reused
         if not slow and b"\r" in data:
             slow = True
             data, pending = pending + data, b""

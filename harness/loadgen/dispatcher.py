@@ -31,12 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 import numpy as np
 import pyarrow as pa
 
 from harness import clock
-from harness.loadgen.client import RequestResult, encode_body, stream_request
+from harness.loadgen.client import HttpSession, RequestResult, encode_body, stream_request
 from harness.loadgen.dialects import Dialect, Endpoint
 from harness.results import schema
 from harness.workload.tiers import Tier
@@ -97,7 +96,7 @@ class Dispatcher:
         self,
         jobs: list[Job],
         *,
-        session: aiohttp.ClientSession,
+        session: HttpSession,
         base_url: str,
         model: str,
         dialect: Dialect,

@@ -1,6 +1,7 @@
-"""Reading a stream inside ``data_received`` (client ``_consume_at_receipt``): every outcome
-ends with the response's stream switched back and no hook left behind, streamed chunks are
-stamped one by one at receipt, and a bad payload still fails the request as before."""
+"""Reading a stream inside ``data_received``, through both HTTP paths (the lean client of
+``harness.loadgen.h1`` and aiohttp with ``_consume_at_receipt``): every outcome is classified
+alike and leaves no hook behind, streamed chunks are stamped one by one at receipt, and a bad
+payload still fails the request as before."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ from harness.loadgen.client import RequestResult, encode_body, make_session, str
 from harness.results import schema
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True, params=["lean", "aiohttp"])
+def http_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test once per HTTP path (``HARNESS_HTTP_CLIENT=aiohttp`` forces aiohttp)."""
+    monkeypatch.setenv("HARNESS_HTTP_CLIENT", request.param)
+    return str(request.param)
 
 
 def _body(mode: str, n: int = 5) -> bytes:
@@ -47,8 +55,9 @@ async def test_read_timeout_and_cancellation_leave_no_hook(sse_server: FakeServe
     assert res.error_kind == schema.ERROR_TIMEOUT
     assert client._RECEIPT_HOOKS == {}
     task = asyncio.ensure_future(_run(sse_server, "hang"))
-    while not client._RECEIPT_HOOKS:  # the hook is in place while the body is awaited
+    while not sse_server.in_flight:  # the body is awaited
         await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
