@@ -80,7 +80,12 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if nf != full:
         return False
     running = seg.count(b'"finish_reason":null')
-    if running != nf and seg.count(b'"finish_reason":"') != nf - running:
+    if running != nf and not (
+        # The usual end: the one non-null finish_reason is the last message's, a string
+        # (counted there only, instead of over the whole segment: same verdict).
+        (running == nf - 1 and seg.count(b'"finish_reason":"', last) == 1)
+        or seg.count(b'"finish_reason":"') == nf - running
+    ):
         return False
     # usage: an object (counted) or null (ignored, as interpret_openai does); nothing else.
     nu = seg.count(b'"usage":{')
@@ -103,12 +108,15 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if nu == n and full:
         # Rule 1 (continuous usage stats): a chunk's tokens are the rise of the cumulative
         # count; the assigned total is the running maximum, as in interpret_openai.
-        cum = [int(cts[0])] if full == 1 else json.loads(b"[" + b",".join(cts[:full]) + b"]")
         a = st.assigned
-        if cum == list(range(a + 1, a + full + 1)):  # one token per chunk: the usual case
+        if cts[:full] == _digits(a + 1, a + full + 1):  # one token per chunk: the usual case
             toks = [1] * full
             st.assigned = a + full
         else:
+            try:  # (a leading zero is not JSON: the decoding path fails it)
+                cum = json.loads(b"[" + b",".join(cts[:full]) + b"]")
+            except ValueError:
+                return False
             acc = list(accumulate(cum, max, initial=a))
             toks = list(map(sub, acc[1:], acc[:-1]))
             st.assigned = acc[-1]
@@ -135,6 +143,18 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if done:
         st.done = True
     return True
+
+
+_DIGITS: list[bytes] = []
+
+
+def _digits(lo: int, hi: int) -> list[bytes]:
+    """The decimal byte strings of ``lo..hi-1``, as JSON writes them (a leading zero, which
+    JSON forbids anyway, or any other spelling then takes the decoding path): comparing
+    bytes skips decoding the cumulative counts of the usual stream."""
+    if hi > len(_DIGITS):
+        _DIGITS.extend(str(i).encode() for i in range(len(_DIGITS), max(hi, 2 * len(_DIGITS))))
+    return _DIGITS[lo:hi]
 
 
 def _newlines(seg: bytes) -> int:

@@ -282,6 +282,19 @@ EDGE_CASES: dict[str, bytes] = {
     )
     + _msg(_chunk("a", chat=True, fin="tool_calls"))
     + DONE,
+    "finish_reason on an earlier chunk, not the last": _msg(_chunk("a", 1, "stop"))
+    + _msg(_chunk("b", 2))
+    + _msg(_chunk("c", 3))
+    + DONE,
+    "finish_reason not a string on an earlier chunk": _msg(_chunk("a", 1, 5))
+    + _msg(_chunk("b", 2, "stop"))
+    + DONE,
+    "cumulative counts that skip and repeat": b"".join(_msg(_chunk("a", c)) for c in (2, 2, 5, 4))
+    + DONE,
+    "cumulative count with a leading zero": b"".join(_msg(_chunk("a", c)) for c in (1, 2)).replace(
+        b'"completion_tokens":2', b'"completion_tokens":02'
+    )
+    + DONE,
 }
 
 
