@@ -15,6 +15,12 @@ Two simulated token namings:
 - ``segments``: :func:`harness.workload.token_identity.call_segments` (named runs, lengths as
   replay's word hints): what a session simulation without a tokenizer sees.
 
+And ``harness simulate`` itself, run on the session trace as a user runs it (the fitted cost
+model written to OUT/cost_model.json, the same KV blocks, ``--history trace``), once with the
+trace's own length hints (``cli``) and once with ``--tokenizer`` (``cli_tokenizer``: prompts
+counted and hashed in the model's tokens). Their hit rates are the fidelity figures; the
+other variants explain the gap.
+
     # 1. freeze the trace; 2. start vLLM; 3. replay + simulate (the real part is skipped
     # when OUT/real already holds a run)
     harness trace build sharegpt-conv -n 40 --rate 0.5 --think-time exp:1 --seed 3 \\
@@ -23,6 +29,10 @@ Two simulated token namings:
         --detach --pidfile /tmp/vllm.pid
     python benchmarks/prefix_cache_vs_vllm.py --trace /tmp/sg.parquet --out OUT \\
         --kv-blocks 512 --target URL
+    # again on the same real run, only the two `harness simulate` runs: add --sim-only
+
+By-turn figures are over the calls every run completed (a simulation skips a call whose
+prompt + max_tokens exceeds --max-context, as replay does; vLLM clips max_tokens instead).
 """
 
 from __future__ import annotations
@@ -161,16 +171,97 @@ def simulate_sessions(
     return pd.DataFrame(rows), core
 
 
+def simulate_cli(
+    a: argparse.Namespace, cfg: EngineConfig, cost_file: Path, out: Path, extra: list[str]
+) -> tuple[pd.DataFrame, float, list[str]]:
+    """``harness simulate`` on the session trace with the real run's engine settings: its
+    successful first attempts (session, turn, prompt tokens, cached tokens, TTFT) and hit
+    rate (``summary.json`` sessions.prefix_cache, over every attempt as vLLM counts)."""
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [
+        "harness", "simulate", "--trace", str(a.trace), "--policy", "vllm",
+        "--cost-model", str(cost_file), "--num-blocks", str(cfg.num_blocks),
+        "--block-size", str(cfg.block_size), "--token-budget", str(cfg.token_budget),
+        "--max-num-seqs", str(cfg.max_num_seqs), "--max-context", str(a.max_context),
+        "--history", "trace", "--no-report", "--out", str(out), *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli.main", *cmd[1:]],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"error: harness simulate failed: {proc.stderr[-800:]}")
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    req = pd.read_parquet(run_dir / "requests.parquet")
+    hits = pd.read_parquet(run_dir / "prefix_hits.parquet")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rate = float(summary["sessions"]["prefix_cache"]["hit_rate"])
+    df = req.merge(hits, on="req", how="left")
+    df = df[df["success"] & (df["attempt"] == 0)]
+    table = pd.DataFrame(
+        {
+            "session_id": df["session_id"],
+            "call_index": df["call_index"].astype(int),
+            "prompt_tokens": df["queries"].fillna(df["prompt_len"]),
+            "cached_tokens": df["hits"].fillna(0),
+            "ttft_s": df["first_chunk_s"] - df["arrival_s"],
+            "e2e_s": df["last_chunk_s"] - df["arrival_s"],
+        }
+    )
+    return table.reset_index(drop=True), rate, cmd
+
+
+def _common(real: pd.DataFrame, sims: dict[str, pd.DataFrame]) -> set[tuple[str, int]]:
+    """Calls every run completed: a simulation may skip a call the server served (its
+    context rule is replay's, prompt + max_tokens; vLLM clips max_tokens instead), and a
+    by-turn median over 8 to 40 calls moves with one call."""
+    keys = set(zip(real["session_id"], real["call_index"].astype(int), strict=True))
+    for df in sims.values():
+        keys &= set(zip(df["session_id"], df["call_index"].astype(int), strict=True))
+    return keys
+
+
+def _only(df: pd.DataFrame, keys: set[tuple[str, int]]) -> pd.DataFrame:
+    k = list(zip(df["session_id"], df["call_index"].astype(int), strict=True))
+    return df[[x in keys for x in k]]
+
+
 def _turn_table(real: pd.DataFrame, sims: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    out = pd.DataFrame({"calls": real.groupby("call_index").size()})
-    out["real_ttft_p50_ms"] = real.groupby("call_index")["ttft_s"].median() * 1000
-    out["real_engine_ttft_p50_ms"] = real.groupby("call_index")["engine_ttft_s"].median() * 1000
+    """Per turn index, over the calls every run completed: TTFT p50 and mean (real: at the
+    client and in the engine), prompt tokens p50, simulated hit rate."""
+    keys = _common(real, sims)
+    r = _only(real, keys).groupby("call_index")
+    out = pd.DataFrame({"calls": r.size()})
+    out["real_ttft_p50_ms"] = r["ttft_s"].median() * 1000
+    out["real_ttft_mean_ms"] = r["ttft_s"].mean() * 1000
+    out["real_engine_ttft_p50_ms"] = r["engine_ttft_s"].median() * 1000
+    out["real_prompt_p50"] = r["prompt_tokens"].median()
     for name, df in sims.items():
-        g = df.groupby("call_index")
+        g = _only(df, keys).groupby("call_index")
         out[f"sim_{name}_ttft_p50_ms"] = g["ttft_s"].median() * 1000
+        out[f"sim_{name}_ttft_mean_ms"] = g["ttft_s"].mean() * 1000
+        out[f"sim_{name}_prompt_p50"] = g["prompt_tokens"].median()
         hits = hits_by_turn(df["call_index"], df["prompt_tokens"], df["cached_tokens"])
         out[f"sim_{name}_hit"] = hits.set_index("call_index")["hit_rate"]
     return out
+
+
+def _shape(table: pd.DataFrame, real: str, sim: str) -> dict[str, Any]:
+    """TTFT-by-turn shape of ``sim`` against ``real``: how many turn-to-turn steps move the
+    same way, and the range of sim / real per turn (directions alone cannot tell a flat,
+    20x-too-fast curve from a right one)."""
+    dr, ds = np.sign(table[real].diff().iloc[1:]), np.sign(table[sim].diff().iloc[1:])
+    ratio = table[sim] / table[real]
+    return {
+        "same_direction": f"{int((dr == ds).sum())}/{len(dr)}",
+        "ratio_min": round(float(ratio.min()), 2),
+        "ratio_max": round(float(ratio.max()), 2),
+    }
 
 
 def main() -> None:
@@ -190,6 +281,9 @@ def main() -> None:
         "time (default: measured in the real run)",
     )
     ap.add_argument("--tokenizer", default=str(ROOT / ".cache" / "tiny-llama" / "tokenizer.json"))
+    ap.add_argument(
+        "--sim-only", action="store_true", help="only the harness simulate runs (skip variants)"
+    )
     a = ap.parse_args()
     real_dir = a.out / "real"
     if not (real_dir / "prefix_counters.json").exists():
@@ -282,14 +376,16 @@ def main() -> None:
     gaps = [g for g in gaps if np.isfinite(g)]
     overhead = float(np.median(gaps)) if a.overhead is None else a.overhead
     print(f"call overhead (client + API server, median of {len(gaps)}): {overhead * 1e3:.0f} ms")
-    sims, rates = {}, {}
-    for name, fn, rel, ovh in (
+    sims: dict[str, pd.DataFrame] = {}
+    rates: dict[str, float] = {}
+    variants = (
         ("tokens", by_tokens, None, 0.0),
         ("tokens_overhead", by_tokens, None, overhead),
         ("segments_overhead", by_segments, None, overhead),
         ("segments_tok_overhead", by_segments_tok, None, overhead),
         ("tokens_real_times", by_tokens, release_at, 0.0),
-    ):
+    )
+    for name, fn, rel, ovh in () if a.sim_only else variants:
         df, core = simulate_sessions(sessions, sent, fn, cfg, fit.model, rel, ovh)
         sims[name] = df
         rates[name] = core.prefix_cache_hits / core.prefix_cache_queries
@@ -301,19 +397,13 @@ def main() -> None:
         f"real: e2e p50 {(ok['last_chunk_s'] - ok['send_s']).median():.3f} s (client), "
         f"engine TTFT p50 {ok['engine_ttft_s'].median() * 1000:.1f} ms"
     )
-    # the project's own session kernel (harness.engine.cluster, as `harness simulate` runs a
-    # session trace): segments with replay's word-hint lengths, --history trace
-    from harness.engine.cluster import EngineSpec, simulate_cluster
-    from harness.loadgen.sessions import SessionOptions
-    from harness.workload.frozen import load_trace
-
-    kres = simulate_cluster(
-        load_trace(a.trace),
-        [EngineSpec("e0", make_policy("vllm"), fit.model, cfg)],
-        options=SessionOptions(history="trace", max_context=a.max_context),
-    )
-    pe = kres.per_engine[0]
-    rates["kernel_segments"] = pe["prefix_cache_hits"] / pe["prefix_cache_queries"]
+    # `harness simulate` straight from the session trace, as a user runs it
+    cost_file = a.out / "cost_model.json"
+    cost_file.write_text(json.dumps(fit.model.to_dict(), indent=1))
+    for name, extra in (("cli", []), ("cli_tokenizer", ["--tokenizer", a.tokenizer])):
+        df, rate, cmd = simulate_cli(a, cfg, cost_file, a.out / f"sim_{name}", extra)
+        sims[name], rates[name] = df, rate
+        print(f"sim {name}: {len(df)} calls ok; command: {' '.join(cmd)}")
     real_rate = counters["hits"] / counters["queries"]
     table = _turn_table(ok, sims)
     res = {
@@ -334,15 +424,26 @@ def main() -> None:
         "ttft_p50_ms_real": float(ok["ttft_s"].median() * 1000),
         **{f"ttft_p50_ms_sim_{k}": float(v["ttft_s"].median() * 1000) for k, v in sims.items()},
         "by_turn": json.loads(table.to_json(orient="index")),
+        "by_turn_calls": int(table["calls"].sum()),
     }
-    (a.out / "prefix_cache_vs_vllm.json").write_text(json.dumps(res, indent=1))
     print(f"calls {len(ok)}; KV {a.kv_blocks} blocks x {BLOCK_SIZE}; cost model R2 {fit.r2:.3f}")
     print(f"prompt length mismatches (tokenized vs vLLM usage): {mismatch}")
     print(
         f"hit rate: real {real_rate:.3f} | "
         + " | ".join(f"sim {k} {v:.3f}" for k, v in rates.items())
     )
-    print(table.round(3).to_string())
+    for name in [k for k in sims if k.startswith("cli")]:
+        shape = {
+            stat: _shape(table, f"real_ttft_{stat}_ms", f"sim_{name}_ttft_{stat}_ms")
+            for stat in ("p50", "mean")
+        }
+        res[f"ttft_by_turn_shape_{name}"] = shape
+        print(f"TTFT by turn, sim {name} vs real: {shape}")
+    (a.out / "prefix_cache_vs_vllm.json").write_text(json.dumps(res, indent=1))
+    cols = ["calls", "real_ttft_p50_ms", "real_ttft_mean_ms", "real_engine_ttft_p50_ms"]
+    cols += ["real_prompt_p50"] + [c for c in table.columns if c.startswith("sim_cli")]
+    with pd.option_context("display.width", 250):
+        print(table[cols].round(3).to_string())
 
 
 if __name__ == "__main__":
