@@ -124,7 +124,7 @@ def measure_rate(
     duration_s: float,
     output_len: int,
     workers: int | None = 1,
-    loop: str = "asyncio",
+    loop: str = "uvloop",
 ) -> dict[str, Any]:
     """One offered rate against a running fast server."""
     n = max(1, int(rate * duration_s))
@@ -167,7 +167,7 @@ def run_rates(
     duration_s: float = 5.0,
     output_len: int = 100,
     workers: int | None = 1,
-    loop: str = "asyncio",
+    loop: str = "uvloop",
 ) -> list[dict[str, Any]]:
     with fast_server() as url:
         return [measure_rate(url, r, duration_s, output_len, workers, loop) for r in rates]
@@ -179,7 +179,7 @@ def timestamp_accuracy(
     output_len: int = 10,
     itl_ms: float = 10.0,
     workers: int | None = 1,
-    loop: str = "asyncio",
+    loop: str = "uvloop",
 ) -> dict[str, Any]:
     """Client chunk stamps vs the server's write log (same monotonic clock, two processes)."""
     with tempfile.TemporaryDirectory(prefix="bench-ts-") as tmp:
@@ -326,21 +326,23 @@ def main(
     vllm_python: str | None = None,
     tokenizer: str | None = None,
     workers: list[int | None] | None = None,
-    loop: str = "asyncio",
+    loop: str = "uvloop",
     accuracy_rate: float = 100.0,
 ) -> None:
     """Print one table per worker setting (1 = in-process; None = automatic), then vllm
-    bench serve on the same server, then the timestamp accuracy per worker setting."""
+    bench serve on the same server, then the timestamp accuracy per worker setting. The
+    in-process client runs on uvloop where installed by default, as ``harness replay`` does."""
     settings = workers or [1]
-    print(f"machine: {machine_load()} (at start; shared machine)")
+    print(f"machine: {machine_load()} (at start; shared machine); HTTP client: {http_path()}")
     t = time.monotonic()
     summary: list[dict[str, Any]] = []
     for wk in settings:
         rows = run_rates(rates, duration_s, output_len, wk, loop)
         label = "auto" if wk is None else str(wk)
         summary.append(summarise(f"harness, workers={label} ({rows[-1]['workers']})", rows))
+        uv = _has_uvloop() and (wk != 1 or loop == "uvloop")
         print(f"client benchmark, workers={label} ({rows[-1]['workers']} process(es); "
-              f"{loop if wk == 1 else 'uvloop' if _has_uvloop() else 'asyncio'} loop): "
+              f"{'uvloop' if uv else 'asyncio'} loop): "
               f"{output_len}-token responses, one piece each, Poisson arrivals, "
               f"{duration_s:g} s per rate (lag = release - target; ms)")  # fmt: skip
         print(format_rows(rows))
@@ -407,6 +409,15 @@ def format_summary(summary: list[dict[str, Any]]) -> str:
             f"{ratio:>7.2f}"
         )
     return "\n".join(lines)
+
+
+def http_path() -> str:
+    """The HTTP client of plain-http requests (:func:`harness.loadgen.client.make_session`)."""
+    from harness.loadgen import h1
+
+    if h1.AVAILABLE and os.environ.get("HARNESS_HTTP_CLIENT", "") != "aiohttp":
+        return "lean HTTP/1.1 (httptools)"
+    return "aiohttp"
 
 
 def _has_uvloop() -> bool:
