@@ -81,9 +81,9 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
         return False
     running = seg.count(b'"finish_reason":null')
     if running != nf and not (
-        # The usual end: the one non-null finish_reason is the last message's, a string
-        # (counted there only, instead of over the whole segment: same verdict).
-        (running == nf - 1 and seg.count(b'"finish_reason":"', last) == 1)
+        # The usual end: the one non-null finish_reason is the last chunk's, a string
+        # (counted from there only, instead of over the whole segment: same verdict).
+        (running == nf - 1 and seg.count(b'"finish_reason":"', _last_chunk(seg, last, empty)) == 1)
         or seg.count(b'"finish_reason":"') == nf - running
     ):
         return False
@@ -143,6 +143,11 @@ def scan_openai(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if done:
         st.done = True
     return True
+
+
+def _last_chunk(seg: bytes, last: int, empty: int) -> int:
+    """Where the last chunk starts: the last message, or the one before a usage-only one."""
+    return seg.rfind(b"\ndata: {", 0, last - 1) + 1 if empty else last
 
 
 _DIGITS: list[bytes] = []

@@ -286,6 +286,14 @@ EDGE_CASES: dict[str, bytes] = {
     + _msg(_chunk("b", 2))
     + _msg(_chunk("c", 3))
     + DONE,
+    "finish_reason on an earlier chunk, then usage only": _msg(_chunk("a", 1, "stop"))
+    + _msg(_chunk("b", 2))
+    + _msg(USAGE_ONLY)
+    + DONE,
+    "finish_reason on the last chunk, then usage only": _msg(_chunk("a", 1))
+    + _msg(_chunk("b", 2, "length"))
+    + _msg(USAGE_ONLY)
+    + DONE,
     "finish_reason not a string on an earlier chunk": _msg(_chunk("a", 1, 5))
     + _msg(_chunk("b", 2, "stop"))
     + DONE,
