@@ -57,6 +57,7 @@ from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 _MAX_STALL = 1000  # simulate_cluster's max_stall_calls default
+_NO_LEFT = 1 << 62  # min_left of an empty batch
 
 
 class _Rows:
@@ -109,7 +110,8 @@ class _ArrayEngine:
         self.used = 0
         self.waiting: deque[int] = deque()
         self.pm_total = 0  # prompt + max_tokens of live requests
-        self.computed: int | None = None  # sum of running computed tokens (None: stale)
+        self.sum_c = 0  # computed tokens of the running requests (kept incrementally)
+        self.min_left = _NO_LEFT  # fewest tokens a running request has left to generate
         self.pending: float | None = None
         self.version = 0
         self.steady = False
@@ -122,6 +124,22 @@ class _ArrayEngine:
         self.calls = 0
         self.stall = 0
         self.samples = new_samples()
+        sm = self.samples
+        self._appends = tuple(
+            sm[c].append
+            for c in (
+                "t_s",
+                "num_steps",
+                "step_duration_s",
+                "prefill_tokens",
+                "decode_tokens",
+                "kv_used_tokens",
+                "kv_usage",
+                "num_waiting",
+                "num_running",
+                "preemptions_total",
+            )
+        )
 
     # -- EngineLoad (cluster._Engine's definitions) -------------------------------------------
     @property
@@ -138,10 +156,7 @@ class _ArrayEngine:
 
     @property
     def outstanding_tokens(self) -> int:
-        computed = self.computed
-        if computed is None:
-            computed = self.computed = int(self.IA[2, : self.R].sum())
-        left = self.pm_total - computed
+        left = self.pm_total - self.sum_c
         d = self.deferred
         if d is not None:  # steps of the deferred run that started before now
             left -= d[3] * int(np.searchsorted(d[1], self.clock[0], side="left"))
@@ -177,11 +192,10 @@ class _ArrayEngine:
         ``EngineCore._fast_forward_len``'s bounds), with step 1's blocks not yet allocated;
         None when shorter than two steps."""
         R = self.R
-        Or, Cr, Mr = self.IA[1], self.IA[2], self.IA[3]
-        k_max = int((Mr[:R] - Or[:R]).min())
+        k_max = self.min_left
         if k_max < 2:
             return None
-        Cv = Cr[:R]
+        Cv = self.IA[2, :R]
         need1 = int(np.count_nonzero(Cv % self.bs == 0))
         free = self.total - self.used
         if need1 > free:
@@ -190,7 +204,7 @@ class _ArrayEngine:
         if k < 2:
             return None
         i = np.arange(k)
-        kv = int(Cv.sum()) + R
+        kv = self.sum_c + R
         durs = self.cost_model.step_times(np.zeros(k), np.full(k, R), kv + i * R)
         return t + np.cumsum(durs), k
 
@@ -218,7 +232,6 @@ class _ArrayEngine:
         self.waiting.append(j)
         rows.state[j] = _WAITING
         self.pm_total += rows.P[j] + rows.M[j]
-        self.computed = None
         return True
 
     def step(self, t: float, until: float) -> float | None:
@@ -247,7 +260,6 @@ class _ArrayEngine:
         k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
         k = max(1, min(k, len(ends)))
         R = self.R
-        self.computed = None
         grow = self.IA[2, :R] % self.bs == 0  # step 1's blocks
         self.IA[4, :R] += grow
         self.used += int(np.count_nonzero(grow))
@@ -275,20 +287,42 @@ class _ArrayEngine:
             Or[:R] += 1
             FA[1, :R] = end
             self.chunks.add_step(end, IDr[:R].copy())
-        finished = self._finish(end)
+        self.sum_c += R * k
+        self.min_left -= k
+        finished = self.min_left <= 0 and self._finish()
         self._sample(end, t, k, 0, R * k)
         self.steps_total += k
         self.steady = not finished  # the plan was steady; nothing else happened
         return end
 
-    def _finish(self, end: float) -> bool:
+    def _finish(self) -> bool:
+        """Retire the running requests that reached max_tokens; refresh ``min_left``."""
         R = self.R
         IA, FA = self.IA, self.FA
         Or, Mr = IA[1], IA[3]
-        done = Or[:R] >= Mr[:R]
-        if not done.any():
+        left = Mr[:R] - Or[:R]
+        done = left <= 0
+        gone = done.nonzero()[0]
+        if len(gone) == 0:
             return False
         rows = self.rows
+        if len(gone) == 1:  # the usual case: scalar reads, one shift of the tails
+            p = int(gone[0])
+            pr, o, c, m, nb, j = IA[:, p].tolist()
+            rows.state[j] = _FINISHED
+            rows.Orow[j] = o
+            rows.first[j] = FA[0, p]
+            rows.last[j] = FA[1, p]
+            self.used -= nb
+            self.pm_total -= pr + m
+            self.sum_c -= c
+            IA[:, p : R - 1] = IA[:, p + 1 : R]
+            FA[:, p : R - 1] = FA[:, p + 1 : R]
+            self.R = R - 1
+            self.finished_total += 1
+            left[p] = _NO_LEFT
+            self.min_left = int(left.min())  # _NO_LEFT when it was the last one
+            return True
         ids = IA[5, :R][done]
         rows.state[ids] = _FINISHED
         rows.Orow[ids] = Or[:R][done]
@@ -296,27 +330,30 @@ class _ArrayEngine:
         rows.last[ids] = FA[1, :R][done]
         self.used -= int(IA[4, :R][done].sum())
         self.pm_total -= int((IA[0, :R][done] + IA[3, :R][done]).sum())
+        self.sum_c -= int(IA[2, :R][done].sum())
         self._retire(~done)
         self.finished_total += len(ids)
+        R = self.R
+        self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
         return True
 
     def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
-        s = self.samples
-        s["t_s"].append(end)
-        s["num_steps"].append(k)
-        s["step_duration_s"].append(end - t)
-        s["prefill_tokens"].append(prefill)
-        s["decode_tokens"].append(decode)
-        s["kv_used_tokens"].append(self.used * self.bs)
-        s["kv_usage"].append(self.used / self.total)
-        s["num_waiting"].append(len(self.waiting))
-        s["num_running"].append(self.R)
-        s["preemptions_total"].append(self.preempt_total)
+        a_t, a_k, a_d, a_p, a_dec, a_kv, a_use, a_w, a_r, a_pre = self._appends
+        used = self.used
+        a_t(end)
+        a_k(k)
+        a_d(end - t)
+        a_p(prefill)
+        a_dec(decode)
+        a_kv(used * self.bs)
+        a_use(used / self.total)
+        a_w(len(self.waiting))
+        a_r(self.R)
+        a_pre(self.preempt_total)
 
     def _execute(self, t: float, until: float) -> float | None:
         """One engine-core step at ``t`` under the budget rule (fastsim's pass 1 and 2), with
         the core's fast-forward up to ``until``."""
-        self.computed = None
         IA, FA = self.IA, self.FA
         Pr, Or, Cr, Mr, NBr, IDr = IA
         Fr, Lr = FA
@@ -346,7 +383,7 @@ class _ArrayEngine:
                     budget -= R
                     pure = True
                     n_decode = R
-                    kv_read = int(Cv.sum()) + R
+                    kv_read = self.sum_c + R
             if not pure:
                 Ov = Or[:R]
                 rem = Pr[:R] + Ov - Cv
@@ -401,6 +438,7 @@ class _ArrayEngine:
                                 rows.last[row] = Lr[v]
                                 rows.npre[row] += 1
                                 rows.state[row] = _WAITING
+                                self.sum_c -= int(Cr[v])
                                 waiting.appendleft(row)
                                 self.preempt_total += 1
                                 free = total - used
@@ -482,6 +520,8 @@ class _ArrayEngine:
         if n_decode == 0 and prefill == 0:  # nothing scheduled (cluster._execute's idle)
             self.stall += 1
             self.steady = False
+            if preempted_any:
+                self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
             if preempted_any and self.stall < _MAX_STALL:
                 return t  # the preemption changed the state: plan again
             return None  # waits for a release
@@ -491,7 +531,7 @@ class _ArrayEngine:
             dur = self.cost_model.step_time(prefill, n_decode, kv_read)
 
         if steady_plan:  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            k_max = int((Mr[:R] - Or[:R]).min())
+            k_max = self.min_left
             if k_max > 1:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
@@ -513,8 +553,11 @@ class _ArrayEngine:
             Or[:R0] += 1
             Lr[:R0] = end
             samp_ids = IDr[:R0].copy()
+            self.sum_c += R0
+            self.min_left -= 1
         elif sp is not None and len(sp):
             Cr[sp] += sg
+            self.sum_c += int(sg.sum())
             hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
             Or[hit] += 1
             Lr[hit] = end
@@ -527,18 +570,29 @@ class _ArrayEngine:
             self.chunks.add_step(end, samp_ids)
         if adm_g:
             hits: list[int] = []
+            left = self.min_left
             for q, g in enumerate(adm_g, start=R0):
                 Cr[q] = g
-                if g == Pr[q] + Or[q]:
-                    Or[q] += 1
+                self.sum_c += g
+                o = int(Or[q])
+                if g == Pr[q] + o:
+                    o += 1
+                    Or[q] = o
                     Lr[q] = end
                     if Fr[q] != Fr[q]:
                         Fr[q] = end
                     hits.append(int(IDr[q]))
+                m = int(Mr[q]) - o
+                if m < left:
+                    left = m
+            self.min_left = left
             if hits:
                 self.chunks.add_step(end, hits)
             self.npf += len(adm_g) - len(hits)
-        self._finish(end)
+        if not pure:
+            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        if self.min_left <= 0:
+            self._finish()
         R = self.R
         if not pure:
             v = Or[:R]

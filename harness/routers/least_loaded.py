@@ -15,16 +15,16 @@ from harness.routers.registry import register
 
 def least_loaded(engines: Sequence[EngineLoad], start: int = 0) -> int:
     """Index of the engine with the fewest outstanding tokens (then fewest requests); ties
-    broken by position counted from ``start``."""
+    broken by position counted from ``start``. Each view is read once (a read may sum a
+    running batch)."""
     n = len(engines)
-    return min(
-        range(n),
-        key=lambda i: (
-            engines[i].outstanding_tokens,
-            engines[i].num_waiting + engines[i].num_running,
-            (i - start) % n,
-        ),
-    )
+    best = 0
+    best_key: tuple[int, int, int] | None = None
+    for i, e in enumerate(engines):
+        key = (e.outstanding_tokens, e.num_waiting + e.num_running, (i - start) % n)
+        if best_key is None or key < best_key:
+            best, best_key = i, key
+    return best
 
 
 @register("least-outstanding-tokens")
