@@ -217,10 +217,13 @@ def step_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def aligned_requests(rows: list[dict[str, Any]]) -> tuple[pd.DataFrame, dict[str, float]]:
+def aligned_requests(
+    rows: list[dict[str, Any]], receipt: bool = False
+) -> tuple[pd.DataFrame, dict[str, float]]:
     """The finished requests with ``ready_s``, when each became available to the engine loop
     (``harness.server.fidelity.engine_ready_times``): the arrival given to the simulator and
-    the origin of engine-side TTFT in both."""
+    the origin of engine-side TTFT in both. ``receipt``: the engine loop's receipt stamp
+    instead (the alignment before issue 17's fix, kept to show the bias on the same logs)."""
     from harness.server.fidelity import engine_ready_times
 
     req = pd.DataFrame(requests_only(rows)).sort_values("engine_arrival_s", kind="stable")
@@ -231,7 +234,7 @@ def aligned_requests(rows: list[dict[str, Any]]) -> tuple[pd.DataFrame, dict[str
         steps["t_s"].to_numpy(),
         steps["end_s"].to_numpy(),
     )
-    req["ready_s"] = ready
+    req["ready_s"] = req["engine_arrival_s"] if receipt else ready
     return req.reset_index(drop=True), info
 
 
@@ -277,6 +280,7 @@ def analyse(
     common: dict[str, Any],
     kind: str,
     fit_on: str,
+    receipt: bool = False,
 ) -> dict[str, Any]:
     """Fit the cost model on the chosen part of the step log, simulate the evaluation
     requests from their ready times with the same policy: engine-side comparison."""
@@ -295,8 +299,8 @@ def analyse(
     # tokens leave at update_from_output, before the loop's own work that the fitted step
     # (a period, step_log_samples) includes
     fit_steps = step_frame(fit_rows)
-    emit = loop_overhead_s(fit_steps["t_s"], fit_steps["end_s"])
-    req, align = aligned_requests(eval_rows)
+    emit = 0.0 if receipt else loop_overhead_s(fit_steps["t_s"], fit_steps["end_s"])
+    req, align = aligned_requests(eval_rows, receipt)
     shape = (common["kv_blocks"], common["max_num_batched_tokens"], common["max_num_seqs"])
     real = engine_metrics(req)
     sim = sim_metrics(req, fit.model, *shape, name, params, emit_lag_s=emit)
@@ -387,6 +391,11 @@ def main() -> int:
         help="no servers: re-analyse the step logs already in --out",
     )
     ap.add_argument("--diagnose", action="store_true", help="print step-time residuals too")
+    ap.add_argument(
+        "--receipt-alignment",
+        action="store_true",
+        help="simulate from vLLM's receipt stamps, tokens at period ends (the biased old way)",
+    )
     args = ap.parse_args()
     names = [p for p in args.policies.split(",") if p]
     unknown = [p for p in names if p not in POLICIES]
@@ -412,7 +421,9 @@ def main() -> int:
             serve_policy(name, POLICIES[name], cal, ev, out, common)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
     for name in names:
-        result[name] = analyse(name, POLICIES[name], out, common, args.kind, args.fit_on)
+        result[name] = analyse(
+            name, POLICIES[name], out, common, args.kind, args.fit_on, args.receipt_alignment
+        )
     (out / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
     if args.diagnose:
         for name in names:
