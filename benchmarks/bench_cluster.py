@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_cluster.py [--calls 100000] [--replicas 8] [--load 0.9]
-        [--cases rr,lot,sessions] [--lot-calls 20000] [--session-calls 20000] [--json OUT]
+        [--cases rr,lot,sa,pa,sessions] [--lot-calls N] [--session-calls 20000] [--json OUT]
 
 Cases (LMSYS sample lengths, /work/shared/data/lmsys_sample_lengths.csv; Poisson arrivals at
 ``load`` x the cluster's capacity, capacity = replicas x one engine's saturated throughput,
@@ -11,8 +11,9 @@ benchmarks/bench_simulator.py's definition):
 
 - ``rr``: ``--calls`` plain calls, round-robin. A load-blind router decomposes the cluster,
   so each engine runs alone on the vectorised kernel (harness/engine/cluster_split.py);
-- ``lot``: least-outstanding-tokens, a load-aware router: the event loop over engine cores
-  (harness/engine/cluster.py);
+- ``lot``, ``sa``, ``pa``: ``--lot-calls`` plain calls (default ``--calls``) with
+  least-outstanding-tokens, session-affinity, prefix-aware: load-aware routers, so the event
+  loop runs, over array engines for a plain trace (harness/engine/cluster_fast.py);
 - ``sessions``: multi-turn conversations (synthetic-conv, 4 turns on average, history in
   the prompt, think time exp:1 s) with session-affinity routing and prefix caching, at a
   session rate giving ``load`` x capacity in calls/s (prompts grow with history, so the
@@ -72,11 +73,11 @@ def child(args: list[str], timeout: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=100_000)
-    ap.add_argument("--lot-calls", type=int, default=20_000)
+    ap.add_argument("--lot-calls", type=int, default=None, help="default: --calls")
     ap.add_argument("--session-calls", type=int, default=20_000)
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--load", type=float, default=0.9)
-    ap.add_argument("--cases", default="rr,lot,sessions")
+    ap.add_argument("--cases", default="rr,lot,sa,pa,sessions")
     ap.add_argument("--cost-model", default=DEFAULT_COST_MODEL)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--json", type=Path, default=None)
@@ -85,33 +86,17 @@ def main() -> None:
     cap = capacity(LMSYS, "vllm", a.cost_model)
     rate = a.load * a.replicas * cap
     base = ["--cost-model", a.cost_model, "--replicas", str(a.replicas)]
+    lot_calls = a.calls if a.lot_calls is None else a.lot_calls
+
+    def plain(calls: int, router: str) -> tuple[int, list[str]]:
+        args = ["--trace", LMSYS, "--rate", f"{rate:.3f}", "--num-requests", str(calls)]
+        return calls, [*args, "--router", router]
+
     cases: dict[str, tuple[int, list[str]]] = {
-        "rr": (
-            a.calls,
-            [
-                "--trace",
-                LMSYS,
-                "--rate",
-                f"{rate:.3f}",
-                "--num-requests",
-                str(a.calls),
-                "--router",
-                "round-robin",
-            ],
-        ),
-        "lot": (
-            a.lot_calls,
-            [
-                "--trace",
-                LMSYS,
-                "--rate",
-                f"{rate:.3f}",
-                "--num-requests",
-                str(a.lot_calls),
-                "--router",
-                "least-outstanding-tokens",
-            ],
-        ),
+        "rr": plain(a.calls, "round-robin"),
+        "lot": plain(lot_calls, "least-outstanding-tokens"),
+        "sa": plain(lot_calls, "session-affinity"),
+        "pa": plain(lot_calls, "prefix-aware"),
         "sessions": (
             a.session_calls,
             [

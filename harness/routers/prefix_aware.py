@@ -59,6 +59,10 @@ class PrefixAware(Router):
     def route(self, call: RouteCall, engines: Sequence[EngineLoad], now_s: float) -> int:
         self._turn += 1
         fallback = least_loaded(engines, self._turn)
+        if (call.identity is None or self.prefix_weight == 0) and self.kv_weight == 0:
+            # only the queue score counts: the least loaded engine has the top score (1.0)
+            # and wins the tie-break, so the choice is the fallback (same answer, no scoring)
+            return fallback
         loads = [e.outstanding_tokens for e in engines]
         queue = queue_scores(loads)
         cached = [0] * len(engines)
