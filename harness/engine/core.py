@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,7 @@ class EngineRequest:
 
 
 _NO_BLOCKS: list[int] = []  # shared, never mutated (requests without cached blocks)
+_request_id = attrgetter("request_id")
 
 
 class _WaitingSeq(Sequence):
@@ -545,14 +547,27 @@ class EngineCore:
         # Only the items whose block count changes (a decode crosses a block boundary once
         # every block_size tokens) are revisited to allocate: no second pass over the batch.
         grow: list[tuple[EngineRequest, int]] = []
+        get = reqs.get
         for rid, n in plan.run:
-            r = reqs.get(rid)
-            if r is None or r.status != RUNNING or rid in sched or rid in zero:
+            r = get(rid)
+            if r is None or r.status != RUNNING or rid in sched or (zero and rid in zero):
                 bugs.append(f"run {rid!r}: not a running request (or listed twice)")
                 continue
             c = r.num_computed_tokens
             o = r.num_output_tokens
             rem = r.num_prompt_tokens + o - c
+            if rem == 1 and o > 0 and n > 0 and budget > 0:
+                # a decode granted its one token: the general clipping below, specialised
+                # (most items of most steps; same result)
+                nb = -(-(c + 1) // bs)
+                if nb != r.num_blocks:
+                    need_total += nb - r.num_blocks
+                    grow.append((r, nb))
+                sched[rid] = (r, 1)
+                budget -= 1
+                n_decode += 1
+                kv_read += c + 1
+                continue
             if n > rem:
                 n = rem
             if n > budget:
@@ -840,7 +855,7 @@ class EngineCore:
             kv_used_blocks=self.used_blocks,
             preempted=tuple(preempted),
             admitted=tuple(admitted),
-            finished=tuple(r.request_id for r in finished),
+            finished=tuple(map(_request_id, finished)) if finished else (),
         )
         self.policy.on_step(report)
         return StepOutcome(

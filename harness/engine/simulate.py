@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from harness.workload.trace import Trace
 
 ARRIVAL = 0
 STEP_START = 1
+_row_of = attrgetter("index")  # a request's trace row, in C (it runs per token)
 UNBOUNDED_KV_TOKENS = 1 << 26  # "memory-free" model (seed-stability.md §7 REC 11)
 
 
@@ -212,10 +214,11 @@ def _simulate(
                 )
             stall = 0
             end = out.end_s
+            rows = list(map(_row_of, out.sampled))
             if out.num_steps == 1:
-                chunks.add_step(end, [r.index for r in out.sampled])
+                chunks.add_step(end, rows)
             else:
-                chunks.add_run(out.step_ends, [r.index for r in out.sampled])
+                chunks.add_run(out.step_ends, rows)
             for r in out.finished:
                 j = r.index
                 first_s[j] = r.first_token_s
