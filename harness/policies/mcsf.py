@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -47,12 +48,12 @@ from harness.policies.base import (
     RequestView,
     StepReport,
     View,
-    is_decoding,
-    prefill_remaining,
     remaining_tokens,
 )
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
+
+_START_ARRIVAL = itemgetter(0, 1)  # (admission seq, arrival) of a keyed running request
 
 
 def _unit_hash(seed: int, request_id: str) -> float:
@@ -165,17 +166,43 @@ class MCSFPolicy(BasePolicy):
 
     # -- planning ------------------------------------------------------------------------
     def schedule(self, view: View) -> Plan:
-        running = sorted(
-            view.running, key=lambda r: (self._started.get(r.request_id, -1), r.arrival_s)
-        )
-        run = [
-            (r.request_id, 1 if is_decoding(r) else max(1, prefill_remaining(r))) for r in running
-        ]
-        tokens_used = sum(n for _, n in run)
+        # Running in admission order (then arrival). One pass per running request builds the
+        # run item (max(1, remaining): a decode's remaining is 1), its KV tokens and its last
+        # step offset (_last_step inlined: it runs per running request per step, the cost of
+        # an overloaded engine); estimate() is called where it could change anything.
+        started = self._started.get
+        keyed = [(started(r.request_id, -1), r.arrival_s, r) for r in view.running]
+        keyed.sort(key=_START_ARRIVAL)  # stable, like sorted(view.running, key=...)
+        est_of = self._est.get
+        extra = 1 if self.kv_convention == "A" else 0
+        run: list[tuple[str, int]] = []
+        base: list[int] = []
+        end: list[int] = []
+        tokens_used = 0
+        all_decoding = True
+        for _s, _a, r in keyed:
+            rid = r.request_id
+            o = r.num_output_tokens
+            tok = r.num_prompt_tokens + o
+            rem = tok - r.num_computed_tokens
+            if rem > 1:
+                run.append((rid, rem))
+                tokens_used += rem
+                all_decoding = False
+            else:
+                run.append((rid, 1))
+                tokens_used += 1
+                if o <= 0 or rem != 1:
+                    all_decoding = False
+            base.append(tok)
+            e = est_of(rid)
+            if e is None or o >= e:
+                e = self.estimate(r)
+            last = e - o - 1 + extra
+            end.append(last if last > 0 else 0)
+        running = [t[2] for t in keyed]
         capacity = self.memory_tokens if self.memory_tokens is not None else view.kv.capacity_tokens
         bs = view.kv.block_size if self.block_aware else 1
-        base = [r.num_tokens for r in running]
-        end = [self._last_step(r) for r in running]
         self._wq.sync(view)
         cands = self._wq.iter()  # A3: (ô, arrival, prompt_len, id)
         admit: list[tuple[str, int]] = []
@@ -201,7 +228,7 @@ class MCSFPolicy(BasePolicy):
         steady = (
             not view.waiting
             and bool(running)
-            and all(is_decoding(r) for r in running)
+            and all_decoding
             and len(running) <= view.token_budget
         )
         return Plan(run=run, admit=admit, steady=steady)
