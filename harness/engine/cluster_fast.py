@@ -105,6 +105,7 @@ class _ArrayEngine:
         cap = max(1, min(self.max_seqs, n))
         self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
         self.FA = np.full((2, cap), np.nan)  # first / last token time
+        self.cols = (*self.IA, *self.FA)  # row views, made once (the arrays never move)
         self.R = 0
         self.npf = 0  # running requests that are not decoding
         self.used = 0
@@ -354,9 +355,7 @@ class _ArrayEngine:
     def _execute(self, t: float, until: float) -> float | None:
         """One engine-core step at ``t`` under the budget rule (fastsim's pass 1 and 2), with
         the core's fast-forward up to ``until``."""
-        IA, FA = self.IA, self.FA
-        Pr, Or, Cr, Mr, NBr, IDr = IA
-        Fr, Lr = FA
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         rows = self.rows
         bs = self.bs
         total = self.total
