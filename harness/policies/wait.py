@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from harness.policies.base import (
@@ -59,8 +60,8 @@ def known_output_len(r: RequestView) -> int:
     return int(r.predicted_output_len) if r.predicted_output_len is not None else int(r.max_tokens)
 
 
-def _age_key(r: RequestView) -> tuple[float, str]:
-    return (r.arrival_s, r.request_id)
+# (arrival, request_id): FIFO by arrival (seed-wait.md §9 #14); in C, it runs per request per step
+_age_key = attrgetter("arrival_s", "request_id")
 
 
 def idle_since(r: RequestView) -> float:
