@@ -80,3 +80,26 @@ def test_bad_input_is_one_line_exit_2(csv_trace: Path, tmp_path: Path, args, nee
     assert needle in res.output.lower()
     assert "Traceback" not in res.output
     assert len([ln for ln in res.output.splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_plain_trace_imports_no_cluster_or_http_client(csv_trace: Path, tmp_path: Path) -> None:
+    """A plain trace on one engine runs the single-engine kernel: the cluster modules and the
+    load generator's HTTP client (aiohttp, a fixed cost of every run) are never imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from harness.cli.main import app\n"
+        f"r = CliRunner().invoke(app, ['simulate', '--trace', {str(csv_trace)!r}, '--rate', '20',"
+        f" '--num-requests', '20', '--no-report', '--out', {str(tmp_path / 'o')!r}])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "bad = sorted(m for m in sys.modules if m == 'aiohttp' or m.startswith("
+        "('harness.engine.cluster', 'harness.loadgen', 'harness.routers')))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
