@@ -189,3 +189,36 @@ def test_reply_history_counts_own_text_and_system_in_tokens(tmp_path: Path) -> N
     s0 = req[req["session_id"] == "s0"]["prompt_len"].tolist()
     q = [n(t) for t, _ in TURNS]
     assert s0 == [n(SYSTEM) + q[0], n(SYSTEM) + q[0] + 12 + q[1], n(SYSTEM) + sum(q) + 24]
+
+
+def test_texts_the_trace_lacks_are_replays_synthesised_ones(tmp_path: Path) -> None:
+    """A length-only session trace: the tokenized trace holds the words replay would send
+    (harness.loadgen.sessions.SessionDispatcher), and counts those."""
+    from harness.loadgen.sessions import SessionDispatcher
+    from harness.workload.prompts import load_tokenizer
+    from harness.workload.sessions import sessions_from_frame
+    from harness.workload.tiers import parse_tiers
+    from harness.workload.token_identity import tokenize_session_trace
+    from harness.workload.trace import Trace
+
+    rows = [
+        {"session_id": "a", "call_index": k, "parents": "" if k == 0 else str(k - 1),
+         "prompt_len": 20 + k, "output_len": 7, "arrival_s": 0.0, "tier": "default",
+         "request_id": f"a/{k}"}
+        for k in range(3)
+    ]  # fmt: skip
+    trace = Trace.from_frame(pd.DataFrame(rows), parse_tiers("default:1"), {"sessions": True})
+    tok = load_tokenizer(str(_trained_tokenizer(tmp_path)))
+    got = tokenize_session_trace(trace, tok, history="trace", seed=5)
+    disp = SessionDispatcher.__new__(SessionDispatcher)
+    disp.seed = 5  # only the text synthesis of a dispatcher is used
+    (s,) = sessions_from_frame(trace.df)
+    (t,) = sessions_from_frame(got.df)
+    for c, ct in zip(s.calls, t.calls, strict=True):
+        assert ct.prompt == disp._text(c) and ct.reply == disp._trace_reply(c)
+        assert ct.prompt_len == tok.count(ct.prompt)
+    assert t.calls[2].token_ids is not None
+    c0, c1, c2 = t.calls
+    text = SEPARATOR.join([c0.prompt, c0.reply, c1.prompt, c1.reply, c2.prompt])
+    assert list(c2.token_ids) == tok.encode_prompt(text)
+    assert got.meta["token_counts"]["history"] == "trace"
