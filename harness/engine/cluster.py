@@ -33,7 +33,9 @@ calls is abandoned (then exactly the steps that start before that instant, as th
 single-engine simulator cuts a run at an arrival). While deferred, its load view is the
 state at the run's start with outstanding tokens counted down per elapsed step.
 With one engine and a plain trace this is the single-engine simulator's loop (same token
-times: a test).
+times: a test). ``harness simulate`` runs a plain trace on faster exact kernels where it can:
+routed up front when the router is load-blind (cluster_split.py), else these rules over array
+engines when every policy declares the budget rule (cluster_fast.py); both tested equal.
 """
 
 from __future__ import annotations

@@ -61,9 +61,11 @@ def write_cluster_run(
 ) -> tuple[Path, ClusterResult | SimResult]:
     """Simulate the cluster and write its run directory (requests, chunks, samples,
     sessions.parquet for a session trace, run.json); returns a :class:`ClusterResult`.
-    ``split``: a cluster that decomposes (:func:`~harness.engine.cluster_split.split_plan`)
-    runs as independent engines (same answers, faster); the result is then the merged
-    :class:`SimResult`."""
+    ``split``: take the fastest exact kernel. A cluster that decomposes
+    (:func:`~harness.engine.cluster_split.split_plan`) runs as independent engines; one whose
+    router reads loads, on a plain trace, runs the event loop over array engines
+    (:func:`~harness.engine.cluster_fast.routed_budgets`). Same answers, faster; the result is
+    then the merged :class:`SimResult`."""
     from harness.results.rundir import RunWriter
 
     sessions = has_sessions(trace.df)
