@@ -408,6 +408,10 @@ class FitResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_STALL_SHARE = 0.05
+"""``fit_cost_model(trim_stalls=True)`` leaves out at most this share of the steps."""
+
+
 def fit_cost_model(
     samples: Any,
     *,
@@ -435,7 +439,9 @@ def fit_cost_model(
     above 4 robust sigmas, 1.4826 x MAD; up to three rounds). On a shared CPU another process
     can take the core mid-step; those stalls are the neighbours' cost, not the engine's, and
     least squares would spread them over every step (a fit high for typical steps and still
-    short for the stalled ones). One-sided: nothing makes a step faster than its work.
+    short for the stalled ones). One-sided: nothing makes a step faster than its work. At most
+    :data:`MAX_STALL_SHARE` of the steps go (the largest residuals): when more look stalled,
+    contention is the machine's normal state, which the fit must keep (TPOT averages it).
     ``extra["trimmed"]`` counts the steps left out.
     """
     import pandas as pd
@@ -482,6 +488,10 @@ def fit_cost_model(
         res = t - X @ coef
         sigma = 1.4826 * float(np.median(np.abs(res[keep] - np.median(res[keep]))))
         new_keep = res <= np.median(res[keep]) + 4 * sigma
+        cap = int(MAX_STALL_SHARE * len(t))
+        if (~new_keep).sum() > cap:  # stalls are rare by premise: only the worst `cap` go
+            new_keep = np.ones(len(t), dtype=bool)
+            new_keep[np.argsort(res)[len(t) - cap :]] = False
         if sigma <= 0 or new_keep.sum() < 4 or (new_keep == keep).all():
             break
         keep = new_keep
