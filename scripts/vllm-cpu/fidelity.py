@@ -183,6 +183,10 @@ POLICIES: dict[str, dict[str, Any]] = {
     "slai": {"token_budget": 256},
 }
 TARGET = {"p50": 0.10, "p99": 0.20}  # |sim - real| / real, engine side
+# The target is judged on a quiet machine (issue 17). This run alone (vLLM's API server and
+# engine core, the load generator) keeps a 2-core box's 1-minute load near 2; above this,
+# other processes share the cores and the real latencies measure them too.
+QUIET_LOAD = 3.0
 
 
 def serve_policy(
@@ -363,7 +367,14 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
             f"{r['alignment']['front_end_ms']:.2f} ms; idle arrivals "
             f"{r['alignment']['idle_share']:.0%}; load (1 min) {r['loadavg_1m']}"
         )
-    print(f"target {'met' if all_ok else 'NOT met'} for {', '.join(names)}")
+    loads = [x for n in names for x in (result[n].get("loadavg_1m") or [])]
+    peak = max(loads) if loads else float("nan")
+    quiet = peak <= QUIET_LOAD
+    print(
+        f"target {'met' if all_ok else 'NOT met'} for {', '.join(names)}; load average (1 min) "
+        f"up to {peak:.1f} during the replays: "
+        + ("quiet machine" if quiet else f"NOT a quiet machine (> {QUIET_LOAD}), not a verdict")
+    )
     return all_ok
 
 
