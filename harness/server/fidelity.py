@@ -18,6 +18,9 @@ Three simulations are compared with the replay:
 and, separately, the engine host alone (:func:`engine_match`): the requests simulated at the
 exact model times the server stamped on their arrival must get the simulator's token times.
 
+For a real engine (vLLM's step log, ``scripts/vllm-cpu/fidelity.py``), :func:`engine_ready_times`
+gives the arrival a simulator must use: when each request became available to the engine loop.
+
 ``speed`` > 1 runs the server's model clock faster than wall time; the trace's arrivals are
 compressed by the same factor and the replay's times are multiplied back, so all figures are
 in model seconds.
