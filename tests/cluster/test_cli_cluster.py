@@ -152,3 +152,32 @@ def test_plain_trace_round_robin_splits(tmp_path: Path) -> None:
     assert len(req["req"]) == 200 and all(req["success"])
     samples = pq.read_table(d / schema.SAMPLES_FILE).to_pydict()
     assert set(samples["engine"]) == {"r0", "r1", "r2", "r3"}
+
+
+def test_plain_trace_load_aware_router_runs_on_array_engines(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    args = [
+        "simulate",
+        "--trace",
+        "synthetic",
+        "--num-requests",
+        "200",
+        "--rate",
+        "20",
+        "--replicas",
+        "3",
+        "--router",
+        "least-outstanding-tokens",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    d = _run_dir(out)
+    meta = json.loads((d / schema.RUN_JSON).read_text())
+    assert meta["cluster"]["array_engines"] is True and "split" not in meta["cluster"]
+    req = pq.read_table(d / schema.REQUESTS_FILE).to_pydict()
+    assert len(req["req"]) == 200 and all(req["success"])
+    samples = pq.read_table(d / schema.SAMPLES_FILE).to_pydict()
+    assert set(samples["engine"]) == {"r0", "r1", "r2"}
