@@ -14,7 +14,11 @@ the spec; issue 15), restated for events instead of asyncio tasks:
   the model's tokens for a trace tokenized by ``harness simulate --tokenizer``; the simulated
   engine ignores EOS, so a reply has exactly ``output_len`` tokens);
 - ``max_context``: a call whose prompt + output exceeds it is not sent
-  (``context_overflow``), and its descendants are not sent;
+  (``context_overflow``), and its descendants are not sent. A call of a tokenized trace
+  (``Call.token_ids``: its prompt counted as the server counts it) meets the server's rule
+  instead, since replay's own check runs on the trace's smaller hints and passes: vLLM
+  (``entrypoints/serve/utils/api_utils.get_max_tokens``) refuses a prompt longer than the
+  context and otherwise clips ``max_tokens`` to what is left;
 - ``patience_s``: no first token ``patience_s`` after the release abandons the session (the
   call is cut, recorded ``abandoned``); ``max_retries`` re-sends a failed call after
   ``retry_backoff_s * 2**(attempt-1)``, each attempt its own row (``#retryN`` request id);
@@ -200,12 +204,14 @@ class SessionDriver:
         c = row.call
         rec = row.session.rec
         ctx = self.options.max_context
-        if ctx is not None and row.prompt_len + c.output_len > ctx:
+        if ctx is not None and c.token_ids is not None and row.prompt_len < ctx:
+            row.output_len = min(c.output_len, ctx - row.prompt_len)  # the server's clip
+        if ctx is not None and row.prompt_len + row.output_len > ctx:
             self._fail(
                 row,
                 t,
                 ERROR_CONTEXT,
-                f"history {row.prompt_len} + output {c.output_len} tokens exceed the model's "
+                f"history {row.prompt_len} + output {row.output_len} tokens exceed the model's "
                 f"context of {ctx} (--max-context)",
             )
             return

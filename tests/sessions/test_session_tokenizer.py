@@ -222,3 +222,25 @@ def test_texts_the_trace_lacks_are_replays_synthesised_ones(tmp_path: Path) -> N
     text = SEPARATOR.join([c0.prompt, c0.reply, c1.prompt, c1.reply, c2.prompt])
     assert list(c2.token_ids) == tok.encode_prompt(text)
     assert got.meta["token_counts"]["history"] == "trace"
+
+
+def test_tokenized_calls_meet_the_servers_context_rule(tmp_path: Path) -> None:
+    """Counted as the server counts, a call meets vLLM's rule (get_max_tokens): a prompt
+    longer than the context is refused, otherwise max_tokens is clipped to what is left
+    (replay's own prompt + max_tokens check runs on the smaller hints and sends it)."""
+    trace, tokenizer = _trace(tmp_path), _trained_tokenizer(tmp_path)
+    ids = _expected_ids(trace, tokenizer)
+    ctx = len(ids[("s0", 2)]) + 5  # s0's last turn fits with 5 of its 12 tokens
+    assert len(ids[("s1", 2)]) > ctx  # s1's and s2's last turns do not fit at all
+    res = CliRunner().invoke(
+        app,
+        ["simulate", "--trace", str(trace), "--history", "trace", "--tokenizer", str(tokenizer),
+         "--max-context", str(ctx), "--no-report", "--out", str(tmp_path / "c")],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (run_dir,) = [d for d in (tmp_path / "c").iterdir() if d.is_dir()]
+    req = pd.read_parquet(run_dir / "requests.parquet").set_index("request_id")
+    assert req.loc["s0/2", "success"] and req.loc["s0/2", "output_tokens"] == 5
+    assert req.loc["s0/1", "output_tokens"] == 12  # room left: not clipped
+    for rid in ("s1/2", "s2/2"):
+        assert not req.loc[rid, "success"] and req.loc[rid, "error_kind"] == "context_overflow"
