@@ -31,8 +31,8 @@ other variants explain the gap.
         --kv-blocks 512 --target URL
     # again on the same real run, only the two `harness simulate` runs: add --sim-only
 
-By-turn figures are over the calls every run completed (a simulation skips a call whose
-prompt + max_tokens exceeds --max-context, as replay does; vLLM clips max_tokens instead).
+By-turn figures are over the calls every run completed (a run may refuse a call another
+served: replay's prompt + max_tokens check on the hints, vLLM's clip on its own count).
 """
 
 from __future__ import annotations
@@ -217,9 +217,9 @@ def simulate_cli(
 
 
 def _common(real: pd.DataFrame, sims: dict[str, pd.DataFrame]) -> set[tuple[str, int]]:
-    """Calls every run completed: a simulation may skip a call the server served (its
-    context rule is replay's, prompt + max_tokens; vLLM clips max_tokens instead), and a
-    by-turn median over 8 to 40 calls moves with one call."""
+    """Calls every run completed: a run may refuse a call another served (context rules:
+    replay's on the hints, vLLM's on its count), and a by-turn median over 8 to 40 calls
+    moves with one call."""
     keys = set(zip(real["session_id"], real["call_index"].astype(int), strict=True))
     for df in sims.values():
         keys &= set(zip(df["session_id"], df["call_index"].astype(int), strict=True))
