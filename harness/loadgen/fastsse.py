@@ -9,7 +9,8 @@ headers go out at once and chunks ``itl_ms`` apart after them (the first one ``i
 after the headers, a stand-in for the prefill), and each write is logged (just before it) with
 :func:`harness.clock.now` (the system-wide ``CLOCK_MONOTONIC`` behind ``perf_counter`` on
 Linux, so comparable with the client's stamps in another process) for the timestamp-accuracy
-check.
+check. With a log, ``itl_ms == 0`` logs its one write too (chunk 0), and every entry also
+carries the wall clock (``u``, ``time.time()``) for clients that report wall-clock times.
 
 Run: ``python -m harness.loadgen.fastsse [--port 0] [--itl-ms 0] [--log FILE]``; prints
 ``PORT <n>`` once listening, writes the log (JSON lines: request id, chunk index, time) on
@@ -23,6 +24,7 @@ import asyncio
 import json
 import re
 import signal
+import time
 from collections.abc import Callable
 
 from harness import clock
@@ -77,10 +79,11 @@ MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model
 
 
 class _State:
-    def __init__(self, itl_ms: float) -> None:
+    def __init__(self, itl_ms: float, logging: bool = False) -> None:
         self.itl_s = itl_ms / 1000.0
+        self.logging = logging
         self.cache: dict[int, bytes] = {}
-        self.log: list[tuple[str, int, float]] = []
+        self.log: list[tuple[str, int, float, float]] = []
 
     def whole(self, n: int) -> bytes:
         b = self.cache.get(n)
@@ -126,11 +129,13 @@ class _Proto(asyncio.Protocol):
             return
         m = _MAX_TOKENS.search(body)
         n = max(1, int(m.group(1))) if m else 16
+        r = _RID.search(head) if self.st.logging or self.st.itl_s > 0 else None
+        rid = r.group(1).decode() if r else ""
         if self.st.itl_s <= 0:
+            if self.st.logging:  # the one write of the whole response, stamped just before it
+                self.st.log.append((rid, 0, clock.now(), time.time()))
             self.tr.write(self.st.whole(n))
             return
-        r = _RID.search(head)
-        rid = r.group(1).decode() if r else ""
         parts = [chunk_bytes(k, n) for k in range(1, n + 1)]
         tail = tail_bytes(n)
         total = sum(map(len, parts)) + len(tail)
@@ -145,7 +150,7 @@ class _Proto(asyncio.Protocol):
                     return
                 # Stamped just before the write: the write syscall sends at once, and a stamp
                 # after it could land after the client's receipt if this process is preempted.
-                log.append((rid, k, clock.now()))
+                log.append((rid, k, clock.now(), time.time()))
                 tr.write(parts[k])
                 if k == n - 1:
                     tr.write(tail)
@@ -161,7 +166,7 @@ class _Proto(asyncio.Protocol):
 
 
 async def serve(port: int, itl_ms: float, log_path: str | None) -> None:
-    st = _State(itl_ms)
+    st = _State(itl_ms, logging=bool(log_path))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Proto(st), "127.0.0.1", port, backlog=4096)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
@@ -172,8 +177,8 @@ async def serve(port: int, itl_ms: float, log_path: str | None) -> None:
     server.close()
     if log_path:
         with open(log_path, "w", encoding="utf-8") as f:
-            for rid, k, t in st.log:
-                f.write(json.dumps({"rid": rid, "k": k, "t": t}) + "\n")
+            for rid, k, t, u in st.log:
+                f.write(json.dumps({"rid": rid, "k": k, "t": t, "u": u}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
