@@ -75,7 +75,7 @@ _LAG_SHIM = """
 import asyncio, atexit, json, os, time
 import numpy as np
 import vllm.benchmarks.serve as _s
-_T, _S = {}, {}
+_T, _S, _F = {}, {}, {}
 _orig_get = _s.get_request
 async def _get(input_requests, request_rate, burstiness=1.0, ramp_up_strategy=None,
                ramp_up_start_rps=None, ramp_up_end_rps=None, self_timed=False):
@@ -116,13 +116,15 @@ for _k, _f in list(_funcs.items()):
             rid = request_func_input.request_id
             if rid in _T:
                 _S[rid] = out.start_time
+            if getattr(out, "success", False) and getattr(out, "ttft", 0.0) > 0:
+                _F[rid] = out.start_time + out.ttft
             return out
         return call
     _funcs[_k] = _wrap(_f)
 def _dump():
     lag = [_S[k] - _T[k] for k in _S if k in _T]
     with open(os.environ["LAG_OUT"], "w") as fh:
-        json.dump({"lag_s": lag, "scheduled": len(_T)}, fh)
+        json.dump({"lag_s": lag, "scheduled": len(_T), "first_abs": _F}, fh)
 atexit.register(_dump)
 """
 
@@ -234,7 +236,15 @@ def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: i
     ttft = (ok["first_chunk_s"] - ok["send_s"]).to_numpy() * 1000.0
     gaps = ch.groupby("req")["t_s"].diff().dropna().to_numpy() * 1000.0
     summ = json.loads((out / "summary.json").read_text())
+    t0_unix = json.loads((out / "run.json").read_text()).get("t0_unix")
+    first_abs = (
+        dict(zip(ok["request_id"].astype(str), ok["first_chunk_s"] + t0_unix, strict=True))
+        if t0_unix is not None
+        else {}
+    )
     return {
+        "first_abs": first_abs,
+        "first_clock": "u",
         "client": "harness replay",
         "completed": int(req["success"].sum()),
         "prompt_tokens": float(req["prompt_tokens"].mean()),
@@ -276,8 +286,11 @@ def run_vllm(a: argparse.Namespace, url: str, model: str, rate: float, num: int,
     gaps = np.asarray([x * 1000.0 for itl in d.get("itls", []) for x in itl], dtype=float)
     ttfts = np.asarray([t * 1000.0 for t in d.get("ttfts", []) if t], dtype=float)
     lag_file = tmp / "lag.json"
-    lag = json.loads(lag_file.read_text())["lag_s"] if lag_file.is_file() else []
+    lagd = json.loads(lag_file.read_text()) if lag_file.is_file() else {}
+    lag = lagd.get("lag_s", [])
     return {
+        "first_abs": lagd.get("first_abs", {}),
+        "first_clock": "t",
         "client": "vllm bench serve",
         "completed": int(d["completed"]),
         "prompt_tokens": float(np.mean([x for x in d.get("input_lens", []) if x] or [np.nan])),
@@ -347,21 +360,39 @@ def _vllm_pinned(a: argparse.Namespace, server_cpus: set[int]) -> Iterator[tuple
 
 
 @contextlib.contextmanager
-def _fast_pinned(itl_ms: float, server_cpus: set[int]) -> Iterator[str]:
+def _fast_pinned(itl_ms: float, server_cpus: set[int], log: Path | None = None) -> Iterator[str]:
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, server_cpus)
     try:
-        with fast_server(itl_ms=itl_ms) as url:
+        with fast_server(itl_ms=itl_ms, log=log) as url:
             os.sched_setaffinity(0, before)
-            print(f"fast server {url} (chunks {itl_ms:g} ms apart), cpus {sorted(server_cpus)}")
             yield url
     finally:
         os.sched_setaffinity(0, before)
 
 
-def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: float, num: int,
-              tmp: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """``--pairs`` alternating pairs (harness first in even pairs, vLLM first in odd ones)."""
+def write_excess(r: dict[str, Any], log: Path) -> None:
+    """Each request's first-chunk receipt minus the fast server's write of it (its log, same
+    clocks: ``t`` monotonic for vLLM's client, ``u`` wall for the harness's run.json t0)."""
+    srv = {}
+    for line in log.read_text().splitlines():
+        d = json.loads(line)
+        if d["k"] == 0:
+            srv[d["rid"]] = d[r["first_clock"]]
+    ex = np.array([t - srv[k] for k, t in r["first_abs"].items() if k in srv]) * 1000.0
+    r["ttft_excess_ms"] = float(ex.mean()) if ex.size else float("nan")
+    r["ttft_excess_p50_ms"] = float(np.percentile(ex, 50)) if ex.size else float("nan")
+    r["ttft_excess_p99_ms"] = float(np.percentile(ex, 99)) if ex.size else float("nan")
+    r["excess_matched"] = int(ex.size)
+
+
+def run_table(a: argparse.Namespace, name: str, url: str | None, model: str, rate: float,
+              num: int, tmp: Path, server_cpus: set[int] | None = None,
+              ) -> list[dict[str, Any]]:  # fmt: skip
+    """``--pairs`` alternating pairs (harness first in even pairs, vLLM first in odd ones).
+
+    ``url`` None (the fast table): every run gets a fresh pinned fast server that logs its
+    writes, and each client's TTFT is measured against them (the server's own TTFT is ~0)."""
     rows = []
     trace = None
     if a.harness_prompts == "tokenizer" and name != "fast":
@@ -371,14 +402,22 @@ def run_table(a: argparse.Namespace, name: str, url: str, model: str, rate: floa
             d = tmp / f"{name}-{who}-{i}"
             d.mkdir()
             load = os.getloadavg()[0]
-            before = server_histos(url)
-            if who == "harness":
-                r = run_harness(a, url, model, rate, num, d / "run", trace)
-            else:
-                r = run_vllm(a, url, model, rate, num, d)
-            r.update(server_means(before, server_histos(url)))
+            with contextlib.ExitStack() as stack:
+                log = d / "server.jsonl"
+                u = url or stack.enter_context(_fast_pinned(a.fast_itl_ms, server_cpus, log))
+                before = server_histos(u) if url else None
+                if who == "harness":
+                    r = run_harness(a, u, model, rate, num, d / "run", trace)
+                else:
+                    r = run_vllm(a, u, model, rate, num, d)
+                after = server_histos(u) if url else None
+            # the fast server writes its log when stopped (the ExitStack above)
+            r.update(server_means(before, after))
             r["ttft_excess_ms"] = r["ttft_mean_ms"] - r["server_ttft_mean_ms"]
             r["itl_excess_ms"] = r["itl_mean_ms"] - r["server_itl_mean_ms"]
+            if url is None and log.is_file():
+                write_excess(r, log)
+            r.pop("first_abs", None)
             r.update(table=name, pair=i, load1=load, cpus=sorted(os.sched_getaffinity(0)))
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -418,6 +457,7 @@ def verdict(rows: list[dict[str, Any]], zero_us: float) -> str:
         "server_itl_mean_ms",
         "ttft_excess_ms",
         "itl_excess_ms",
+        "ttft_excess_p99_ms",
     )
     med = {
         c: {k: float(np.median([r.get(k, np.nan) for r in rows if r["client"] == c]))
@@ -454,7 +494,14 @@ def verdict(rows: list[dict[str, Any]], zero_us: float) -> str:
 def _server_lines(h: dict[str, float], v: dict[str, float]) -> list[str]:
     """The server's own means in each client's runs, and what each client added on top."""
     if np.isnan(h["server_ttft_mean_ms"]) or np.isnan(v["server_ttft_mean_ms"]):
-        return ["- server-side reference: none (the server has no vLLM /metrics)"]
+        if np.isnan(h["ttft_excess_ms"]) or np.isnan(v["ttft_excess_ms"]):
+            return ["- server-side reference: none"]
+        return [
+            f"- TTFT against the fast server's write log (its own TTFT is ~0; receipt minus "
+            f"write, medians over pairs): harness mean {h['ttft_excess_ms']:.2f} / p99 "
+            f"{h['ttft_excess_p99_ms']:.2f} ms, vLLM client mean {v['ttft_excess_ms']:.2f} / "
+            f"p99 {v['ttft_excess_p99_ms']:.2f} ms"
+        ]
     return [
         f"- server's own mean TTFT / ITL in the runs (medians over pairs): harness runs "
         f"{h['server_ttft_mean_ms']:.2f} / {h['server_itl_mean_ms']:.3f} ms, vLLM-client runs "
@@ -526,12 +573,13 @@ def main() -> None:
                 )
                 os.sched_setaffinity(0, have)
         if not a.skip_fast:
-            with _fast_pinned(a.fast_itl_ms, server_cpus) as url:
-                os.sched_setaffinity(0, client_cpus)
-                tables[f"fast server {a.fast_rate:g} req/s"] = run_table(
-                    a, "fast", url, "bench", a.fast_rate, a.fast_num, tmp
-                )
-                os.sched_setaffinity(0, have)
+            print(f"fast server (chunks {a.fast_itl_ms:g} ms apart), a fresh one per run, "
+                  f"cpus {sorted(server_cpus)}", flush=True)  # fmt: skip
+            os.sched_setaffinity(0, client_cpus)
+            tables[f"fast server {a.fast_rate:g} req/s"] = run_table(
+                a, "fast", None, "bench", a.fast_rate, a.fast_num, tmp, server_cpus
+            )
+            os.sched_setaffinity(0, have)
     if a.json:
         Path(a.json).write_text(json.dumps(tables, indent=1))
     for title, rows in tables.items():
