@@ -98,12 +98,9 @@ def engine_ready_times(
     - A request received after an idle gap (no step within ``idle_gap_s`` before it) woke the
       loop: ready = receipt.
     - A request received at a step boundary became ready during the step before, at the API
-      server's stamp plus the front end's own delay ``F``, at most the receipt. ``F`` is the
-      median receipt - API stamp of the idle-gap requests (the front end alone, no step in
-      the way); with none, the smallest delay seen. A guess before that step's start is
-      contradicted by the loop (its drain then did not find the request: on a 2-core box the
-      front end is slower while the engine computes); only the interval is known, and the
-      guess is its midpoint.
+      server's stamp plus the front end's own delay ``F``, clipped to that step's start and
+      to the receipt. ``F`` is the median receipt - API stamp of the idle-gap requests (the
+      front end alone, no step in the way); with none, the smallest delay seen.
 
     Returns the ready times and ``{"front_end_ms", "idle_share"}``.
     """
@@ -120,11 +117,7 @@ def engine_ready_times(
     idle = eng - prev_end > idle_gap_s
     lag = eng - api
     front = float(np.median(lag[idle])) if idle.any() else float(lag.min())
-    guess = api + front
-    # a guess before the previous drain is contradicted by the loop (it did not take the
-    # request in then): the front end was slower than when idle; only the interval is known
-    guess = np.where(guess <= prev_start, (prev_start + eng) / 2, guess)
-    ready = np.where(idle, eng, np.minimum(eng, guess))
+    ready = np.where(idle, eng, np.minimum(eng, np.maximum(prev_start, api + front)))
     return ready, {"front_end_ms": front * 1e3, "idle_share": float(idle.mean())}
 
 
