@@ -85,6 +85,7 @@ def engine_ready_times(
     step_start_s: np.ndarray,
     step_end_s: np.ndarray,
     idle_gap_s: float = 5e-3,
+    stamped_ready_s: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """When each request became available to a real engine's loop: the arrival a simulator
     (whose engine sees an arrival at the next step boundary) must be given.
@@ -102,7 +103,15 @@ def engine_ready_times(
       to the receipt. ``F`` is the median receipt - API stamp of the idle-gap requests (the
       front end alone, no step in the way); with none, the smallest delay seen.
 
-    Returns the ready times and ``{"front_end_ms", "idle_share"}``.
+    - A request the host stamped (``stamped_ready_s`` finite: vLLM's step-log ``ready_s``,
+      when the engine core's input thread handed it to the loop, adapters/vllm/scheduler.py)
+      takes that stamp, clipped to the receipt (a stamp cannot follow its own receipt; the
+      clip absorbs rounding). The estimate above is only the fallback for logs without it:
+      on a loaded 2-core box about half of its guesses for arrivals that met a step in flight
+      fell before that step even started.
+
+    Returns the ready times and ``{"front_end_ms", "idle_share", "stamped_share"}``, plus
+    ``estimate_mae_ms`` (mean |estimate - stamp| over stamped requests) when any is stamped.
     """
     api = np.asarray(api_arrival_s, dtype=float)
     eng = np.asarray(engine_arrival_s, dtype=float)
@@ -118,7 +127,15 @@ def engine_ready_times(
     lag = eng - api
     front = float(np.median(lag[idle])) if idle.any() else float(lag.min())
     ready = np.where(idle, eng, np.minimum(eng, np.maximum(prev_start, api + front)))
-    return ready, {"front_end_ms": front * 1e3, "idle_share": float(idle.mean())}
+    info = {"front_end_ms": front * 1e3, "idle_share": float(idle.mean()), "stamped_share": 0.0}
+    if stamped_ready_s is not None:
+        stamp = np.asarray(stamped_ready_s, dtype=float)
+        has = np.isfinite(stamp)
+        if has.any():
+            info["stamped_share"] = float(has.mean())
+            info["estimate_mae_ms"] = float(np.abs(ready[has] - stamp[has]).mean() * 1e3)
+            ready = np.where(has, np.minimum(np.where(has, stamp, 0.0), eng), ready)
+    return ready, info
 
 
 def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> tuple[dict[str, float], Path]:

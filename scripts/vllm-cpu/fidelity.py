@@ -12,7 +12,8 @@
    policies, a bias, not noise):
 
    - arrival: each request enters the simulator when it became available to vLLM's engine
-     loop (``harness.server.fidelity.engine_ready_times``), not at the loop's receipt stamp:
+     loop (the adapter's ``ready_s`` stamp, or for older logs the estimate of
+     ``harness.server.fidelity.engine_ready_times``), not at the loop's receipt stamp:
      the loop takes requests in only between steps, so the stamp already holds the wait for
      the step in flight, and a simulator given it waits for its own step in flight again;
    - first token: a fitted step is a period (its start to the next step's start), so the
@@ -232,11 +233,14 @@ def aligned_requests(
 
     req = pd.DataFrame(requests_only(rows)).sort_values("engine_arrival_s", kind="stable")
     steps = step_frame(rows)
+    # the adapter's own stamp where the log has it (older logs: the estimate)
+    stamped = req["ready_s"].astype(float).to_numpy() if "ready_s" in req else None
     ready, info = engine_ready_times(
         req["arrival_s"].to_numpy(),
         req["engine_arrival_s"].to_numpy(),
         steps["t_s"].to_numpy(),
         steps["end_s"].to_numpy(),
+        stamped_ready_s=stamped,
     )
     req["ready_s"] = req["engine_arrival_s"] if receipt else ready
     return req.reset_index(drop=True), info
@@ -365,7 +369,14 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
             f"{r['fit']['n_steps']} steps ({r['fit']['trimmed_stalls']} stalls left out); "
             f"emit lag {r['emit_lag_ms']:.3f} ms; front end "
             f"{r['alignment']['front_end_ms']:.2f} ms; idle arrivals "
-            f"{r['alignment']['idle_share']:.0%}; load (1 min) {r['loadavg_1m']}"
+            f"{r['alignment']['idle_share']:.0%}; ready stamped "
+            f"{r['alignment'].get('stamped_share', 0.0):.0%}"
+            + (
+                f" (estimate off by {a:.2f} ms mean)"
+                if (a := r["alignment"].get("estimate_mae_ms")) is not None
+                else ""
+            )
+            + f"; load (1 min) {r['loadavg_1m']}"
         )
     loads = [x for n in names for x in (result[n].get("loadavg_1m") or [])]
     peak = max(loads) if loads else float("nan")

@@ -113,3 +113,40 @@ def test_loop_overhead_is_the_median_back_to_back_gap() -> None:
     start = np.concatenate([[0.0], np.cumsum(dur + gap)[:-1]])
     assert loop_overhead_s(start, start + dur) == pytest.approx(0.2e-3)
     assert loop_overhead_s(start[:1], start[:1] + dur[:1]) == 0.0
+
+
+def test_a_logged_ready_stamp_wins_over_the_estimate_and_is_clipped_to_the_receipt() -> None:
+    """vLLM's step log carries ``ready_s`` (the adapter's stamp when the input thread handed
+    the request to the loop): the ready time is that stamp, clipped to the receipt; a request
+    line without one (NaN, an older log) keeps the estimate."""
+    start = np.array([0.0, 10e-3, 20e-3])
+    end = start + 9.8e-3
+    api = np.array([1e-3, 11e-3, 12e-3, 40e-3])
+    receipt = np.array([9.8e-3, 19.8e-3, 19.8e-3, 42e-3])  # three met a step; the last: idle
+    # the estimate (API stamp + the idle request's 2 ms front end) is 4-6 ms early here
+    stamp = np.array([7e-3, 18e-3, 19.9e-3, np.nan])  # the third is 0.1 ms past its receipt
+    est, info0 = engine_ready_times(api, receipt, start, end)
+    got, info = engine_ready_times(api, receipt, start, end, stamped_ready_s=stamp)
+    assert got == pytest.approx([7e-3, 18e-3, 19.8e-3, 42e-3], abs=1e-12)
+    assert got[3] == est[3]  # no stamp: the estimate (idle: the receipt)
+    assert info["stamped_share"] == pytest.approx(0.75)
+    assert info0["stamped_share"] == 0.0 and "estimate_mae_ms" not in info0
+    assert info["estimate_mae_ms"] == pytest.approx(np.abs(est[:3] - stamp[:3]).mean() * 1e3)
+    assert info["front_end_ms"] == info0["front_end_ms"]  # the estimate's own figures stay
+
+
+def test_steplog_request_line_carries_the_ready_stamp() -> None:
+    """The adapter's request line has ``ready_s`` (null when the request was not stamped)."""
+    from types import SimpleNamespace
+
+    from adapters.vllm.steplog import request_row
+
+    view = SimpleNamespace(
+        request_id="r", tier="t", arrival_s=1.0, ready_s=1.002, engine_arrival_s=1.005,
+        first_token_s=1.01, last_token_s=1.02, num_prompt_tokens=8, num_output_tokens=2,
+        num_preemptions=0,
+    )  # fmt: skip
+    row = request_row(view, 1.03)
+    assert row["arrival_s"] <= row["ready_s"] <= row["engine_arrival_s"]
+    del view.ready_s
+    assert request_row(view, 1.03)["ready_s"] is None
