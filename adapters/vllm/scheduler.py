@@ -38,6 +38,14 @@ Each ``schedule()`` call (one engine step):
 5. reports the step back (``Policy.on_step``) from ``update_from_output()`` with the measured
    duration, and optionally logs it to ``HARNESS_STEP_LOG`` (JSONL, see ``steplog``).
 
+Ready stamp (:func:`stamp_ready_times`): vLLM's engine core takes requests in on an input
+thread (``EngineCoreProc.process_input_sockets``: decode, ``preprocess_add_request``, then
+``input_queue.put_nowait``), while the busy loop drains that queue only between steps, so the
+scheduler's ``add_request`` sees a request up to a whole step after it became available. The
+host wraps ``EngineCore.preprocess_add_request`` to stamp each request with ``time.time()`` on
+its return, the last thing before the put: the instant the loop could have taken it, which the
+step log records as ``ready_s`` (``harness.server.fidelity.engine_ready_times``).
+
 Prefix caching (vLLM's default) is supported: a waiting request's view counts its cached
 prompt prefix as computed (:meth:`HarnessScheduler.prefix_hit_tokens`, the lookup vLLM's own
 waiting pass makes), so the policy budgets only the tokens vLLM will actually compute, and the
@@ -75,6 +83,34 @@ from vllm.v1.request import Request, RequestStatus
 logger = logging.getLogger("harness.adapters.vllm")
 
 _WAITING_STATES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+# Attribute the wrapped ``preprocess_add_request`` sets on each vLLM ``Request``: host clock
+# (``time.time()``, the clock of every other step-log time) when it was handed to the loop.
+READY_ATTR = "harness_ready_time"
+
+
+def stamp_ready_times() -> None:
+    """Wrap ``EngineCore.preprocess_add_request`` (once per process) so each new request
+    carries :data:`READY_ATTR` (see the module docstring: why this is the instant the engine
+    loop could first have taken it in).
+
+    Installed from ``HarnessScheduler.__init__``, which ``EngineCore.__init__`` runs before
+    ``EngineCoreProc`` starts its input thread; the thread looks the method up per request.
+    """
+    from vllm.v1.engine.core import EngineCore
+
+    orig = EngineCore.preprocess_add_request
+    if getattr(orig, "_harness_stamps", False):
+        return
+
+    def preprocess_add_request(self: Any, request: Any) -> tuple[Request, int]:
+        req, wave = orig(self, request)
+        setattr(req, READY_ATTR, time.time())
+        return req, wave
+
+    preprocess_add_request._harness_stamps = True  # type: ignore[attr-defined]
+    preprocess_add_request.__doc__ = orig.__doc__
+    EngineCore.preprocess_add_request = preprocess_add_request  # type: ignore[method-assign]
 
 
 @dataclass(slots=True)
@@ -128,6 +164,7 @@ class HarnessScheduler(Scheduler):
         self._preempted_now: list[str] = []  # this step's preemptions, in order
         self._last_step_s: float | None = None
         self._steplog = StepLog(os.environ.get("HARNESS_STEP_LOG"))
+        stamp_ready_times()
         self._idle_sleep = time.sleep  # replaced in tests to observe the idle wait
         self.idle_waits = 0
         logger.warning(
@@ -188,6 +225,8 @@ class HarnessScheduler(Scheduler):
         if is_new and request.request_id in self.requests:
             view = VllmRequestView(request, self._origin)
             view.engine_arrival_s = self._now()
+            ready = getattr(request, READY_ATTR, None)
+            view.ready_s = None if ready is None else float(ready) - self._origin
             self._views[request.request_id] = view
             self.harness_policy.on_arrival(view, self._now())
 

@@ -15,7 +15,9 @@ One line per executed step, keys::
     kv_used_blocks, num_running, num_waiting, preempted, admitted, finished (counts)
 
 Each finished request adds one ``{"kind": "request", ...}`` line (``arrival_s``, vLLM's
-API-server stamp; ``engine_arrival_s``, when the engine core received it; first and last token
+API-server stamp; ``ready_s``, when the engine core's input thread handed it to the engine
+loop, null when not stamped; ``engine_arrival_s``, when the loop took it in, between steps,
+so ``arrival_s <= ready_s <= engine_arrival_s``; first and last token
 times, token counts, tier): latencies as the engine saw them, free of HTTP and client-side
 delays. Step lines carry ``"kind": "step"``.
 
@@ -60,6 +62,7 @@ def request_row(view: Any, end_s: float) -> dict[str, Any]:
         "request_id": view.request_id,
         "tier": view.tier,
         "arrival_s": round(view.arrival_s, 6),
+        "ready_s": getattr(view, "ready_s", None),
         "engine_arrival_s": view.engine_arrival_s,
         "first_token_s": view.first_token_s,
         "last_token_s": view.last_token_s,

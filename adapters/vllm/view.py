@@ -39,13 +39,15 @@ class VllmRequestView(HostRequestView):
     """
 
     # when the engine core received it (arrival_s is the API server's stamp; the gap is
-    # vLLM's front end: processing plus the hop to the engine process)
-    __slots__ = ("engine_arrival_s", "cached_tokens")
+    # vLLM's front end: processing plus the hop to the engine process); ready_s: when the
+    # engine core's input thread handed it to the loop (scheduler.stamp_ready_times)
+    __slots__ = ("engine_arrival_s", "ready_s", "cached_tokens")
 
     def __init__(self, request: Any, origin: float) -> None:
         arrival_s = float(request.arrival_time) - origin
         super().__init__(request, request.request_id, arrival_s, request_xargs(request))
         self.engine_arrival_s: float | None = None
+        self.ready_s: float | None = None
         # prefix-cache hit of a request not yet scheduled (set by the host each step)
         self.cached_tokens: int = 0
 
