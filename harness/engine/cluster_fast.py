@@ -4,8 +4,9 @@ Why: a load-aware router (least outstanding tokens, session affinity, prefix-awa
 engines' state at every call, so the cluster cannot be routed up front
 (:mod:`harness.engine.cluster_split`) and runs on :mod:`harness.engine.cluster`'s event loop,
 whose engine cores cost a few Python operations per running request per step (2.6k calls/s
-at 100k calls over 8 replicas). Here each engine keeps its requests in numpy arrays, the
-layout of the vectorised kernel (:mod:`harness.engine.fastsim`), and the loop keeps the event
+at 100k calls over 8 replicas). Here each engine is the vectorised kernel's
+:class:`~harness.engine.fastsim.ArrayEngine` - the same step code the single-engine simulator
+drives, not a copy (issue 13: one kernel per policy rule) - and the loop keeps the event
 loop's rules exactly, so routers see the same load views at the same instants and every call
 gets the same engine and the same token times (tests/cluster/test_cluster.py):
 
@@ -19,9 +20,12 @@ gets the same engine and the same token times (tests/cluster/test_cluster.py):
   closed-form run is executed only at its natural end, or when a call is routed to it (then
   the steps starting before that instant); while deferred its load view is the run's start
   state with outstanding tokens counted down per started step (``cluster._Engine``);
-- one engine step is one iteration of the budget rule (base.BudgetRule, base.py rules 1-5):
-  decodes first, then prefills, clipped to the budget; KV shortage preempts from the end of
-  that order, then no admission; FCFS head-of-line admission while budget, seats and KV allow.
+- one engine step is one iteration of the budget rule (base.BudgetRule, base.py rules 1-5),
+  ``ArrayEngine.execute``: decodes first, then prefills, clipped to the budget; KV shortage
+  preempts from the end of that order, then no admission; FCFS head-of-line admission while
+  budget, seats and KV allow. The engines fast-forward on the plan (``steady_by_plan``) and
+  give up planning again after ``max_stall_calls`` preempting plans that schedule nothing,
+  as the engine core under the event loop does.
 
 Used when it is exact: a plain trace (no sessions, agents or session options, so there are
 no prefix identities and every release is a known arrival), every engine's policy declares
@@ -35,7 +39,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,104 +46,52 @@ import numpy as np
 
 from harness.engine.cluster import EngineSpec
 from harness.engine.core import decode_steps_that_fit, fit_problem
-from harness.engine.fastsim import fast_budget
+from harness.engine.fastsim import ArrayEngine, Rows, fast_budget
 from harness.engine.simresult import (
     ChunkLog,
     SimResult,
     SimulationStalled,
-    new_samples,
     no_cyclic_gc,
 )
 from harness.loadgen.sessions import SessionOptions
 from harness.routers.base import RouteCall, Router
 from harness.workload.trace import Trace
 
-_PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 _MAX_STALL = 1000  # simulate_cluster's max_stall_calls default
-_NO_LEFT = 1 << 62  # min_left of an empty batch
 
 
-class _Rows:
-    """Per trace row state shared by the engines (each row lives in one engine)."""
-
-    __slots__ = ("P", "M", "Orow", "first", "last", "state", "npre", "errors")
-
-    def __init__(self, P: list[int], M: list[int]) -> None:
-        n = len(P)
-        self.P = P
-        self.M = M
-        self.Orow = np.zeros(n, dtype=np.int64)  # outputs so far (kept across preemptions)
-        self.first = np.full(n, np.nan)
-        self.last = np.full(n, np.nan)
-        self.state = np.zeros(n, dtype=np.int8)
-        self.npre = np.zeros(n, dtype=np.int64)
-        self.errors: dict[int, str] = {}
-
-
-class _ArrayEngine:
-    """One engine in arrays (fastsim's layout) plus its cluster state; also its EngineLoad."""
+class _ClusterEngine(ArrayEngine):
+    """The kernel's array engine plus what the event loop adds: its index, pending step and
+    version, a deferred steady run (module docstring); also its EngineLoad for routers."""
 
     def __init__(
         self,
         index: int,
         spec: EngineSpec,
         budget: int,
-        rows: _Rows,
+        rows: Rows,
         chunks: ChunkLog,
         clock: list[float],
         n: int,
     ) -> None:
-        cfg = spec.config
+        super().__init__(
+            budget,
+            spec.config,
+            spec.cost_model,
+            rows,
+            chunks,
+            n,
+            error_prefix=f"{spec.name}: ",
+            steady_by_plan=True,
+            max_stall=_MAX_STALL,
+        )
         self.index_ = index
         self.spec = spec
-        self.budget_cap = budget
-        self.rows = rows
-        self.chunks = chunks
         self.clock = clock
-        self.bs = cfg.block_size
-        self.total = cfg.total_blocks
-        self.max_seqs = cfg.max_num_seqs
-        self.cost_model = spec.cost_model
-        self.use_attn = bool(getattr(spec.cost_model, "uses_prefill_attn", False))
-        cap = max(1, min(self.max_seqs, n))
-        self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
-        self.FA = np.full((2, cap), np.nan)  # first / last token time
-        self.cols = (*self.IA, *self.FA)  # row views, made once (the arrays never move)
-        self.R = 0
-        self.npf = 0  # running requests that are not decoding
-        self.used = 0
-        self.waiting: deque[int] = deque()
-        self.pm_total = 0  # prompt + max_tokens of live requests
-        self.sum_c = 0  # computed tokens of the running requests (kept incrementally)
-        self.min_left = _NO_LEFT  # fewest tokens a running request has left to generate
         self.pending: float | None = None
         self.version = 0
-        self.steady = False
         # deferred run: (start, step starts, step ends, batch size)
         self.deferred: tuple[float, np.ndarray, np.ndarray, int] | None = None
-        self.preempt_total = 0
-        self.finished_total = 0
-        self.rejected = 0
-        self.steps_total = 0
-        self.calls = 0
-        self.stall = 0
-        self.samples = new_samples()
-        sm = self.samples
-        self._appends = tuple(
-            sm[c].append
-            for c in (
-                "t_s",
-                "num_steps",
-                "step_duration_s",
-                "prefill_tokens",
-                "decode_tokens",
-                "kv_used_tokens",
-                "kv_usage",
-                "num_waiting",
-                "num_running",
-                "preemptions_total",
-            )
-        )
 
     # -- EngineLoad (cluster._Engine's definitions) -------------------------------------------
     @property
@@ -171,23 +122,6 @@ class _ArrayEngine:
         return 0  # plain rows carry no prompt identity
 
     # -- helpers ------------------------------------------------------------------------------
-    def _retire(self, keep: np.ndarray) -> None:
-        """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
-        IA, FA, R = self.IA, self.FA, self.R
-        gone = np.flatnonzero(~keep)
-        if len(gone) <= 8:
-            for p in gone[::-1].tolist():
-                IA[:, p : R - 1] = IA[:, p + 1 : R]
-                FA[:, p : R - 1] = FA[:, p + 1 : R]
-                R -= 1
-            self.R = R
-            return
-        idx = np.flatnonzero(keep)
-        k = len(idx)
-        IA[:, :k] = IA[:, idx]
-        FA[:, :k] = FA[:, idx]
-        self.R = k
-
     def _run_ends(self, t: float) -> tuple[np.ndarray, int] | None:
         """Step ends of the longest steady decode run from ``t`` (first finish, KV blocks:
         ``EngineCore._fast_forward_len``'s bounds), with step 1's blocks not yet allocated;
@@ -221,20 +155,6 @@ class _ArrayEngine:
         self.steady = False
         return nxt
 
-    def add(self, j: int, t: float) -> bool:
-        """Queue trace row ``j`` (already routed here); False if it can never fit."""
-        rows = self.rows
-        problem = fit_problem(rows.P[j], rows.M[j], self.bs, self.total)
-        if problem is not None:
-            rows.state[j] = _REJECTED
-            rows.errors[j] = f"{self.spec.name}: {problem}"
-            self.rejected += 1
-            return False
-        self.waiting.append(j)
-        rows.state[j] = _WAITING
-        self.pm_total += rows.P[j] + rows.M[j]
-        return True
-
     def step(self, t: float, until: float) -> float | None:
         """The engine's pending step at ``t`` (cluster._Cluster.step): execute a deferred
         run, defer a steady one, or execute one step fast-forwarding up to ``until``; the
@@ -253,7 +173,7 @@ class _ArrayEngine:
                 starts[1:] = ends[:-1]
                 self.deferred = (t, starts, ends, self.R)
                 return float(ends[-1])
-        return self._execute(t, until)
+        return self.execute(t, until)
 
     def _apply_run(self, t: float, ends: np.ndarray, until: float) -> float:
         """Execute the steady decode run from ``t`` with step ends ``ends``: the steps that
@@ -265,341 +185,6 @@ class _ArrayEngine:
         self.IA[4, :R] += grow
         self.used += int(np.count_nonzero(grow))
         return self._finish_run(t, ends[:k], k, R)
-
-    def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
-        """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
-        IA, FA = self.IA, self.FA
-        Or, Cr, NBr, IDr = IA[1], IA[2], IA[4], IA[5]
-        bs = self.bs
-        end = float(ends[-1])
-        self.calls += 1
-        self.stall = 0
-        if k > 1:
-            Cv = Cr[:R]
-            Cv += k
-            Or[:R] += k
-            nb = (Cv + (bs - 1)) // bs
-            self.used += int(nb.sum() - NBr[:R].sum())
-            NBr[:R] = nb
-            FA[1, :R] = end
-            self.chunks.add_run(ends, IDr[:R].copy())
-        else:
-            Cr[:R] += 1
-            Or[:R] += 1
-            FA[1, :R] = end
-            self.chunks.add_step(end, IDr[:R].copy())
-        self.sum_c += R * k
-        self.min_left -= k
-        finished = self.min_left <= 0 and self._finish()
-        self._sample(end, t, k, 0, R * k)
-        self.steps_total += k
-        self.steady = not finished  # the plan was steady; nothing else happened
-        return end
-
-    def _finish(self) -> bool:
-        """Retire the running requests that reached max_tokens; refresh ``min_left``."""
-        R = self.R
-        IA, FA = self.IA, self.FA
-        Or, Mr = IA[1], IA[3]
-        left = Mr[:R] - Or[:R]
-        done = left <= 0
-        gone = done.nonzero()[0]
-        if len(gone) == 0:
-            return False
-        rows = self.rows
-        if len(gone) == 1:  # the usual case: scalar reads, one shift of the tails
-            p = int(gone[0])
-            pr, o, c, m, nb, j = IA[:, p].tolist()
-            rows.state[j] = _FINISHED
-            rows.Orow[j] = o
-            rows.first[j] = FA[0, p]
-            rows.last[j] = FA[1, p]
-            self.used -= nb
-            self.pm_total -= pr + m
-            self.sum_c -= c
-            IA[:, p : R - 1] = IA[:, p + 1 : R]
-            FA[:, p : R - 1] = FA[:, p + 1 : R]
-            self.R = R - 1
-            self.finished_total += 1
-            left[p] = _NO_LEFT
-            self.min_left = int(left.min())  # _NO_LEFT when it was the last one
-            return True
-        ids = IA[5, :R][done]
-        rows.state[ids] = _FINISHED
-        rows.Orow[ids] = Or[:R][done]
-        rows.first[ids] = FA[0, :R][done]
-        rows.last[ids] = FA[1, :R][done]
-        self.used -= int(IA[4, :R][done].sum())
-        self.pm_total -= int((IA[0, :R][done] + IA[3, :R][done]).sum())
-        self.sum_c -= int(IA[2, :R][done].sum())
-        self._retire(~done)
-        self.finished_total += len(ids)
-        R = self.R
-        self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
-        return True
-
-    def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
-        a_t, a_k, a_d, a_p, a_dec, a_kv, a_use, a_w, a_r, a_pre = self._appends
-        used = self.used
-        a_t(end)
-        a_k(k)
-        a_d(end - t)
-        a_p(prefill)
-        a_dec(decode)
-        a_kv(used * self.bs)
-        a_use(used / self.total)
-        a_w(len(self.waiting))
-        a_r(self.R)
-        a_pre(self.preempt_total)
-
-    def _execute(self, t: float, until: float) -> float | None:
-        """One engine-core step at ``t`` under the budget rule (fastsim's pass 1 and 2), with
-        the core's fast-forward up to ``until``."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
-        rows = self.rows
-        bs = self.bs
-        total = self.total
-        R = self.R
-        budget = self.budget_cap
-        used = self.used
-        free0 = free = total - used
-        waiting = self.waiting
-        preempted_any = False
-        pure = False
-        sp: np.ndarray | None = None
-        sg: np.ndarray | None = None
-        prefill = n_decode = kv_read = 0
-        attn = 0.0
-        if R:
-            Cv = Cr[:R]
-            if self.npf == 0 and budget >= R:
-                grow = Cv % bs == 0
-                tot_need = int(np.count_nonzero(grow))
-                if tot_need <= free:
-                    NBr[:R] += grow
-                    used += tot_need
-                    free -= tot_need
-                    budget -= R
-                    pure = True
-                    n_decode = R
-                    kv_read = self.sum_c + R
-            if not pure:
-                Ov = Or[:R]
-                rem = Pr[:R] + Ov - Cv
-                dec = (Ov > 0) & (rem == 1)
-                n_dec_all = int(np.count_nonzero(dec))
-                if n_dec_all == R:
-                    ordp = np.arange(R)
-                else:
-                    ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                remo = rem[ordp]
-                tot_rem = int(remo.sum())
-                if tot_rem <= budget:
-                    grant = remo
-                else:
-                    cum = np.cumsum(remo)
-                    grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
-                Co = Cv[ordp]
-                need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
-                tot_need = int(need.sum())
-                if tot_need <= free:
-                    NBr[ordp] += need
-                    used += tot_need
-                    free -= tot_need
-                    budget -= int(grant.sum())
-                    sp, sg = ordp, grant
-                else:
-                    # Exact sequential semantics, preemption from the tail (base.py rule 2).
-                    alive = np.ones(R, dtype=bool)
-                    order = ordp.tolist()
-                    sched: dict[int, int] = {}
-                    budget = self.budget_cap
-                    for pos, rj in zip(order[:], remo.tolist(), strict=True):
-                        if not alive[pos]:
-                            continue
-                        g = rj if rj < budget else budget
-                        if g <= 0:
-                            continue
-                        nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
-                        if nd > free:
-                            while nd > free and order:
-                                v = order.pop()
-                                if not alive[v]:
-                                    continue
-                                got = sched.pop(v, None)
-                                if got is not None:
-                                    budget += got
-                                alive[v] = False
-                                used -= int(NBr[v])
-                                row = int(IDr[v])
-                                rows.Orow[row] = Or[v]
-                                rows.first[row] = Fr[v]
-                                rows.last[row] = Lr[v]
-                                rows.npre[row] += 1
-                                rows.state[row] = _WAITING
-                                self.sum_c -= int(Cr[v])
-                                waiting.appendleft(row)
-                                self.preempt_total += 1
-                                free = total - used
-                                preempted_any = True
-                                if v == pos:
-                                    break
-                            if not alive[pos]:
-                                continue
-                        NBr[pos] += nd
-                        used += nd
-                        free -= nd
-                        sched[pos] = g
-                        budget -= g
-                    newpos = np.cumsum(alive) - 1
-                    sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
-                    sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-                    self.used = used
-                    self._retire(alive)
-                    R = self.R
-                if len(sp):
-                    Co = Cr[sp]
-                    d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
-                    pos_g = sg > 0
-                    n_decode = int(np.count_nonzero(d & pos_g))
-                    prefill = int(sg[~d].sum())
-                    if self.use_attn:
-                        pg = sg[~d]
-                        attn = float((pg * (Co[~d] + pg / 2)).sum())
-                    kv_read = int((Co + sg)[pos_g].sum())
-
-        # The policy's plan is steady (Plan.steady: all decode, nothing admitted) when no
-        # admission is planned: vllm_v1 plans the waiting head while budget and seats are
-        # left and its first chunk fits the free KV at planning time (common.admit_list).
-        steady_plan = pure
-        if pure and waiting and budget > 0 and self.max_seqs - R > 0:
-            j = waiting[0]
-            rj = rows.P[j] + int(rows.Orow[j])
-            g = rj if rj < budget else budget
-            if -(-g // bs) <= free0:
-                steady_plan = False
-
-        # ---- pass 2: FCFS admissions (head-of-line) --------------------------------------------
-        R0 = R
-        adm_g: list[int] = []
-        if not preempted_any and waiting:
-            seats = self.max_seqs - R
-            P_l = rows.P
-            M_l = rows.M
-            while waiting and budget > 0 and seats > 0:
-                j = waiting[0]
-                oj = int(rows.Orow[j])
-                rj = P_l[j] + oj
-                g = rj if rj < budget else budget
-                nd = -(-g // bs)
-                if nd > free:
-                    break
-                waiting.popleft()
-                rows.state[j] = _RUNNING
-                used += nd
-                free -= nd
-                Pr[R] = P_l[j]
-                Or[R] = oj
-                Cr[R] = 0
-                Mr[R] = M_l[j]
-                NBr[R] = nd
-                IDr[R] = j
-                Fr[R] = rows.first[j]
-                Lr[R] = rows.last[j]
-                R += 1
-                adm_g.append(g)
-                budget -= g
-                seats -= 1
-                prefill += g
-                kv_read += g
-                attn += g * g / 2
-        self.R = R
-        self.used = used
-
-        if n_decode == 0 and prefill == 0:  # nothing scheduled (cluster._execute's idle)
-            self.stall += 1
-            self.steady = False
-            if preempted_any:
-                self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
-            if preempted_any and self.stall < _MAX_STALL:
-                return t  # the preemption changed the state: plan again
-            return None  # waits for a release
-        if self.use_attn:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
-        else:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read)
-
-        if steady_plan:  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            k_max = self.min_left
-            if k_max > 1:
-                k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
-            if k_max > 1:
-                i = np.arange(k_max)
-                durs = self.cost_model.step_times(
-                    np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode
-                )
-                ends = t + np.cumsum(durs)
-                k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-                k = max(1, min(k, k_max))
-                return self._finish_run(t, ends[:k], k, R)
-            return self._finish_run(t, np.array([t + dur]), 1, R)
-
-        self.calls += 1
-        self.stall = 0
-        end = t + dur
-        if pure:
-            Cr[:R0] += 1
-            Or[:R0] += 1
-            Lr[:R0] = end
-            samp_ids = IDr[:R0].copy()
-            self.sum_c += R0
-            self.min_left -= 1
-        elif sp is not None and len(sp):
-            Cr[sp] += sg
-            self.sum_c += int(sg.sum())
-            hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
-            Or[hit] += 1
-            Lr[hit] = end
-            fh = Fr[hit]
-            Fr[hit] = np.where(np.isnan(fh), end, fh)
-            samp_ids = IDr[hit]
-        else:
-            samp_ids = None
-        if samp_ids is not None and len(samp_ids):
-            self.chunks.add_step(end, samp_ids)
-        if adm_g:
-            hits: list[int] = []
-            left = self.min_left
-            for q, g in enumerate(adm_g, start=R0):
-                Cr[q] = g
-                self.sum_c += g
-                o = int(Or[q])
-                if g == Pr[q] + o:
-                    o += 1
-                    Or[q] = o
-                    Lr[q] = end
-                    if Fr[q] != Fr[q]:
-                        Fr[q] = end
-                    hits.append(int(IDr[q]))
-                m = int(Mr[q]) - o
-                if m < left:
-                    left = m
-            self.min_left = left
-            if hits:
-                self.chunks.add_step(end, hits)
-            self.npf += len(adm_g) - len(hits)
-        if not pure:
-            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
-        if self.min_left <= 0:
-            self._finish()
-        R = self.R
-        if not pure:
-            v = Or[:R]
-            self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
-        self.steps_total += 1
-        self._sample(end, t, 1, prefill, n_decode)
-        self.steady = False
-        return end
 
 
 def routed_budgets(
@@ -651,12 +236,12 @@ def simulate_routed(
     M = df["output_len"].to_numpy(np.int64).tolist()
     rids = df["request_id"].astype(str).tolist()
     tiers = df["tier"].astype(str).tolist()
-    rows = _Rows(P, M)
+    rows = Rows(P, M)
     engine_of = np.full(n, -1, dtype=np.int64)
     chunks = ChunkLog(chunk_sink, chunk_flush_rows)
     clock = [0.0]
     engs = [
-        _ArrayEngine(i, s, b, rows, chunks, clock, n)
+        _ClusterEngine(i, s, b, rows, chunks, clock, n)
         for i, (s, b) in enumerate(zip(engines, budgets, strict=True))
     ]
     ne = len(engs)
@@ -722,9 +307,7 @@ def simulate_routed(
     chunk_req, chunk_t = (None, None) if chunk_sink is not None else chunks.arrays()
     if chunk_sink is not None:
         chunks.flush()
-    status = np.zeros(n, dtype=np.int8)
-    status[rows.state == _FINISHED] = 1
-    status[rows.state == _REJECTED] = 2
+    status = rows.status()
     parts = []
     for e in engs:
         parts.append(

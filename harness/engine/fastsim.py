@@ -20,10 +20,19 @@ semantics of base.py:
 - FCFS admission (preempted first) while budget, ``max_num_seqs`` and KV allow, head-of-line;
 - a step with only decodes and no admission is fast-forwarded in closed form (Plan.steady).
 
+One kernel (issue 13: one kernel per policy rule): the step is :meth:`ArrayEngine.execute`
+on an engine whose state lives between calls. :func:`fast_simulate` drives one such engine
+over a trace (the single-engine simulator); :mod:`harness.engine.cluster_fast` drives several
+under the cluster's event loop (load-aware routers). The hosts differ only in what they ask of
+the step, not in the rule: when a decode-only step may be fast-forwarded (the single engine:
+when nothing was admitted and the step ends before the next arrival; the cluster, like the
+engine core it must match step for step: when nothing was planned), how many preempting plans
+that schedule nothing it retries, and the prefix of a rejection message.
+
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
-test_identity.py): identical per-request token times on traces with preemptions, seat and
-budget limits.
+test_identity.py, tests/cluster/test_cluster.py): identical per-request token times on traces
+with preemptions, seat and budget limits.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from harness.policies.base import Policy, declared_rule
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
-_NONE_LEFT = 1 << 62  # ``left`` with nobody running
+_NO_LEFT = 1 << 62  # min_left of an empty batch
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -60,6 +69,480 @@ def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
     return config.token_budget if rule.budget is None else min(config.token_budget, rule.budget)
 
 
+class Rows:
+    """Per trace row state shared by the engines of a run (each row lives in one engine)."""
+
+    __slots__ = ("P", "M", "Orow", "first", "last", "state", "npre", "errors")
+
+    def __init__(self, P: list[int], M: list[int]) -> None:
+        n = len(P)
+        self.P = P
+        self.M = M
+        self.Orow = np.zeros(n, dtype=np.int64)  # outputs so far (kept across preemptions)
+        self.first = np.full(n, np.nan)
+        self.last = np.full(n, np.nan)
+        self.state = np.zeros(n, dtype=np.int8)
+        self.npre = np.zeros(n, dtype=np.int64)
+        self.errors: dict[int, str] = {}
+
+    def status(self) -> np.ndarray:
+        """The results' status column: 1 finished, 2 rejected, 0 otherwise (cancelled)."""
+        status = np.zeros(len(self.state), dtype=np.int8)
+        status[self.state == _FINISHED] = 1
+        status[self.state == _REJECTED] = 2
+        return status
+
+
+class ArrayEngine:
+    """One engine's requests in numpy arrays and its budget-rule step (module docstring).
+
+    ``steady_by_plan``: fast-forward a decode-only step when no admission was *planned*
+    (vllm_v1 plans the waiting head while budget and seats are left and its first chunk fits
+    the free KV at planning time, common.admit_list: the engine core's ``Plan.steady``), as
+    the cluster's event loop must; else when none was *made* (the single engine: same token
+    times, a run may start one step sooner). ``max_stall``: plans in a row that preempt and
+    schedule nothing before the step waits for a release (simulate_cluster's
+    max_stall_calls)."""
+
+    def __init__(
+        self,
+        budget: int,
+        config: EngineConfig,
+        cost_model: CostModel,
+        rows: Rows,
+        chunks: ChunkLog,
+        n: int,
+        *,
+        error_prefix: str = "",
+        steady_by_plan: bool = True,
+        fast_forward: bool = True,
+        max_stall: float = math.inf,
+    ) -> None:
+        self.budget_cap = budget
+        self.rows = rows
+        self.chunks = chunks
+        self.error_prefix = error_prefix
+        self.steady_by_plan = steady_by_plan
+        self.fast_forward = fast_forward
+        self.max_stall = max_stall
+        self.bs = config.block_size
+        self.total = config.total_blocks
+        self.max_seqs = config.max_num_seqs
+        self.cost_model = cost_model
+        self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
+        cap = max(1, min(self.max_seqs, n))  # running never exceeds either
+        self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
+        self.FA = np.full((2, cap), np.nan)  # first / last token time
+        self.cols = (*self.IA, *self.FA)  # row views, made once (the arrays never move)
+        self.R = 0  # running requests: the first R slots, in running (admission) order
+        self.npf = 0  # running requests that are not decoding (prefilling or recomputing)
+        self.used = 0
+        self.waiting: deque[int] = deque()
+        self.pm_total = 0  # prompt + max_tokens of live requests
+        self.sum_c = 0  # computed tokens of the running requests (kept incrementally)
+        # fewest tokens a running request has left to generate (exact): steps until the first
+        # finish of a pure decode run, so pure steps skip the per-request finish test
+        self.min_left = _NO_LEFT
+        self.steady = False  # the last step was a steady plan and finished nobody
+        self.preempt_total = 0
+        self.finished_total = 0
+        self.rejected = 0
+        self.steps_total = 0
+        self.calls = 0
+        self.stall = 0
+        self.samples = new_samples()
+        sm = self.samples
+        self._appends = tuple(
+            sm[c].append
+            for c in (
+                "t_s",
+                "num_steps",
+                "step_duration_s",
+                "prefill_tokens",
+                "decode_tokens",
+                "kv_used_tokens",
+                "kv_usage",
+                "num_waiting",
+                "num_running",
+                "preemptions_total",
+            )
+        )
+
+    def add(self, j: int, t: float) -> bool:
+        """Queue trace row ``j`` (released to this engine at ``t``); False, and the row
+        rejected, if it can never fit (core.fit_problem)."""
+        rows = self.rows
+        problem = fit_problem(rows.P[j], rows.M[j], self.bs, self.total)
+        if problem is not None:
+            rows.state[j] = _REJECTED
+            rows.errors[j] = self.error_prefix + problem
+            self.rejected += 1
+            return False
+        self.waiting.append(j)
+        rows.state[j] = _WAITING
+        self.pm_total += rows.P[j] + rows.M[j]
+        return True
+
+    def _retire(self, keep: np.ndarray) -> None:
+        """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
+        IA, FA, R = self.IA, self.FA, self.R
+        gone = np.flatnonzero(~keep)
+        if len(gone) <= 8:
+            for p in gone[::-1].tolist():
+                IA[:, p : R - 1] = IA[:, p + 1 : R]
+                FA[:, p : R - 1] = FA[:, p + 1 : R]
+                R -= 1
+            self.R = R
+            return
+        idx = np.flatnonzero(keep)
+        k = len(idx)
+        IA[:, :k] = IA[:, idx]
+        FA[:, :k] = FA[:, idx]
+        self.R = k
+
+    def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
+        """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
+        IA, FA = self.IA, self.FA
+        Or, Cr, NBr, IDr = IA[1], IA[2], IA[4], IA[5]
+        bs = self.bs
+        end = float(ends[-1])
+        self.calls += 1
+        self.stall = 0
+        if k > 1:
+            Cv = Cr[:R]
+            Cv += k
+            Or[:R] += k
+            nb = (Cv + (bs - 1)) // bs
+            self.used += int(nb.sum() - NBr[:R].sum())
+            NBr[:R] = nb
+            FA[1, :R] = end
+            self.chunks.add_run(ends, IDr[:R].copy())
+        else:
+            Cr[:R] += 1
+            Or[:R] += 1
+            FA[1, :R] = end
+            self.chunks.add_step(end, IDr[:R].copy())
+        self.sum_c += R * k
+        self.min_left -= k
+        finished = self.min_left <= 0 and self._finish()
+        self._sample(end, t, k, 0, R * k)
+        self.steps_total += k
+        self.steady = not finished  # the plan was steady; nothing else happened
+        return end
+
+    def _finish(self) -> bool:
+        """Retire the running requests that reached max_tokens; refresh ``min_left``."""
+        R = self.R
+        IA, FA = self.IA, self.FA
+        Or, Mr = IA[1], IA[3]
+        left = Mr[:R] - Or[:R]
+        done = left <= 0
+        gone = done.nonzero()[0]
+        if len(gone) == 0:
+            return False
+        rows = self.rows
+        if len(gone) == 1:  # the usual case: scalar reads, one shift of the tails
+            p = int(gone[0])
+            pr, o, c, m, nb, j = IA[:, p].tolist()
+            rows.state[j] = _FINISHED
+            rows.Orow[j] = o
+            rows.first[j] = FA[0, p]
+            rows.last[j] = FA[1, p]
+            self.used -= nb
+            self.pm_total -= pr + m
+            self.sum_c -= c
+            IA[:, p : R - 1] = IA[:, p + 1 : R]
+            FA[:, p : R - 1] = FA[:, p + 1 : R]
+            self.R = R - 1
+            self.finished_total += 1
+            left[p] = _NO_LEFT
+            self.min_left = int(left.min())  # _NO_LEFT when it was the last one
+            return True
+        ids = IA[5, :R][done]
+        rows.state[ids] = _FINISHED
+        rows.Orow[ids] = Or[:R][done]
+        rows.first[ids] = FA[0, :R][done]
+        rows.last[ids] = FA[1, :R][done]
+        self.used -= int(IA[4, :R][done].sum())
+        self.pm_total -= int((IA[0, :R][done] + IA[3, :R][done]).sum())
+        self.sum_c -= int(IA[2, :R][done].sum())
+        self._retire(~done)
+        self.finished_total += len(ids)
+        R = self.R
+        self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
+        return True
+
+    def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
+        a_t, a_k, a_d, a_p, a_dec, a_kv, a_use, a_w, a_r, a_pre = self._appends
+        used = self.used
+        a_t(end)
+        a_k(k)
+        a_d(end - t)
+        a_p(prefill)
+        a_dec(decode)
+        a_kv(used * self.bs)
+        a_use(used / self.total)
+        a_w(len(self.waiting))
+        a_r(self.R)
+        a_pre(self.preempt_total)
+
+    def execute(self, t: float, until: float) -> float | None:
+        """One step at ``t`` under the budget rule (pass 1: the running requests, pass 2: FCFS
+        admission), fast-forwarding a steady decode run over the steps that start before
+        ``until``; the step's end, ``t`` to plan again after a preemption that scheduled
+        nothing, or None when nothing can run before a release."""
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        rows = self.rows
+        bs = self.bs
+        total = self.total
+        R = self.R
+        budget = self.budget_cap
+        used = self.used
+        free0 = free = total - used
+        waiting = self.waiting
+        preempted_any = False
+        pure = False
+        sp: np.ndarray | None = None
+        sg: np.ndarray | None = None
+        prefill = n_decode = kv_read = 0
+        attn = 0.0
+        if R:
+            Cv = Cr[:R]
+            if self.npf == 0 and budget >= R:
+                grow = Cv % bs == 0
+                tot_need = int(np.count_nonzero(grow))
+                if tot_need <= free:
+                    NBr[:R] += grow
+                    used += tot_need
+                    free -= tot_need
+                    budget -= R
+                    pure = True
+                    n_decode = R
+                    kv_read = self.sum_c + R
+            if not pure:
+                Ov = Or[:R]
+                rem = Pr[:R] + Ov - Cv
+                dec = (Ov > 0) & (rem == 1)
+                n_dec_all = int(np.count_nonzero(dec))
+                if n_dec_all == R:
+                    ordp = np.arange(R)
+                else:
+                    ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
+                remo = rem[ordp]
+                tot_rem = int(remo.sum())
+                if tot_rem <= budget:
+                    grant = remo
+                else:
+                    cum = np.cumsum(remo)
+                    grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
+                Co = Cv[ordp]
+                need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
+                tot_need = int(need.sum())
+                if tot_need <= free:
+                    NBr[ordp] += need
+                    used += tot_need
+                    free -= tot_need
+                    budget -= int(grant.sum())
+                    sp, sg = ordp, grant
+                else:
+                    # Exact sequential semantics, preemption from the tail (base.py rule 2).
+                    alive = np.ones(R, dtype=bool)
+                    order = ordp.tolist()
+                    sched: dict[int, int] = {}
+                    budget = self.budget_cap
+                    for pos, rj in zip(order[:], remo.tolist(), strict=True):
+                        if not alive[pos]:
+                            continue
+                        g = rj if rj < budget else budget
+                        if g <= 0:
+                            continue
+                        nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
+                        if nd > free:
+                            while nd > free and order:
+                                v = order.pop()
+                                if not alive[v]:
+                                    continue
+                                got = sched.pop(v, None)
+                                if got is not None:
+                                    budget += got
+                                alive[v] = False
+                                used -= int(NBr[v])
+                                row = int(IDr[v])
+                                rows.Orow[row] = Or[v]
+                                rows.first[row] = Fr[v]
+                                rows.last[row] = Lr[v]
+                                rows.npre[row] += 1
+                                rows.state[row] = _WAITING
+                                self.sum_c -= int(Cr[v])
+                                waiting.appendleft(row)
+                                self.preempt_total += 1
+                                free = total - used
+                                preempted_any = True
+                                if v == pos:
+                                    break
+                            if not alive[pos]:
+                                continue
+                        NBr[pos] += nd
+                        used += nd
+                        free -= nd
+                        sched[pos] = g
+                        budget -= g
+                    newpos = np.cumsum(alive) - 1
+                    sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
+                    sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
+                    self.used = used
+                    self._retire(alive)
+                    R = self.R
+                if len(sp):
+                    Co = Cr[sp]
+                    d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
+                    pos_g = sg > 0
+                    n_decode = int(np.count_nonzero(d & pos_g))
+                    prefill = int(sg[~d].sum())
+                    if self.use_attn:
+                        pg = sg[~d]
+                        attn = float((pg * (Co[~d] + pg / 2)).sum())
+                    kv_read = int((Co + sg)[pos_g].sum())
+
+        # The policy's plan is steady (Plan.steady: all decode, nothing admitted) when no
+        # admission is planned: vllm_v1 plans the waiting head while budget and seats are
+        # left and its first chunk fits the free KV at planning time (common.admit_list).
+        steady_plan = pure
+        if pure and self.steady_by_plan and waiting and budget > 0 and self.max_seqs - R > 0:
+            j = waiting[0]
+            rj = rows.P[j] + int(rows.Orow[j])
+            g = rj if rj < budget else budget
+            if -(-g // bs) <= free0:
+                steady_plan = False
+
+        # ---- pass 2: FCFS admissions (head-of-line) --------------------------------------------
+        R0 = R
+        adm_g: list[int] = []
+        if not preempted_any and waiting:
+            seats = self.max_seqs - R
+            P_l = rows.P
+            M_l = rows.M
+            while waiting and budget > 0 and seats > 0:
+                j = waiting[0]
+                oj = int(rows.Orow[j])
+                rj = P_l[j] + oj
+                g = rj if rj < budget else budget
+                nd = -(-g // bs)
+                if nd > free:
+                    break
+                waiting.popleft()
+                rows.state[j] = _RUNNING
+                used += nd
+                free -= nd
+                Pr[R] = P_l[j]
+                Or[R] = oj
+                Cr[R] = 0
+                Mr[R] = M_l[j]
+                NBr[R] = nd
+                IDr[R] = j
+                Fr[R] = rows.first[j]
+                Lr[R] = rows.last[j]
+                R += 1
+                adm_g.append(g)
+                budget -= g
+                seats -= 1
+                prefill += g
+                kv_read += g
+                attn += g * g / 2
+        self.R = R
+        self.used = used
+
+        if n_decode == 0 and prefill == 0:  # nothing scheduled (cluster._execute's idle)
+            self.stall += 1
+            self.steady = False
+            if preempted_any:
+                self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+            if preempted_any and self.stall < self.max_stall:
+                return t  # the preemption changed the state: plan again
+            return None  # waits for a release
+        if self.use_attn:
+            dur = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+        else:
+            dur = self.cost_model.step_time(prefill, n_decode, kv_read)
+
+        by_plan = self.steady_by_plan
+        if steady_plan and not by_plan:  # the single engine: nothing admitted, a later step
+            steady_plan = self.fast_forward and not adm_g and t + dur < until
+        if steady_plan:  # EngineCore._fast_forward_len; step 1's blocks are allocated
+            k_max = self.min_left
+            if k_max > 1:
+                k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
+            if k_max > 1:
+                i = np.arange(k_max)
+                durs = self.cost_model.step_times(
+                    np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode
+                )
+                ends = t + np.cumsum(durs)
+                k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
+                k = max(1, min(k, k_max))
+                if k > 1 or by_plan:
+                    return self._finish_run(t, ends[:k], k, R)
+            elif by_plan:
+                return self._finish_run(t, np.array([t + dur]), 1, R)
+
+        self.calls += 1
+        self.stall = 0
+        end = t + dur
+        if pure:
+            Cr[:R0] += 1
+            Or[:R0] += 1
+            Lr[:R0] = end
+            samp_ids = IDr[:R0].copy()
+            self.sum_c += R0
+            self.min_left -= 1
+        elif sp is not None and len(sp):
+            Cr[sp] += sg
+            self.sum_c += int(sg.sum())
+            hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
+            Or[hit] += 1
+            Lr[hit] = end
+            fh = Fr[hit]
+            Fr[hit] = np.where(np.isnan(fh), end, fh)
+            samp_ids = IDr[hit]
+        else:
+            samp_ids = None
+        if samp_ids is not None and len(samp_ids):
+            self.chunks.add_step(end, samp_ids)
+        if adm_g:
+            hits: list[int] = []
+            left = self.min_left
+            for q, g in enumerate(adm_g, start=R0):
+                Cr[q] = g
+                self.sum_c += g
+                o = int(Or[q])
+                if g == Pr[q] + o:
+                    o += 1
+                    Or[q] = o
+                    Lr[q] = end
+                    if Fr[q] != Fr[q]:
+                        Fr[q] = end
+                    hits.append(int(IDr[q]))
+                m = int(Mr[q]) - o
+                if m < left:
+                    left = m
+            self.min_left = left
+            if hits:
+                self.chunks.add_step(end, hits)
+            self.npf += len(adm_g) - len(hits)
+        if not pure:
+            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        if self.min_left <= 0:
+            self._finish()
+        R = self.R
+        if not pure:
+            v = Or[:R]
+            self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
+        self.steps_total += 1
+        self._sample(end, t, 1, prefill, n_decode)
+        self.steady = False
+        return end
+
+
 def fast_simulate(
     trace: Trace,
     policy: Policy,
@@ -72,7 +555,8 @@ def fast_simulate(
     fast_forward: bool = True,
     on_interrupt: str = "raise",
 ) -> Any:
-    """Same contract and result as :func:`harness.engine.simulate.simulate`."""
+    """Same contract and result as :func:`harness.engine.simulate.simulate`: one
+    :class:`ArrayEngine` driven over the trace, releases at their arrival times."""
     budget_cap = fast_budget(policy, config)
     if budget_cap is None:
         raise ValueError(f"no fast kernel for policy {getattr(policy, 'name', policy)!r}")
@@ -80,90 +564,33 @@ def fast_simulate(
     df = trace.df
     n = len(df)
     arr_l = df["arrival_s"].to_numpy(dtype=float).tolist()
-    P_l = df["prompt_len"].to_numpy(dtype=np.int64).tolist()
-    M_l = df["output_len"].to_numpy(dtype=np.int64).tolist()
-    # Per trace row: outputs so far (kept across preemptions), results.
-    Orow = np.zeros(n, dtype=np.int64)
-    first = np.full(n, np.nan)
-    last = np.full(n, np.nan)
-    state = np.zeros(n, dtype=np.int8)
-    npre = np.zeros(n, dtype=np.int64)
-    errors: dict[int, str] = {}
-
-    bs = config.block_size
-    total = config.total_blocks
-    max_seqs = config.max_num_seqs
-    # Running requests as parallel arrays in running (admission) order, first R slots used.
-    cap = max(1, min(max_seqs, n))  # running never exceeds either
-    IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
-    FA = np.full((2, cap), np.nan)  # first / last token time
-    Pr, Or, Cr, Mr, NBr, IDr = IA
-    Fr, Lr = FA
-    R = 0
-    # min over running requests of max_tokens - outputs (exact): steps until the first finish
-    # of a pure decode run, so pure steps skip the per-request finish test
-    left = _NONE_LEFT
-    npf = 0  # running requests that are not decoding (prefilling or recomputing)
-    used = 0
-    preempt_total = 0
-    finished_total = 0
-    rejected = 0
-    steps_total = 0
-    calls = 0
-    waiting: deque[int] = deque()
-    step_time = cost_model.step_time
-    use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
-
-    def retire(keep: np.ndarray, R: int) -> int:
-        """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
-        return drop(np.flatnonzero(~keep), keep, R)
-
-    def drop(gone: np.ndarray, keep: np.ndarray | None, R: int) -> int:
-        """Remove the running positions ``gone`` (ascending; ``keep`` is its complement mask
-        over the first R, or None to derive it), keeping the running order."""
-        if len(gone) <= 8:  # usually one or two: shift the tails left (memmove-speed slices)
-            for p in gone[::-1].tolist():
-                IA[:, p : R - 1] = IA[:, p + 1 : R]
-                FA[:, p : R - 1] = FA[:, p + 1 : R]
-                R -= 1
-            return R
-        if keep is None:
-            keep = np.ones(R, dtype=bool)
-            keep[gone] = False
-        idx = np.flatnonzero(keep)
-        k = len(idx)
-        IA[:, :k] = IA[:, idx]
-        FA[:, :k] = FA[:, idx]
-        return k
-
-    chunks = ChunkLog(chunk_sink, chunk_flush_rows)
-    samples = new_samples()
-    s_t, s_k, s_d = samples["t_s"], samples["num_steps"], samples["step_duration_s"]
-    s_p, s_dec, s_kv = (
-        samples["prefill_tokens"],
-        samples["decode_tokens"],
-        samples["kv_used_tokens"],
+    rows = Rows(
+        df["prompt_len"].to_numpy(dtype=np.int64).tolist(),
+        df["output_len"].to_numpy(dtype=np.int64).tolist(),
     )
-    s_use, s_w, s_r = samples["kv_usage"], samples["num_waiting"], samples["num_running"]
-    s_pre = samples["preemptions_total"]
-
+    chunks = ChunkLog(chunk_sink, chunk_flush_rows)
+    eng = ArrayEngine(
+        budget_cap,
+        config,
+        cost_model,
+        rows,
+        chunks,
+        n,
+        steady_by_plan=False,
+        fast_forward=fast_forward,
+    )
+    add, execute, waiting = eng.add, eng.execute, eng.waiting
     stop = math.inf if stop_at_s is None else float(stop_at_s)
+    calls = 0  # plans, including those that scheduled nothing
     i = 0
     t = 0.0
     interrupted = False
     try:
         while True:
             while i < n and arr_l[i] <= t:
-                problem = fit_problem(P_l[i], M_l[i], bs, total)
-                if problem is None:
-                    waiting.append(i)
-                    state[i] = _WAITING
-                else:
-                    state[i] = _REJECTED
-                    errors[i] = problem
-                    rejected += 1
+                add(i, t)
                 i += 1
-            if R == 0 and not waiting:
+            if eng.R == 0 and not waiting:
                 if i >= n:
                     break
                 t = arr_l[i]
@@ -173,296 +600,54 @@ def fast_simulate(
             if t >= stop:
                 break
             nxt = arr_l[i] if i < n else math.inf
-            until = min(nxt, stop)
             calls += 1
-
-            # ---- pass 1: running requests, decodes first ---------------------------------------
-            budget = budget_cap
-            free = total - used
-            preempted_any = False
-            pure = False  # every running request decodes and all got their token
-            sp: np.ndarray | None = None  # scheduled positions (None = all R, one token each)
-            sg: np.ndarray | None = None
-            prefill = n_decode = kv_read = 0
-            attn = 0.0  # sum over prefill chunks of chunk * (context before it + chunk / 2)
-            if R:
-                Cv = Cr[:R]
-                if npf == 0 and budget >= R:
-                    grow = Cv % bs == 0  # a decode writes position C: a new block at a boundary
-                    tot_need = int(np.count_nonzero(grow))
-                    if tot_need <= free:
-                        NBr[:R] += grow
-                        used += tot_need
-                        free -= tot_need
-                        budget -= R
-                        pure = True
-                        n_decode = R
-                        kv_read = int(Cv.sum()) + R
-                if not pure:
-                    Ov = Or[:R]
-                    rem = Pr[:R] + Ov - Cv
-                    dec = (Ov > 0) & (rem == 1)
-                    n_dec_all = int(np.count_nonzero(dec))
-                    if n_dec_all == R:
-                        ordp = np.arange(R)
-                    else:
-                        ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                    remo = rem[ordp]
-                    tot_rem = int(remo.sum())
-                    if tot_rem <= budget:
-                        grant = remo
-                    else:
-                        cum = np.cumsum(remo)
-                        grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
-                    Co = Cv[ordp]
-                    need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
-                    tot_need = int(need.sum())
-                    if tot_need <= free:
-                        NBr[ordp] += need
-                        used += tot_need
-                        free -= tot_need
-                        budget -= int(grant.sum())
-                        sp, sg = ordp, grant
-                    else:
-                        # Exact sequential semantics, preemption from the tail (base.py rule 2).
-                        alive = np.ones(R, dtype=bool)
-                        order = ordp.tolist()
-                        sched: dict[int, int] = {}
-                        budget = budget_cap
-                        for pos, rj in zip(order[:], remo.tolist(), strict=True):
-                            if not alive[pos]:
-                                continue
-                            g = rj if rj < budget else budget
-                            if g <= 0:
-                                continue
-                            nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
-                            if nd > free:
-                                while nd > free and order:
-                                    v = order.pop()
-                                    if not alive[v]:
-                                        continue
-                                    got = sched.pop(v, None)
-                                    if got is not None:
-                                        budget += got
-                                    alive[v] = False
-                                    used -= int(NBr[v])
-                                    row = int(IDr[v])
-                                    Orow[row] = Or[v]
-                                    first[row] = Fr[v]
-                                    last[row] = Lr[v]
-                                    npre[row] += 1
-                                    state[row] = _WAITING
-                                    waiting.appendleft(row)
-                                    preempt_total += 1
-                                    free = total - used
-                                    preempted_any = True
-                                    if v == pos:
-                                        break
-                                if not alive[pos]:
-                                    continue
-                            NBr[pos] += nd
-                            used += nd
-                            free -= nd
-                            sched[pos] = g
-                            budget -= g
-                        # positions shift after compaction: map old -> new
-                        newpos = np.cumsum(alive) - 1
-                        sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
-                        sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-                        R = retire(alive, R)
-                    if len(sp):
-                        Co = Cr[sp]
-                        d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
-                        pos_g = sg > 0
-                        n_decode = int(np.count_nonzero(d & pos_g))
-                        prefill = int(sg[~d].sum())
-                        if use_attn:
-                            pg = sg[~d]
-                            attn = float((pg * (Co[~d] + pg / 2)).sum())
-                        kv_read = int((Co + sg)[pos_g].sum())
-
-            # ---- pass 2: FCFS admissions (head-of-line) ----------------------------------------
-            R0 = R
-            adm_g: list[int] = []
-            adm_left = _NONE_LEFT
-            if not preempted_any and waiting:
-                seats = max_seqs - R
-                while waiting and budget > 0 and seats > 0:
-                    j = waiting[0]
-                    oj = int(Orow[j])
-                    rj = P_l[j] + oj
-                    g = rj if rj < budget else budget
-                    nd = -(-g // bs)
-                    if nd > free:
-                        break
-                    waiting.popleft()
-                    state[j] = _RUNNING
-                    used += nd
-                    free -= nd
-                    Pr[R] = P_l[j]
-                    Or[R] = oj
-                    Cr[R] = 0
-                    Mr[R] = M_l[j]
-                    NBr[R] = nd
-                    IDr[R] = j
-                    Fr[R] = first[j]
-                    Lr[R] = last[j]
-                    R += 1
-                    adm_g.append(g)
-                    lj = M_l[j] - oj - (g == rj)  # its first token comes with a whole prefill
-                    if lj < adm_left:
-                        adm_left = lj
-                    budget -= g
-                    seats -= 1
-                    prefill += g
-                    kv_read += g
-                    attn += g * g / 2
-
-            if n_decode == 0 and prefill == 0:
-                if preempted_any:
-                    left = int((Mr[:R] - Or[:R]).min()) if R else _NONE_LEFT
-                    continue  # state changed: plan again at the same time
-                if i < n:
-                    t = max(t, nxt)
-                    continue
+            end = execute(t, nxt if nxt < stop else stop)
+            if end is not None:
+                t = end  # the step's end, or the same time to plan again after a preemption
+            elif i < n:
+                t = max(t, nxt)
+            else:
                 raise SimulationStalled(
                     f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
                 )
-            if use_attn:
-                dur = step_time(prefill, n_decode, kv_read, prefill_attn=attn)
-            else:
-                dur = step_time(prefill, n_decode, kv_read)
-
-            # ---- fast-forward a steady run of pure decode steps --------------------------------
-            k = 1
-            if fast_forward and pure and not adm_g and t + dur < until:
-                k_max = left
-                if k_max > 1:
-                    k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
-                    if k_max > 1:
-                        steps = np.arange(k_max)
-                        durs = cost_model.step_times(
-                            np.zeros(k_max), np.full(k_max, R), kv_read + steps * R
-                        )
-                        ends = t + np.cumsum(durs)
-                        k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-                        k = max(1, min(k, k_max))
-            if k > 1:
-                ends = ends[:k]
-                end = float(ends[-1])
-                Cv = Cr[:R]
-                Cv += k
-                Or[:R] += k
-                nb = (Cv + (bs - 1)) // bs
-                used += int(nb.sum() - NBr[:R].sum())
-                NBr[:R] = nb
-                Lr[:R] = end
-                chunks.add_run(ends, IDr[:R].copy())
-                s_p.append(0)
-                s_dec.append(R * k)
-            else:
-                end = t + dur
-                if pure:
-                    Cr[:R0] += 1
-                    Or[:R0] += 1
-                    Lr[:R0] = end
-                    samp_ids = IDr[:R0].copy()
-                elif sp is not None and len(sp):
-                    Cr[sp] += sg
-                    hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
-                    Or[hit] += 1
-                    Lr[hit] = end
-                    fh = Fr[hit]
-                    Fr[hit] = np.where(np.isnan(fh), end, fh)
-                    samp_ids = IDr[hit]
-                else:
-                    samp_ids = None
-                if samp_ids is not None and len(samp_ids):
-                    chunks.add_step(end, samp_ids)
-                if adm_g:
-                    # few per step: scalar updates beat a handful of tiny array operations
-                    hits: list[int] = []
-                    for q, g in enumerate(adm_g, start=R0):
-                        Cr[q] = g
-                        if g == Pr[q] + Or[q]:
-                            Or[q] += 1
-                            Lr[q] = end
-                            if Fr[q] != Fr[q]:  # NaN: the first token
-                                Fr[q] = end
-                            hits.append(int(IDr[q]))
-                    if hits:
-                        chunks.add_step(end, hits)
-                    npf += len(adm_g) - len(hits)
-                s_p.append(prefill)
-                s_dec.append(n_decode)
-            if pure:  # everyone running before admission sampled k tokens
-                left -= k
-                if adm_left < left:
-                    left = adm_left
-            if not pure or left <= 0:
-                done = Or[:R] >= Mr[:R]
-                gone = np.flatnonzero(done)
-                if len(gone):
-                    rows = IDr[gone]
-                    state[rows] = _FINISHED
-                    Orow[rows] = Or[gone]
-                    first[rows] = Fr[gone]
-                    last[rows] = Lr[gone]
-                    used -= int(NBr[gone].sum())
-                    R = drop(gone, None, R)
-                    finished_total += len(rows)
-                left = int((Mr[:R] - Or[:R]).min()) if R else _NONE_LEFT
-            if not pure:
-                v = Or[:R]
-                npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
-            steps_total += k
-            s_t.append(end)
-            s_k.append(k)
-            s_d.append(end - t)
-            s_kv.append(used * bs)
-            s_use.append(used / total)
-            s_w.append(len(waiting))
-            s_r.append(R)
-            s_pre.append(preempt_total)
-            t = end
     except KeyboardInterrupt:
         if on_interrupt == "raise":
             raise
         interrupted = True  # keep what was simulated; the caller writes it
 
     # Requests still running at stop_at_s keep what they produced (cancelled).
-    rows = IDr[:R]
-    Orow[rows] = Or[:R]
-    first[rows] = Fr[:R]
-    last[rows] = Lr[:R]
-    out_tokens = Orow.copy()
-    status = np.zeros(n, dtype=np.int8)
-    status[state == _FINISHED] = 1
-    status[state == _REJECTED] = 2
+    R = eng.R
+    ids = eng.IA[5, :R]
+    rows.Orow[ids] = eng.IA[1, :R]
+    rows.first[ids] = eng.FA[0, :R]
+    rows.last[ids] = eng.FA[1, :R]
     chunk_req, chunk_t = (None, None) if chunk_sink is not None else chunks.arrays()
     if chunk_sink is not None:
         chunks.flush()
     return SimResult(
         policy=getattr(policy, "name", type(policy).__name__),
-        first_s=first,
-        last_s=last,
-        out_tokens=out_tokens,
-        status=status,
-        errors=errors,
-        preemptions=npre,
-        samples=samples,
+        first_s=rows.first,
+        last_s=rows.last,
+        out_tokens=rows.Orow.copy(),
+        status=rows.status(),
+        errors=rows.errors,
+        preemptions=rows.npre,
+        samples=eng.samples,
         chunk_req=chunk_req,
         chunk_t=chunk_t,
         end_s=t,
-        num_steps=steps_total,
+        num_steps=eng.steps_total,
         num_calls=calls,
         wall_s=time.perf_counter() - wall0,
         counters={
-            "preemptions_total": preempt_total,
-            "num_rejected": rejected,
-            "num_finished": finished_total,
-            "unfinished": int(n - finished_total - rejected),
+            "preemptions_total": eng.preempt_total,
+            "num_rejected": eng.rejected,
+            "num_finished": eng.finished_total,
+            "unfinished": int(n - eng.finished_total - eng.rejected),
             "kernel": "fast",
             "interrupted": interrupted,
         },
     )
+
+
+__all__ = ["ArrayEngine", "Rows", "fast_budget", "fast_simulate"]

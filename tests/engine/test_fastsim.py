@@ -158,3 +158,28 @@ def test_prefill_attention_term_reaches_both_kernels() -> None:
         ref = simulate(tr, make_policy(policy), _AttnCost(), cfg, kernel="reference")
         assert fast.counters.get("kernel") == "fast"
         _same(fast, ref)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+def test_single_engine_and_routed_cluster_share_one_kernel(policy: str) -> None:
+    """Issue 13: the single-engine kernel and the routed cluster's engines are one step
+    implementation (fastsim.ArrayEngine), so a one-engine cluster on the event loop gives the
+    single engine's steps, token times, chunks and preemptions (their hosts differ only in
+    when a decode run is fast-forwarded, which moves no token)."""
+    from harness.engine import cluster_fast
+    from harness.engine.cluster import EngineSpec
+    from harness.engine.fastsim import ArrayEngine
+
+    assert issubclass(cluster_fast._ClusterEngine, ArrayEngine)
+    assert "execute" not in vars(cluster_fast._ClusterEngine)  # no second copy of the step
+    tr = poisson_trace(400, 8.0, seed=5, pmax=300, omax=250)
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    single = simulate(tr, make_policy(policy), cost, cfg)
+    assert single.counters["kernel"] == "fast"
+    assert single.counters["preemptions_total"] > 20
+    spec = [EngineSpec("e0", make_policy(policy), cost, cfg)]
+    budgets = cluster_fast.routed_budgets(tr, spec, None, None, None)
+    assert budgets is not None
+    merged, _, _ = cluster_fast.simulate_routed(tr, spec, None, budgets)
+    _same(single, merged)  # to 1e-9 s: a run fast-forwarded from another step sums in another order
