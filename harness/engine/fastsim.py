@@ -47,7 +47,13 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
-from harness.engine.simresult import ChunkLog, SimResult, SimulationStalled, new_samples
+from harness.engine.simresult import (
+    SAMPLE_COLS,
+    ChunkLog,
+    SimResult,
+    SimulationStalled,
+    new_samples,
+)
 from harness.policies.base import Policy, declared_rule
 from harness.workload.trace import Trace
 
@@ -152,21 +158,7 @@ class ArrayEngine:
         self.stall = 0
         self.samples = new_samples()
         sm = self.samples
-        self._appends = tuple(
-            sm[c].append
-            for c in (
-                "t_s",
-                "num_steps",
-                "step_duration_s",
-                "prefill_tokens",
-                "decode_tokens",
-                "kv_used_tokens",
-                "kv_usage",
-                "num_waiting",
-                "num_running",
-                "preemptions_total",
-            )
-        )
+        self._appends = tuple(sm[c].append for c in SAMPLE_COLS)  # _sample unpacks them
 
     def add(self, j: int, t: float) -> bool:
         """Queue trace row ``j`` (released to this engine at ``t``); False, and the row
@@ -273,6 +265,7 @@ class ArrayEngine:
         return True
 
     def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
+        """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
         a_t, a_k, a_d, a_p, a_dec, a_kv, a_use, a_w, a_r, a_pre = self._appends
         used = self.used
         a_t(end)
