@@ -222,7 +222,7 @@ def run_harness(a: argparse.Namespace, url: str, model: str, rate: float, num: i
     cmd = [
         sys.executable, "-m", "harness.cli.main", "replay", *load, "--target", url,
         "--model", model, "--out", str(out), "--no-progress", "--no-report",
-        "--seed", str(a.seed),
+        "--seed", str(a.seed), *a.harness_arg,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -540,6 +540,10 @@ def main() -> None:
         "--harness-prompts", choices=["tokenizer", "words"], default="tokenizer",
         help="vLLM table: harness prompts of exactly --input-len tokens of --tokenizer (a "
         "frozen trace, as vLLM's random dataset) or the replay's default words",
+    )  # fmt: skip
+    ap.add_argument(
+        "--harness-arg", action="append", default=[],
+        help="an extra `harness replay` argument (repeatable): --harness-arg=--sample-interval=1",
     )  # fmt: skip
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-fast", action="store_true")
