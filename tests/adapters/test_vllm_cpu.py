@@ -51,7 +51,7 @@ def _serve_and_replay(
     tmp: Path, harness_cli: list[str], trace: Path, policy: str | None, params: dict[str, Any]
 ) -> tuple[Path, list[dict[str, Any]], str]:
     from adapters.vllm.launch import VllmServerConfig, running_vllm
-    from adapters.vllm.steplog import read_step_log, steps_only
+    from adapters.vllm.steplog import read_step_log, requests_only, steps_only
 
     step_log = tmp / "steps.jsonl"
     cfg = VllmServerConfig(
@@ -93,8 +93,19 @@ def _serve_and_replay(
         )
         log_text = server.log_path.read_text(errors="replace")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    steps = steps_only(read_step_log(step_log)) if step_log.exists() else []
-    return run_dir, steps, log_text
+    rows = read_step_log(step_log) if step_log.exists() else []
+    _check_ready_stamps(requests_only(rows))
+    return run_dir, steps_only(rows), log_text
+
+
+def _check_ready_stamps(reqs: list[dict[str, Any]]) -> None:
+    """The adapter's ``ready_s`` (the engine core's input thread handing the request to the
+    loop) lies between the API server's arrival and the loop's receipt (scripts/vllm-cpu's
+    fidelity alignment starts simulated requests there)."""
+    stamped = [r for r in reqs if r.get("ready_s") is not None]
+    assert len(stamped) >= 0.9 * len(reqs)
+    for r in stamped:  # arrival_s is rounded to 1 us in the log
+        assert r["arrival_s"] - 1e-6 <= r["ready_s"] <= r["engine_arrival_s"] + 1e-9, r
 
 
 def _check_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
