@@ -53,8 +53,9 @@ from harness.results import schema
 from harness.results.rundir import _TableSink
 
 PER_WORKER_RPS = 500.0
-"""Offered rate one worker is given before another is added. One process costs ~0.5-0.8 ms
-of CPU per 100-token request, so 500 req/s keeps it well under one core and its lag small."""
+"""Offered rate one worker is given before another is added. One process costs ~0.36-0.48 ms
+of CPU per 100-token request on the lean HTTP path (bench_client.py, quiet 2-core box; the
+aiohttp path ~0.6-1 ms), so 500 req/s keeps it well under one core and its lag small."""
 
 READY_TIMEOUT_S = 120.0  # spawn + imports on a loaded machine
 
