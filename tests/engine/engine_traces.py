@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -29,3 +31,25 @@ def poisson_trace(n: int, rate: float, seed: int = 0, pmax: int = 200, omax: int
     rng = np.random.default_rng(seed)
     arr = np.cumsum(rng.exponential(1.0 / rate, n))
     return make_trace(arr, rng.integers(1, pmax, n), rng.integers(1, omax, n))
+
+
+class JitteryCost:
+    """A stand-in "real" engine for fidelity tests: ``cost``'s step times times a seeded
+    uniform factor in ``[lo, hi]`` per step, plus ``gap_s`` (the loop's own work after a step's
+    tokens leave). Fast-forward must be off: only ``step_time`` is defined."""
+
+    name = "jittery"
+    uses_prefill_attn = False
+
+    def __init__(self, cost: Any, seed: int, lo: float, hi: float, gap_s: float = 0.0) -> None:
+        self._cost, self._lo, self._hi, self._gap = cost, lo, hi, gap_s
+        self._rng = np.random.default_rng(seed)
+
+    def step_time(self, p: int, d: int, kv: int, prefill_attn: float = 0.0) -> float:
+        return self._cost.step_time(p, d, kv) * self._rng.uniform(self._lo, self._hi) + self._gap
+
+    def step_times(self, p, d, kv):  # noqa: ANN001, ANN201 - fast-forward is off here
+        raise AssertionError("not used")
+
+    def to_dict(self) -> dict:
+        return {}

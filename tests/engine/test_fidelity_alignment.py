@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_traces import JitteryCost
 
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import AffineCostModel, loop_overhead_s
@@ -23,25 +24,6 @@ from harness.workload.trace import Trace
 COST = AffineCostModel(name="t", base_s=2e-3, per_token_s=20e-6, per_decode_s=30e-6)
 TRACE_TIERS: list = []
 CFG = EngineConfig(block_size=32, num_blocks=255, token_budget=2048, max_num_seqs=64)
-
-
-class _Jittery:
-    """The "real" engine: COST's step times with a seeded +-20% noise per step, mean 1."""
-
-    name = "jittery"
-    uses_prefill_attn = False
-
-    def __init__(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def step_time(self, p: int, d: int, kv: int, prefill_attn: float = 0.0) -> float:
-        return COST.step_time(p, d, kv) * self._rng.uniform(0.8, 1.2)
-
-    def step_times(self, p, d, kv):  # noqa: ANN001, ANN201 - fast-forward is off here
-        raise AssertionError("not used")
-
-    def to_dict(self) -> dict:
-        return {}
 
 
 def _run(df, cost=COST, policy: str = "vllm"):
@@ -71,7 +53,7 @@ def test_ready_times_undo_the_wait_for_the_step_in_flight() -> None:
     TRACE_TIERS = trace.tiers
     df = trace.df[["request_id", "arrival_s", "prompt_len", "output_len"]].copy()
     df["tier"] = trace.df["tier"]
-    truth = _run(df, _Jittery(1))
+    truth = _run(df, JitteryCost(COST, 1, 0.8, 1.2))
     ready = df["arrival_s"].to_numpy()
     start, end, api, receipt = _engine_log(truth, ready, front_end_s=3e-3)
     assert (receipt > ready).mean() > 0.3  # many arrivals met a step in flight

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from engine_traces import JitteryCost
 
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import AffineCostModel
@@ -30,32 +31,19 @@ FRONT_S = 3e-3
 COMMON = {"kv_blocks": 256, "max_num_batched_tokens": 2048, "max_num_seqs": 64}
 
 
-class _Jittery:
-    """The "real" engine's step: forward (COST +-15%, seeded) plus the loop gap."""
-
-    name = "jittery"
-    uses_prefill_attn = False
-
-    def __init__(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def step_time(self, p: int, d: int, kv: int, prefill_attn: float = 0.0) -> float:
-        return COST.step_time(p, d, kv) * self._rng.uniform(0.85, 1.15) + GAP_S
-
-    def step_times(self, p, d, kv):  # noqa: ANN001, ANN201 - fast-forward is off here
-        raise AssertionError("not used")
-
-    def to_dict(self) -> dict:
-        return {}
-
-
 def _engine_rows(seed: int) -> list[dict]:
     trace = build_trace(
         "synthetic", num_requests=200, rate=25.0, tiers=fidelity.TIERS, seed=seed,
         input_len=192, output_len=48, range_ratio=0.66,
     )  # fmt: skip
     cfg = EngineConfig(block_size=32, num_blocks=255, token_budget=2048, max_num_seqs=64)
-    res = simulate(trace, make_policy("vllm"), _Jittery(seed), cfg, fast_forward=False)
+    res = simulate(
+        trace,
+        make_policy("vllm"),
+        JitteryCost(COST, seed, 0.85, 1.15, GAP_S),
+        cfg,
+        fast_forward=False,
+    )
     s = res.samples
     end = np.asarray(s["t_s"], dtype=float)
     dur = np.asarray(s["step_duration_s"], dtype=float)
