@@ -200,6 +200,19 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def decode_run_ends(
+    cost_model: Any, now: float, k_max: int, n_decode: int, kv_read: int, until: float
+) -> np.ndarray:
+    """End times of the identical decode steps a fast-forward runs from ``now``: at most
+    ``k_max`` (>= 2), and step j (0-based) only if its start (``ends[j-1]``) is before
+    ``until``; at least one (the fast-forward rule of both simulator kernels)."""
+    i = np.arange(k_max)
+    durs = cost_model.step_times(np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode)
+    ends = now + np.cumsum(durs)
+    k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
+    return ends[: max(1, min(k, k_max))]
+
+
 def decode_steps_that_fit(comp: np.ndarray, k_max: int, block_size: int, free: int) -> int:
     """The most identical decode steps (<= ``k_max``) whose KV blocks fit: requests with
     ``comp`` computed tokens hold step 1's blocks already; steps 2..k may take ``free`` more
@@ -909,15 +922,8 @@ class EngineCore:
         k_max = decode_steps_that_fit(comp, k_max, bs, free)
         if k_max <= 1:
             return 1, np.array([now + first])
-        i = np.arange(k_max)
-        durs = self.cost_model.step_times(
-            np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode
-        )
-        ends = now + np.cumsum(durs)
-        # step j (0-based) starts at ends[j-1]; it may run only if that start < until.
-        k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-        k = max(1, min(k, k_max))
-        return k, ends[:k]
+        ends = decode_run_ends(self.cost_model, now, k_max, n_decode, kv_read, until)
+        return len(ends), ends
 
 
 __all__ = [

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from harness.engine.config import EngineConfig
-from harness.engine.core import decode_steps_that_fit, fit_problem
+from harness.engine.core import decode_run_ends, decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
 from harness.engine.simresult import (
     SAMPLE_COLS,
@@ -466,15 +466,9 @@ class ArrayEngine:
             if k_max > 1:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
-                i = np.arange(k_max)
-                durs = self.cost_model.step_times(
-                    np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode
-                )
-                ends = t + np.cumsum(durs)
-                k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-                k = max(1, min(k, k_max))
-                if k > 1 or by_plan:
-                    return self._finish_run(t, ends[:k], k, R)
+                ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, until)
+                if len(ends) > 1 or by_plan:
+                    return self._finish_run(t, ends, len(ends), R)
             elif by_plan:
                 return self._finish_run(t, np.array([t + dur]), 1, R)
 
