@@ -125,59 +125,28 @@ def test_bad_cluster_flags(tmp_path: Path, extra: list[str], needle: str) -> Non
     assert len(errors) == 1 and needle in errors[0], res.output
 
 
-def test_plain_trace_round_robin_splits(tmp_path: Path) -> None:
+def _plain_cluster_run(tmp_path: Path, replicas: int, router: str) -> dict:
+    """`harness simulate` of 200 synthetic requests over ``replicas`` engines: every request
+    served, samples from every engine; returns run.json's ``cluster`` block."""
     out = tmp_path / "o"
     args = [
-        "simulate",
-        "--trace",
-        "synthetic",
-        "--num-requests",
-        "200",
-        "--rate",
-        "20",
-        "--replicas",
-        "4",
-        "--router",
-        "round-robin",
-        "--no-report",
-        "--out",
-        str(out),
-    ]
+        "simulate", "--trace", "synthetic", "--num-requests", "200", "--rate", "20",
+        "--replicas", str(replicas), "--router", router, "--no-report", "--out", str(out),
+    ]  # fmt: skip
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     d = _run_dir(out)
-    meta = json.loads((d / schema.RUN_JSON).read_text())
-    assert meta["cluster"]["split"] is True
     req = pq.read_table(d / schema.REQUESTS_FILE).to_pydict()
     assert len(req["req"]) == 200 and all(req["success"])
     samples = pq.read_table(d / schema.SAMPLES_FILE).to_pydict()
-    assert set(samples["engine"]) == {"r0", "r1", "r2", "r3"}
+    assert set(samples["engine"]) == {f"r{k}" for k in range(replicas)}
+    return json.loads((d / schema.RUN_JSON).read_text())["cluster"]
+
+
+def test_plain_trace_round_robin_splits(tmp_path: Path) -> None:
+    assert _plain_cluster_run(tmp_path, 4, "round-robin")["split"] is True
 
 
 def test_plain_trace_load_aware_router_runs_on_array_engines(tmp_path: Path) -> None:
-    out = tmp_path / "o"
-    args = [
-        "simulate",
-        "--trace",
-        "synthetic",
-        "--num-requests",
-        "200",
-        "--rate",
-        "20",
-        "--replicas",
-        "3",
-        "--router",
-        "least-outstanding-tokens",
-        "--no-report",
-        "--out",
-        str(out),
-    ]
-    res = runner.invoke(app, args)
-    assert res.exit_code == 0, res.output
-    d = _run_dir(out)
-    meta = json.loads((d / schema.RUN_JSON).read_text())
-    assert meta["cluster"]["array_engines"] is True and "split" not in meta["cluster"]
-    req = pq.read_table(d / schema.REQUESTS_FILE).to_pydict()
-    assert len(req["req"]) == 200 and all(req["success"])
-    samples = pq.read_table(d / schema.SAMPLES_FILE).to_pydict()
-    assert set(samples["engine"]) == {"r0", "r1", "r2"}
+    cluster = _plain_cluster_run(tmp_path, 3, "least-outstanding-tokens")
+    assert cluster["array_engines"] is True and "split" not in cluster
