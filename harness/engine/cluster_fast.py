@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from harness.engine.cluster import EngineSpec
+from harness.engine.cluster_split import merged_result
 from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.fastsim import ArrayEngine, Rows, fast_budget
 from harness.engine.simresult import (
@@ -334,28 +335,10 @@ def simulate_routed(
                 },
             )
         )
-    merged = SimResult(
-        policy="+".join(sorted({p.policy for p in parts})),
-        first_s=rows.first,
-        last_s=rows.last,
-        out_tokens=rows.Orow,
-        status=status,
-        errors=rows.errors,
-        preemptions=rows.npre,
-        samples={},
-        chunk_req=chunk_req,
-        chunk_t=chunk_t,
-        end_s=end,
-        num_steps=sum(p.num_steps for p in parts),
-        num_calls=sum(p.num_calls for p in parts),
-        wall_s=time.perf_counter() - wall0,
-        counters={
-            "num_finished": int((status == 1).sum()),
-            "num_rejected": int((status == 2).sum()),
-            "preemptions_total": sum(e.preempt_total for e in engs),
-            "deferred_runs": num_deferred,
-        },
-    )
+    merged = merged_result(
+        parts, rows.first, rows.last, rows.Orow, status, rows.errors, rows.npre,
+        chunk_req, chunk_t, end, wall0, deferred_runs=num_deferred,
+    )  # fmt: skip
     return merged, parts, engine_of
 
 

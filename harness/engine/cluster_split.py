@@ -138,7 +138,35 @@ def simulate_split(
             errors[int(rows[j])] = f"{spec.name}: {msg}"
         end = max(end, res.end_s)
         parts.append(res)
-    merged = SimResult(
+    merged = merged_result(
+        parts, first, last, out_tokens, status, errors, preempts,
+        np.concatenate(req_parts) if req_parts else None,
+        np.concatenate(t_parts) if t_parts else None,
+        end, wall0,
+    )  # fmt: skip
+    if chunk_sink is not None or not req_parts:
+        merged.chunk_req = np.empty(0, np.int64) if chunk_sink is None else None
+        merged.chunk_t = np.empty(0) if chunk_sink is None else None
+    return merged, parts
+
+
+def merged_result(
+    parts: list[SimResult],
+    first: np.ndarray,
+    last: np.ndarray,
+    out_tokens: np.ndarray,
+    status: np.ndarray,
+    errors: dict[int, str],
+    preempts: np.ndarray,
+    chunk_req: np.ndarray | None,
+    chunk_t: np.ndarray | None,
+    end: float,
+    wall0: float,
+    **counters: int,
+) -> SimResult:
+    """The cluster's result over trace rows from its engines' own results (``parts``); the
+    split kernel and the array-engine loop both report this way."""
+    return SimResult(
         policy="+".join(sorted({p.policy for p in parts})),
         first_s=first,
         last_s=last,
@@ -147,8 +175,8 @@ def simulate_split(
         errors=errors,
         preemptions=preempts,
         samples={},
-        chunk_req=np.concatenate(req_parts) if req_parts else None,
-        chunk_t=np.concatenate(t_parts) if t_parts else None,
+        chunk_req=chunk_req,
+        chunk_t=chunk_t,
         end_s=end,
         num_steps=sum(p.num_steps for p in parts),
         num_calls=sum(p.num_calls for p in parts),
@@ -157,12 +185,9 @@ def simulate_split(
             "num_finished": int((status == 1).sum()),
             "num_rejected": int((status == 2).sum()),
             "preemptions_total": int(sum(p.counters.get("preemptions_total", 0) for p in parts)),
+            **counters,
         },
     )
-    if chunk_sink is not None or not req_parts:
-        merged.chunk_req = np.empty(0, np.int64) if chunk_sink is None else None
-        merged.chunk_t = np.empty(0) if chunk_sink is None else None
-    return merged, parts
 
 
 def _empty(spec: EngineSpec) -> SimResult:
