@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from harness.engine.cluster import EngineSpec
-from harness.engine.cluster_split import merged_result
+from harness.engine.cluster_split import is_plain, merged_result
 from harness.engine.core import decode_steps_that_fit, fit_problem
 from harness.engine.fastsim import ArrayEngine, Rows, fast_budget
 from harness.engine.simresult import (
@@ -197,12 +197,7 @@ def routed_budgets(
 ) -> list[int] | None:
     """Every engine's step budget when the array engines are exact for this cluster (module
     docstring), else None."""
-    if stop_at_s is not None or any(s.agent is not None for s in engines):
-        return None
-    df = trace.df
-    if "session_id" in df.columns or "agent" in df.columns:
-        return None
-    if options is not None and options != SessionOptions():
+    if stop_at_s is not None or not is_plain(engines, trace, options):
         return None
     if len(engines) > 1 and (router is None or type(router).on_finish is not Router.on_finish):
         return None

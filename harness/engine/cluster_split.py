@@ -56,13 +56,9 @@ def split_plan(
     options: SessionOptions | None,
 ) -> np.ndarray | None:
     """Engine index of every trace row when the cluster decomposes (module docstring)."""
-    if any(s.agent is not None for s in engines):
+    if not is_plain(engines, trace, options):
         return None
     df = trace.df
-    if "session_id" in df.columns or "agent" in df.columns:
-        return None
-    if options is not None and options != SessionOptions():
-        return None
     n = len(df)
     if len(engines) == 1:
         return np.zeros(n, dtype=np.int64)
@@ -148,6 +144,17 @@ def simulate_split(
         merged.chunk_req = np.empty(0, np.int64) if chunk_sink is None else None
         merged.chunk_t = np.empty(0) if chunk_sink is None else None
     return merged, parts
+
+
+def is_plain(engines: Sequence[EngineSpec], trace: Trace, options: SessionOptions | None) -> bool:
+    """A plain trace on a cluster: no agents, no session columns, default session options, so
+    every release is a known arrival without prompt identity (the split kernel and the array
+    engines both need this)."""
+    if any(s.agent is not None for s in engines):
+        return False
+    if "session_id" in trace.df.columns or "agent" in trace.df.columns:
+        return False
+    return options is None or options == SessionOptions()
 
 
 def merged_result(
