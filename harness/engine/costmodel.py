@@ -111,8 +111,9 @@ class AffineCostModel(_Base):
 class ContextCostModel(AffineCostModel):
     """The affine model plus per-request context terms (issue 19):
 
-    ``t = max(floor_s, base_s + per_token_s*(P+D) + per_decode_s*D) + r(D)*K + attn_s*A``
-    (``attn_s`` = ``per_prefill_attn_s``)
+    ``t = max(floor_s, base_s + per_token_s*(P+D) + per_decode_s*D) + r(D)*K + attn_s*A
+    + prefill_step_s*[P > 0]`` (``attn_s`` = ``per_prefill_attn_s``, ``prefill_step_s`` =
+    ``per_prefill_step_s``)
 
     * ``r(D)``, the KV-read rate, falls from ``per_kv_s`` at one decode to ``per_kv_lo_s`` at
       ``kv_sat_batch`` decodes and beyond, linearly in ``log2 D``: a batched decode kernel reads
@@ -122,6 +123,13 @@ class ContextCostModel(AffineCostModel):
       attention's query-key products, so a prompt's chunks cost the same sum whatever the
       chunking, and later chunks of a long prompt cost more than early ones
       (anchors-engines.md §5.2 "∝ Σ chunk·(kv+chunk)").
+    * ``[P > 0]``: a step that runs any prompt chunk pays the prefill path's fixed cost once
+      (vLLM's model runner builds prefill attention metadata and runs the prefill kernel path
+      per layer beside the decode path; a new request's state is set up). On vLLM CPU with
+      the tiny model it is 4-6 ms per such step, fitted the same on three policies' step
+      logs, and without it every prefill-bearing step was 2-6 ms over the fit (issue 17's
+      sim-low TTFT medians, issue 16's fast simulated engine). 0 in every preset (Vidur's
+      profiles have no separate term; their prefill fixed cost is in ``base_s``).
     """
 
     kind = "context"
@@ -129,6 +137,7 @@ class ContextCostModel(AffineCostModel):
     per_kv_lo_s: float = 0.0
     kv_sat_batch: int = 64
     per_prefill_attn_s: float = 0.0
+    per_prefill_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._check()
@@ -164,6 +173,7 @@ class ContextCostModel(AffineCostModel):
             max(self.floor_s, lin)
             + self._kv_rate_of(decode_seqs) * kv_tokens
             + self.per_prefill_attn_s * prefill_attn
+            + (self.per_prefill_step_s if prefill_tokens > 0 else 0.0)
         )
 
     def step_times(
@@ -172,7 +182,11 @@ class ContextCostModel(AffineCostModel):
         p = np.asarray(prefill_tokens, dtype=float)
         d = np.asarray(decode_seqs, dtype=float)
         lin = self.base_s + self.per_token_s * (p + d) + self.per_decode_s * d
-        return np.maximum(self.floor_s, lin) + self.kv_rate(d) * np.asarray(kv_tokens, dtype=float)
+        return (
+            np.maximum(self.floor_s, lin)
+            + self.kv_rate(d) * np.asarray(kv_tokens, dtype=float)
+            + self.per_prefill_step_s * (p > 0)
+        )
 
 
 @dataclass(frozen=True)
@@ -427,8 +441,10 @@ def fit_cost_model(
     ``kind="affine"``: ``t = base + per_token*(P+D) + per_decode*D + per_kv*K``.
     ``kind="context"`` (issue 19): the KV-read rate is split into its batch-1 and
     batch-``kv_sat_batch`` ends, ``K*(1-w(D))`` and ``K*w(D)`` with ``w`` as in
-    :class:`ContextCostModel`, and a ``prefill_attn`` column (``Σ chunk·(ctx + chunk/2)``),
-    when the log has one, fits ``per_prefill_attn_s``.
+    :class:`ContextCostModel`, a ``prefill_attn`` column (``Σ chunk·(ctx + chunk/2)``),
+    when the log has one, fits ``per_prefill_attn_s``, and ``[P > 0]`` fits
+    ``per_prefill_step_s`` when the steps mix prefill-bearing and decode-only ones (otherwise
+    it is ``base_s`` again and stays 0).
 
     Uses non-negative least squares so coefficients stay physical. ``K`` is ``kv_used_tokens``
     (the KV resident at the step, a proxy for KV read when decodes dominate). Rows covering
@@ -481,7 +497,10 @@ def fit_cost_model(
             if "prefill_attn" in df
             else np.zeros(len(df))
         )
-        X = np.column_stack([np.ones_like(t), p + d, d, kv * (1 - w), kv * w, attn])
+        has_p = (p > 0).astype(float)
+        if has_p.all() or not has_p.any():  # indistinguishable from base_s
+            has_p = np.zeros_like(has_p)
+        X = np.column_stack([np.ones_like(t), p + d, d, kv * (1 - w), kv * w, attn, has_p])
     keep = np.ones(len(t), dtype=bool)
     coef, _ = nnls(X, t)
     for _ in range(3 if trim_stalls else 0):
@@ -519,6 +538,7 @@ def fit_cost_model(
             per_kv_lo_s=float(coef[4]),
             kv_sat_batch=kv_sat_batch,
             per_prefill_attn_s=float(coef[5]),
+            per_prefill_step_s=float(coef[6]),
         )
     return FitResult(
         model=model,

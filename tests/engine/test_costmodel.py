@@ -140,3 +140,50 @@ def test_context_model_terms_and_interface() -> None:
     lin = get_cost_model("linear")
     assert not lin.uses_prefill_attn
     assert lin.step_time(10, 2, 300, prefill_attn=1e9) == lin.step_time(10, 2, 300)
+
+
+def test_prefill_step_cost_fitted_and_charged_once_per_prefill_step() -> None:
+    """Issue 17/16: a step running any prompt chunk pays the prefill path's fixed cost once;
+    the context fit recovers it, and the presets (no such term in Vidur's profiles) keep 0."""
+    true = get_cost_model(
+        {
+            "kind": "context",
+            "base_s": 5e-3,
+            "per_token_s": 25e-6,
+            "per_decode_s": 0.3e-3,
+            "per_kv_s": 0.5e-6,
+            "per_kv_lo_s": 0.5e-6,
+            "per_prefill_step_s": 4.5e-3,
+        }
+    )
+    assert true.step_time(200, 2, 600) - true.step_time(0, 2, 600) == pytest.approx(
+        4.5e-3 + 25e-6 * 200
+    )
+    assert true.step_times(np.array([0, 200]), np.array([2, 2]), np.array([600, 600])) == (
+        pytest.approx([true.step_time(0, 2, 600), true.step_time(200, 2, 600)])
+    )
+    rng = np.random.default_rng(3)
+    n = 600
+    p = np.where(rng.random(n) < 0.15, rng.integers(50, 400, n), 0)  # few prefill steps
+    d = rng.integers(0, 8, n)
+    kv = rng.integers(100, 3000, n)
+    attn = p * (p / 2.0)
+    t = true.step_times(p, d, kv) * (1 + rng.normal(0, 0.01, n))
+    df = pd.DataFrame(
+        {
+            "source": "engine",
+            "step_duration_s": t,
+            "prefill_tokens": p,
+            "decode_tokens": d,
+            "kv_used_tokens": kv,
+            "prefill_attn": attn,
+        }
+    )
+    fit = fit_cost_model(df, kind="context")
+    assert fit.model.per_prefill_step_s == pytest.approx(4.5e-3, rel=0.1)
+    assert fit.model.per_token_s == pytest.approx(25e-6, rel=0.15)
+    # all steps prefill-bearing: the indicator is base_s again, so it stays 0
+    only = fit_cost_model(df[df["prefill_tokens"] > 0], kind="context")
+    assert only.model.per_prefill_step_s == 0.0
+    for m in PRESETS.values():
+        assert getattr(m, "per_prefill_step_s", 0.0) == 0.0
