@@ -84,71 +84,74 @@ class SimResult:
 
 
 class ChunkLog:
-    """Token-time accumulator: per step (or fast-forwarded run) one row group, numpy at flush.
+    """Token-time accumulator: each step's (or fast-forwarded run's) rows are written straight
+    into two preallocated columns (int32 trace rows, float64 times), in time order.
 
-    Why deferred: a fast-forwarded run gives every row of its group one token at each of its
-    ``k`` step ends, so it is kept as (rows, ends) and expanded to ``k * len(rows)`` chunk rows
-    only when sealed, for all groups at once in a few whole-array operations (not a
-    ``tile``/``repeat`` per run: ~60k runs at 100k requests). With a ``sink``, rows leave memory
-    in batches of at least ``every`` rows (and once more at the end): each sink call builds and
-    buffers an Arrow table, seconds of overhead if called per run.
+    Why preallocated: a 100k-request run makes ~200k single steps and ~35k runs; keeping each
+    as a small array (or list) and concatenating them at flush cost about a second (a Python
+    object, a length and a dtype cast per group), where a slice assignment into a buffer is one
+    C copy. A run of ``k`` steps over ``R`` rows is written as a ``(k, R)`` view of the buffer
+    by two broadcasts (rows down, ends across): no ``tile``/``repeat`` temporaries.
+    With a ``sink``, rows leave memory in batches of at least ``every`` rows (and once more at
+    the end): each sink call builds and buffers an Arrow table, seconds of overhead if called
+    per run. The batches are exactly those of a flush after the first call that reaches
+    ``every`` rows.
     """
 
     def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
         self.sink = sink
         self.every = every
-        self.rows: list[Any] = []  # one row group per step or run
-        self.steps: list[int] = []  # steps of each group (1, or a run's length)
-        self.t_parts: list[Any] = []  # step end times: float lists (steps) and arrays (runs)
-        self._t_open: list[float] = []  # ends of the single steps since the last run
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []
-        self.pending = 0
+        # first size: one batch (and a margin for the call that crosses it), capped so that a
+        # huge ``every`` (no sink, keep all) starts small and doubles as it fills
+        self._cap = min(max(int(every), 1), 1 << 22) + (1 << 12)
+        self._req = np.empty(self._cap, dtype=np.int32)
+        self._t = np.empty(self._cap, dtype=np.float64)
+        self._n = 0  # rows held in the buffers since the last flush
+
+    def _grow(self, need: int) -> None:
+        """Room for ``need`` rows: new buffers (double, or ``need``), the held rows copied."""
+        cap = max(2 * self._cap, need)
+        req = np.empty(cap, dtype=np.int32)
+        t = np.empty(cap, dtype=np.float64)
+        req[: self._n] = self._req[: self._n]
+        t[: self._n] = self._t[: self._n]
+        self._req, self._t, self._cap = req, t, cap
 
     def add_step(self, t: float, rows: Any) -> None:
         """One step's sampled trace rows (a list or an int array), all at time ``t``."""
-        self.rows.append(rows)
-        self.steps.append(1)
-        self._t_open.append(t)
-        self.pending += len(rows)
-        if self.pending >= self.every:
+        a = self._n
+        b = a + len(rows)
+        if b > self._cap:
+            self._grow(b)
+        self._req[a:b] = rows
+        self._t[a:b] = t
+        self._n = b
+        if b >= self.every:
             self.flush()
 
     def add_run(self, ends: np.ndarray, rows: Any) -> None:
-        """A fast-forwarded run: every row gets one token at each of ``ends`` (kept, not
-        copied: the caller must not change either afterwards)."""
-        if self._t_open:
-            self.t_parts.append(self._t_open)
-            self._t_open = []
-        self.t_parts.append(ends)
-        self.rows.append(rows)
-        k = len(ends)
-        self.steps.append(k)
-        self.pending += k * len(rows)
-        if self.pending >= self.every:
+        """A fast-forwarded run: every row gets one token at each of ``ends``; the ``s``-th
+        step emits the rows in order at its ``s``-th end (copied: both may change after)."""
+        k, r = len(ends), len(rows)
+        a = self._n
+        b = a + k * r
+        if b > self._cap:
+            self._grow(b)
+        self._req[a:b].reshape(k, r)[:] = rows
+        self._t[a:b].reshape(k, r)[:] = np.asarray(ends, dtype=np.float64)[:, None]
+        self._n = b
+        if b >= self.every:
             self.flush()
 
     def _seal(self) -> None:
-        """Expand the open groups into one (int32 rows, float64 times) part, time order: the
-        ``s``-th step of a group emits the group's rows in order at its ``s``-th end."""
-        if not self.rows:
+        """Move the held rows into ``parts`` (views of the full buffers; fresh ones follow)."""
+        if not self._n:
             return
-        if self._t_open:
-            self.t_parts.append(self._t_open)
-        groups = self.rows
-        ends = np.concatenate([np.asarray(x, dtype=np.float64) for x in self.t_parts])
-        size = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
-        steps = np.asarray(self.steps, dtype=np.int64)
-        allr = np.concatenate(groups, dtype=np.int32, casting="unsafe")
-        self.rows, self.steps, self.t_parts, self._t_open = [], [], [], []
-        if len(ends) == len(groups):  # single steps only: the groups are the rows
-            self.parts.append((allr, np.repeat(ends, size)))
-            return
-        off = np.cumsum(size) - size  # each group's first row in allr
-        bsz = np.repeat(size, steps)  # rows of each step
-        start = np.cumsum(bsz) - bsz  # each step's first output row
-        idx = np.arange(int(bsz.sum()), dtype=np.int64)
-        idx += np.repeat(np.repeat(off, steps) - start, bsz)
-        self.parts.append((allr[idx], np.repeat(ends, bsz)))
+        self.parts.append((self._req[: self._n], self._t[: self._n]))
+        self._req = np.empty(self._cap, dtype=np.int32)
+        self._t = np.empty(self._cap, dtype=np.float64)
+        self._n = 0
 
     def _joined(self) -> tuple[np.ndarray, np.ndarray]:
         """All sealed parts as one (int32 rows, float64 times) pair; the parts are dropped."""
@@ -160,9 +163,8 @@ class ChunkLog:
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def flush(self) -> None:
-        """Seal the open steps; with a sink, hand it every row held so far (time order)."""
+        """Seal the held rows; with a sink, hand it every row held so far (time order)."""
         self._seal()
-        self.pending = 0
         if self.sink is not None and self.parts:
             self.sink(*self._joined())
 
