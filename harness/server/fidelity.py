@@ -19,7 +19,8 @@ and, separately, the engine host alone (:func:`engine_match`): the requests simu
 exact model times the server stamped on their arrival must get the simulator's token times.
 
 For a real engine (vLLM's step log, ``scripts/vllm-cpu/fidelity.py``), :func:`engine_ready_times`
-gives the arrival a simulator must use: when each request became available to the engine loop.
+gives the arrival a simulator must use: when each request became available to the engine loop,
+and :func:`residual_table` says where a fitted cost model misses the measured steps.
 
 ``speed`` > 1 runs the server's model clock faster than wall time; the trace's arrivals are
 compressed by the same factor and the replay's times are multiplied back, so all figures are
@@ -136,6 +137,77 @@ def engine_ready_times(
             info["estimate_mae_ms"] = float(np.abs(ready[has] - stamp[has]).mean() * 1e3)
             ready = np.where(has, np.minimum(np.where(has, stamp, 0.0), eng), ready)
     return ready, info
+
+
+def step_residuals(samples: Any, model: Any) -> pd.DataFrame:
+    """Measured minus predicted time of each step (``res_ms``), with what it is grouped by:
+    ``kind`` (prefill-only / mixed / decode), ``decodes`` (binned decode count), ``chunk``
+    (binned prefill tokens) and ``context`` (``after``: a prompt chunk ran after context
+    already in the KV cache, i.e. prefix-cache hits or earlier chunks, read from
+    ``prefill_attn`` above the chunk's own ``P**2/2``; ``none``; ``-`` for decode steps).
+
+    SAMPLES are ``adapters.vllm.steplog.step_log_samples`` rows (``step_duration_s`` is the
+    step's period, what the model is fitted to)."""
+    df = pd.DataFrame(samples).reset_index(drop=True)
+    p = df["prefill_tokens"].to_numpy(float)
+    d = df["decode_tokens"].to_numpy(float)
+    kv = df["kv_used_tokens"].to_numpy(float)
+    attn = (
+        pd.to_numeric(df["prefill_attn"], errors="coerce").fillna(0).to_numpy(float)
+        if "prefill_attn" in df
+        else np.zeros(len(df))
+    )
+    if getattr(model, "uses_prefill_attn", False):
+        pred = np.array(
+            [
+                model.step_time(int(a), int(b), int(c), prefill_attn=float(e))
+                for a, b, c, e in zip(p, d, kv, attn, strict=True)
+            ]
+        )
+    else:
+        pred = model.step_times(p, d, kv)
+    out = pd.DataFrame(
+        {
+            "kind": np.where(p > 0, np.where(d > 0, "mixed", "prefill"), "decode"),
+            "decodes": pd.cut(
+                d, [-1, 0, 1, 3, 7, 15, np.inf], labels=["0", "1", "2-3", "4-7", "8-15", "16+"]
+            ).astype(str),
+            "chunk": pd.cut(
+                p,
+                [-1, 0, 64, 256, 1024, np.inf],
+                labels=["0", "1-64", "65-256", "257-1024", ">1024"],
+            ).astype(str),
+            # Σ chunk·ctx > 0 means some chunk attended to context before it (one token of
+            # slack per chunk token absorbs rounding)
+            "context": np.where(p > 0, np.where(attn - p * p / 2 > p, "after", "none"), "-"),
+            "real_ms": df["step_duration_s"].to_numpy(float) * 1e3,
+        }
+    )
+    out["res_ms"] = out["real_ms"] - pred * 1e3
+    return out
+
+
+def residual_table(
+    samples: Any, model: Any, by: tuple[str, ...] = ("kind", "decodes")
+) -> list[dict[str, Any]]:
+    """Where a fitted cost model misses: :func:`step_residuals` grouped by BY (columns of
+    that frame); per group the step count, the measured median and the residual's median
+    and mean, ms. A model right on average can still be low on the few steps that carry a
+    first token (prefill-bearing ones), which is what TTFT sees."""
+    res = step_residuals(samples, model)
+    rows = []
+    for key, g in res.groupby(list(by), sort=True):
+        keys = key if isinstance(key, tuple) else (key,)
+        rows.append(
+            {
+                **dict(zip(by, map(str, keys), strict=True)),
+                "n": len(g),
+                "real_ms_median": round(float(g["real_ms"].median()), 3),
+                "res_ms_median": round(float(g["res_ms"].median()), 3),
+                "res_ms_mean": round(float(g["res_ms"].mean()), 3),
+            }
+        )
+    return rows
 
 
 def engine_match(records: pd.DataFrame, trace: Any, simulate: Any) -> tuple[dict[str, float], Path]:

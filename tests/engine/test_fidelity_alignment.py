@@ -132,3 +132,31 @@ def test_steplog_request_line_carries_the_ready_stamp() -> None:
     assert row["arrival_s"] <= row["ready_s"] <= row["engine_arrival_s"]
     del view.ready_s
     assert request_row(view, 1.03)["ready_s"] is None
+
+
+def test_residual_table_groups_by_step_kind_and_cached_context() -> None:
+    """Where a fitted model misses (issue 16): a prompt chunk after cached context is told
+    from a cold one by ``prefill_attn`` above the chunk's own ``P**2/2``; residuals are real
+    minus the model, per group."""
+    from harness.server.fidelity import residual_table
+
+    model = AffineCostModel(name="m", base_s=5e-3, per_token_s=10e-6)
+    samples = [
+        # decode step, exactly on the model
+        {"step_duration_s": 5e-3 + 10e-6 * 2, "prefill_tokens": 0, "decode_tokens": 2,
+         "kv_used_tokens": 500, "prefill_attn": 0.0},
+        # cold 100-token chunk, 1 ms over the model
+        {"step_duration_s": 5e-3 + 10e-6 * 100 + 1e-3, "prefill_tokens": 100,
+         "decode_tokens": 0, "kv_used_tokens": 100, "prefill_attn": 100 * 50.0},
+        # 100-token chunk after 1,000 cached tokens, 4 ms over the model
+        {"step_duration_s": 5e-3 + 10e-6 * 101 + 4e-3, "prefill_tokens": 100,
+         "decode_tokens": 1, "kv_used_tokens": 1600, "prefill_attn": 100 * (1000 + 50.0)},
+    ]  # fmt: skip
+    rows = {
+        (r["kind"], r["context"]): r for r in residual_table(samples, model, by=("kind", "context"))
+    }
+    assert set(rows) == {("decode", "-"), ("prefill", "none"), ("mixed", "after")}
+    assert rows[("decode", "-")]["res_ms_median"] == pytest.approx(0.0, abs=1e-9)
+    assert rows[("prefill", "none")]["res_ms_median"] == pytest.approx(1.0)
+    assert rows[("mixed", "after")]["res_ms_mean"] == pytest.approx(4.0)
+    assert rows[("mixed", "after")]["n"] == 1
