@@ -56,6 +56,12 @@ from harness.results import schema
 SCHEMA_VERSION = 1
 _PARTS_SUFFIX = ".parts"
 _COMPRESSION = "zstd"
+# Dictionary-encoded columns per table (default: all). The chunk log's times and token counts
+# are written plain: its times are nearly unique per step and its counts are all 1 in a
+# simulation, so their dictionaries only cost time (writing a 100k-request simulation's ~15M
+# chunk rows: ~40% less encoding time, ~12% smaller file, same values). Its request ids
+# repeat across steps and compress best as a dictionary.
+_DICTIONARY: dict[str, bool | list[str]] = {schema.CHUNKS_FILE: ["req"]}
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -111,6 +117,7 @@ class _TableSink:
         stream: bool = False,
     ) -> None:
         self.final = run_dir / filename
+        self.use_dictionary = _DICTIONARY.get(filename, True)
         # stream: flushes append row groups to one open file instead of closed parts
         self.stream = stream
         self._writer: pq.ParquetWriter | None = None
@@ -195,7 +202,10 @@ class _TableSink:
             try:
                 if self._writer is None:
                     self._writer = pq.ParquetWriter(
-                        self._stream_tmp, self.schema, compression=_COMPRESSION
+                        self._stream_tmp,
+                        self.schema,
+                        compression=_COMPRESSION,
+                        use_dictionary=self.use_dictionary,
                     )
                 self._writer.write_table(tbl, row_group_size=1 << 20)
             except OSError:  # as below: the rows stay buffered, the caller sees the error
@@ -208,7 +218,13 @@ class _TableSink:
         tmp = path.with_name(path.name + ".tmp")
         try:
             self.parts_dir.mkdir(exist_ok=True)
-            pq.write_table(tbl, tmp, compression=_COMPRESSION, row_group_size=1 << 20)
+            pq.write_table(
+                tbl,
+                tmp,
+                compression=_COMPRESSION,
+                use_dictionary=self.use_dictionary,
+                row_group_size=1 << 20,
+            )
             os.replace(tmp, path)
         except OSError:
             # Out of descriptors / disk: keep the rows buffered for the next flush (the
@@ -241,7 +257,9 @@ class _TableSink:
             os.replace(parts[0], self.final)
         else:
             tmp = self.final.with_name(self.final.name + ".tmp")
-            with pq.ParquetWriter(tmp, self.schema, compression=_COMPRESSION) as w:
+            with pq.ParquetWriter(
+                tmp, self.schema, compression=_COMPRESSION, use_dictionary=self.use_dictionary
+            ) as w:
                 for p in parts:  # stream part by part: memory stays at one part
                     w.write_table(pq.read_table(p, schema=self.schema))
             os.replace(tmp, self.final)
