@@ -196,6 +196,10 @@ class StepOutcome:
         return [(r.request_id, self.tokens_each) for r in self.sampled]
 
 
+# Fast-forward runs up to this many steps are summed in scalars (decode_run_ends).
+_SCALAR_RUN = 32
+
+
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -205,7 +209,24 @@ def decode_run_ends(
 ) -> np.ndarray:
     """End times of the identical decode steps a fast-forward runs from ``now``: at most
     ``k_max`` (>= 2), and step j (0-based) only if its start (``ends[j-1]``) is before
-    ``until``; at least one (the fast-forward rule of both simulator kernels)."""
+    ``until``; at least one (the fast-forward rule of both simulator kernels).
+
+    Short runs (most: a fast-forward usually stops at the next arrival a few steps on) are
+    summed in scalars, which costs less than the vector calls' set-up; the scalar
+    ``step_time`` does the vector ``step_times``'s arithmetic in the same order and the sum
+    is as sequential as ``np.cumsum``, so the ends are the same floats."""
+    if k_max <= _SCALAR_RUN:
+        ends: list[float] = []
+        step_time = cost_model.step_time
+        attn = {"prefill_attn": 0.0} if getattr(cost_model, "uses_prefill_attn", False) else {}
+        acc = 0.0
+        for j in range(k_max):
+            if j and ends[-1] >= until:
+                break
+            d = step_time(0, n_decode, kv_read + j * n_decode, **attn)
+            acc = d if j == 0 else acc + d
+            ends.append(now + acc)
+        return np.array(ends)
     i = np.arange(k_max)
     durs = cost_model.step_times(np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode)
     ends = now + np.cumsum(durs)
