@@ -32,7 +32,8 @@ Writes ``fidelity.json`` and prints a markdown table and the verdicts (exit stat
 target is not met). Takes ~8-15 min on a quiet 2-core box (three server starts and six
 replays); the load average at each replay is recorded. ``--from-logs`` re-analyses the step
 logs already in ``--out`` without starting a server; ``--diagnose`` prints the fitted model's
-step-time residuals by batch composition.
+step-time residuals by batch composition, on the steps it was fitted on (a miss there is the
+model's form) and on the evaluation steps (a miss only there is drift between the replays).
 """
 
 from __future__ import annotations
