@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,6 +40,9 @@ from harness.loadgen.client import HttpSession, RequestResult, encode_body, stre
 from harness.loadgen.dialects import Dialect, Endpoint
 from harness.results import schema
 from harness.workload.tiers import Tier
+
+SWITCH_INTERVAL_S = 0.0005
+"""GIL switch interval during dispatch (:func:`sys.setswitchinterval`; restored after)."""
 
 
 class Writer(Protocol):
@@ -262,8 +265,8 @@ class Dispatcher:
         chunk_tbl = None
         total = sum(counts)
         if total:
-            t_arr = np.fromiter(chain.from_iterable(r.chunk_t for r in results), np.float64, total)
-            tok = np.fromiter(chain.from_iterable(r.chunk_tokens for r in results), np.int32, total)
+            t_arr = chunk_column([r.chunk_t for r in results], counts, np.float64)
+            tok = chunk_column([r.chunk_tokens for r in results], counts, np.int32)
             req_arr = np.repeat(np.asarray(reqs, dtype=np.int64), counts)
             chunk_tbl = pa.Table.from_arrays(
                 [pa.array(req_arr), pa.array(t_arr - t0), pa.array(tok)], schema=schema.CHUNKS
@@ -353,6 +356,10 @@ class Dispatcher:
             jobs = keep
         targets = [t0 + j.arrival_s for j in jobs]
         self.prepare()
+        # The flusher's thread builds tables while this loop dispatches: the loop waits for
+        # the GIL at most this long, not Python's default 5 ms (a late send; issue 18).
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
         helpers = [asyncio.create_task(self._flusher())]
         if self.on_progress is not None:
             helpers.append(asyncio.create_task(self._progress()))
@@ -385,6 +392,7 @@ class Dispatcher:
                 self.stats.end_s = now() - t0
             raise
         finally:
+            sys.setswitchinterval(switch)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -414,6 +422,24 @@ class Dispatcher:
             task.cancel()
         if tasks:
             await asyncio.gather(*list(tasks), return_exceptions=True)
+
+
+def chunk_column(lists: list[list[Any]], counts: list[int], dtype: type[np.generic]) -> np.ndarray:
+    """The per-request lists back to back as one array, as ``np.fromiter`` over them all would
+    give it. Why: a response that arrived in one read has one stamp repeated on every chunk
+    (and usually one token each); converting 100 equal Python numbers per request was most
+    of a flush's time, one C call holding the GIL for milliseconds while the event loop,
+    needing it to send, waited (issue 18: send lag). A list whose items all equal its first
+    (``list.count``: C speed, identity first) is written with ``np.repeat`` from that first
+    value; any other list (a stream read chunk by chunk, a signed zero) item by item."""
+    firsts = [x[0] if x else 0 for x in lists]
+    out = np.repeat(np.array(firsts, dtype), counts)
+    at = 0
+    for x, c in zip(lists, counts, strict=True):
+        if c > 1 and (x.count(x[0]) != c or not x[0]):
+            out[at : at + c] = np.fromiter(x, dtype, c)
+        at += c
+    return out
 
 
 def jobs_from_frame(df: Any) -> list[Job]:

@@ -1,0 +1,62 @@
+"""dispatcher.chunk_column writes the chunks table's columns exactly as np.fromiter over every
+request's list would (issue 18: the uniform lists of one-read responses take a shortcut)."""
+
+from __future__ import annotations
+
+import random
+from itertools import chain, repeat
+
+import numpy as np
+import pytest
+
+from harness.loadgen.client import RequestResult
+from harness.loadgen.dispatcher import Dispatcher, chunk_column
+
+
+def _reference(lists: list[list], dtype: type[np.generic]) -> np.ndarray:
+    total = sum(len(x) for x in lists)
+    return np.fromiter(chain.from_iterable(lists), dtype, total)
+
+
+def _random_lists(rng: random.Random, values: list) -> list[list]:
+    out = []
+    for _ in range(rng.randint(0, 8)):
+        k = rng.randint(0, 6)
+        if rng.random() < 0.5:
+            out.append([rng.choice(values)] * k)  # one read: one value repeated
+        else:
+            out.append([rng.choice(values) for _ in range(k)])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_same_bytes_as_fromiter(seed: int) -> None:
+    rng = random.Random(seed)
+    floats = [1.5, 2.0, 2, 0.0, -0.0, float("nan"), rng.random(), True]
+    ints = [0, 1, 1, 2, 7, True]
+    for values, dtype in ((floats, np.float64), (ints, np.int32)):
+        lists = _random_lists(rng, values)
+        counts = [len(x) for x in lists]
+        got = chunk_column(lists, counts, dtype)
+        want = _reference(lists, dtype)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), lists
+
+
+def test_chunks_table_of_one_read_and_streamed_responses() -> None:
+    results = []
+    for i in range(50):
+        r = RequestResult(i, f"r{i}", None, 4, 8, target=1.0, arrival=1.0, send=1.0)
+        if i % 3:
+            r.chunk_t.extend(repeat(2.0 + i, 8))  # the whole response in one read
+            r.chunk_tokens.extend([1] * 8)
+        else:
+            r.chunk_t.extend(2.0 + i + k / 10 for k in range(8))  # read chunk by chunk
+            r.chunk_tokens.extend([2, 0, 1, 1, 1, 1, 1, 1])
+        results.append(r)
+    d = Dispatcher.__new__(Dispatcher)
+    d.t0 = 1.0
+    _, chunks = d._tables(results)
+    assert chunks is not None
+    assert chunks["t_s"].to_pylist() == [t - 1.0 for r in results for t in r.chunk_t]
+    assert chunks["tokens"].to_pylist() == [k for r in results for k in r.chunk_tokens]
+    assert chunks["req"].to_pylist() == [r.req for r in results for _ in r.chunk_t]
