@@ -35,7 +35,8 @@ A request's class label (``class_by``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from harness.policies.base import BasePolicy, Plan, RequestView, StepReport, View, blocks_for
@@ -95,6 +96,37 @@ class ClassPriorityPolicy(BasePolicy):
             out.setdefault(self.rank(r), []).append(r)
         return out
 
+    def _waiting_by_class(
+        self, waiting: Iterable[RequestView]
+    ) -> Callable[[int], Iterator[RequestView]]:
+        """Class ``k``'s waiting requests in queue order, read lazily: one scan of ``waiting``
+        shared by all classes, each item looked at once and parked with its class. A step
+        reads only as far as its admissions need (it stops at the first misfit, or when the
+        budget or the seats run out), so a long queue under overload costs what is admitted,
+        not its length (issue 13: grouping the whole queue every step was quadratic)."""
+        if not self._rank:  # one class: the queue itself
+            return lambda k: iter(waiting) if k == 0 else iter(())
+        scan = iter(waiting)
+        parked: dict[int, deque[RequestView]] = {}
+        rank = self.rank
+
+        def of(k: int) -> Iterator[RequestView]:
+            mine = parked.setdefault(k, deque())
+            while True:
+                if mine:
+                    yield mine.popleft()
+                    continue
+                for r in scan:
+                    rk = rank(r)
+                    if rk == k:
+                        yield r
+                        break
+                    parked.setdefault(rk, deque()).append(r)
+                else:
+                    return
+
+        return of
+
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget
         bs = view.kv.block_size
@@ -102,15 +134,16 @@ class ClassPriorityPolicy(BasePolicy):
         decoding, prefilling = split_running(view.running)
         dec = self._groups(decoding)
         pre = self._groups(prefilling)
-        # waiting is only grouped while budget remains (it can be long under overload)
-        wait = self._groups(view.waiting) if view.waiting else {}
+        # waiting is read lazily, class by class, as far as admissions go (it can be long
+        # under overload)
+        wait = self._waiting_by_class(view.waiting)
         seats = view.max_num_seqs - len(view.running)
         run: list[tuple[str, int]] = []
         admit: list[tuple[str, int]] = []
         all_granted = True
         any_prefill = False
         blocked = False  # the host admits head-of-line: one misfit stops all later admissions
-        for k in sorted(set(dec) | set(pre) | set(wait)):
+        for k in range(len(self._rank) + 1):  # every rank, highest first (rank())
             # rule 2: decodes first, one token each (the whole running set is listed, 0 tokens
             # once the budget is spent, so KV victims come from the lowest class: rule 3)
             for r in dec.get(k, ()):
@@ -127,8 +160,10 @@ class ClassPriorityPolicy(BasePolicy):
                 free -= blocks_for(c + n, bs) - blocks_for(c, bs)
                 run.append((r.request_id, n))
                 budget -= n
-            for r in wait.get(k, ()):
-                if blocked or budget <= 0 or seats <= 0:
+            if blocked or budget <= 0 or seats <= 0:
+                continue  # no admission this step (the loop below would stop at once)
+            for r in wait(k):
+                if budget <= 0 or seats <= 0:
                     break
                 n = min(r.num_tokens - r.num_computed_tokens, budget)
                 need = blocks_for(n, bs)
