@@ -17,8 +17,10 @@ Two simulated token namings:
 
 And ``harness simulate`` itself, run on the session trace as a user runs it (the fitted cost
 model written to OUT/cost_model.json, the same KV blocks, ``--history trace``), once with the
-trace's own length hints (``cli``) and once with ``--tokenizer`` (``cli_tokenizer``: prompts
-counted and hashed in the model's tokens). Their hit rates are the fidelity figures; the
+trace's own length hints (``cli``), once with ``--tokenizer`` (``cli_tokenizer``: prompts
+counted and hashed in the model's tokens), and once more with ``--call-overhead`` set to the
+real run's median time a call spends between the engine and the client beyond its think time
+(``cli_tokenizer_overhead``). Their hit rates are the fidelity figures; the
 other variants explain the gap.
 
     # 1. freeze the trace; 2. start vLLM; 3. replay + simulate (the real part is skipped
@@ -406,7 +408,14 @@ def main() -> None:
     # `harness simulate` straight from the session trace, as a user runs it
     cost_file = a.out / "cost_model.json"
     cost_file.write_text(json.dumps(fit.model.to_dict(), indent=1))
-    for name, extra in (("cli", []), ("cli_tokenizer", ["--tokenizer", a.tokenizer])):
+    tok = ["--tokenizer", a.tokenizer]
+    cli_runs = (
+        ("cli", []),
+        ("cli_tokenizer", tok),
+        # the measured per-call client + API server time as `--call-overhead`
+        ("cli_tokenizer_overhead", [*tok, "--call-overhead", f"{overhead:.6f}"]),
+    )
+    for name, extra in cli_runs:
         df, rate, cmd = simulate_cli(a, cfg, cost_file, a.out / f"sim_{name}", extra)
         sims[name], rates[name] = df, rate
         print(f"sim {name}: {len(df)} calls ok; command: {' '.join(cmd)}")

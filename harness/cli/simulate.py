@@ -159,6 +159,15 @@ def simulate(
     max_retries: MaxRetries = None,
     retry_backoff: RetryBackoff = None,
     max_context: MaxContext = None,
+    call_overhead: Annotated[
+        float | None,
+        typer.Option(
+            help="Sessions: s from each call's release to its arrival at the engine (the "
+            "client and API server's share of a live call; benchmarks/prefix_cache_vs_vllm.py "
+            "measures it on a replay).",
+            show_default=False,
+        ),
+    ] = None,
     tokenizer: Annotated[
         str | None,
         typer.Option(
@@ -255,6 +264,7 @@ def simulate(
         "max_retries": max_retries,
         "retry_backoff_s": retry_backoff,
         "max_context": max_context,
+        "call_overhead_s": call_overhead,
     }
     copts = None
     cluster = False

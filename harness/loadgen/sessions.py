@@ -72,6 +72,13 @@ class SessionOptions(BaseModel):
     max_context: int | None = Field(
         None, ge=1, description="model context, tokens (None: from /v1/models max_model_len)"
     )
+    call_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="simulation only: s from a call's release to its arrival at the engine "
+        "(the client and API server's share of a call's path, which a simulated engine "
+        "otherwise gets at once; a replay measures it)",
+    )
 
 
 @dataclass

@@ -38,6 +38,22 @@ def test_release_order_think_time_and_history(chain_trace: Trace) -> None:
     assert sess[0]["end_s"] == rows["a/2"].last_s
 
 
+def test_call_overhead_delays_every_release(chain_trace: Trace) -> None:
+    # the client and API server's share of each call: roots arrive that much after their
+    # session's start, children that much after parent end + think (vsessions docstring)
+    base = _by_id(simulate_cluster(chain_trace, engines(1)))
+    opts = SessionOptions(call_overhead_s=0.25)
+    rows = _by_id(simulate_cluster(chain_trace, engines(1), options=opts))
+    assert len(rows) == 6 and all(r.ok for r in rows.values())
+    for s in ("a", "b"):
+        assert rows[f"{s}/0"].arrival_s == pytest.approx(base[f"{s}/0"].arrival_s + 0.25)
+        for k in (1, 2):
+            parent = rows[f"{s}/{k - 1}"]
+            assert rows[f"{s}/{k}"].arrival_s == pytest.approx(parent.last_s + 1.0 + 0.25)
+    with pytest.raises(ValueError):
+        SessionOptions(call_overhead_s=-0.1)
+
+
 def test_patience_abandons_the_session_and_its_descendants() -> None:
     rows = []
     for s in range(30):
