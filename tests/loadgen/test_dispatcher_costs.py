@@ -1,5 +1,7 @@
-"""dispatcher.chunk_column writes the chunks table's columns exactly as np.fromiter over every
-request's list would (issue 18: the uniform lists of one-read responses take a shortcut)."""
+"""The dispatcher's per-request cost cuts (issue 18) change nothing it writes or sends:
+chunk_column writes the chunks table's columns exactly as np.fromiter over every request's
+list would (the uniform lists of one-read responses take a shortcut), and a body reused from
+the previous request is the body the dialect would build."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from itertools import chain, repeat
 import numpy as np
 import pytest
 
-from harness.loadgen.client import RequestResult
-from harness.loadgen.dispatcher import Dispatcher, chunk_column
+from harness.loadgen.client import RequestResult, encode_body
+from harness.loadgen.dialects import Endpoint, get_dialect
+from harness.loadgen.dispatcher import Dispatcher, Job, chunk_column
+from harness.workload.tiers import Tier
 
 
 def _reference(lists: list[list], dtype: type[np.generic]) -> np.ndarray:
@@ -60,3 +64,23 @@ def test_chunks_table_of_one_read_and_streamed_responses() -> None:
     assert chunks["t_s"].to_pylist() == [t - 1.0 for r in results for t in r.chunk_t]
     assert chunks["tokens"].to_pylist() == [k for r in results for k in r.chunk_tokens]
     assert chunks["req"].to_pylist() == [r.req for r in results for _ in r.chunk_t]
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.COMPLETIONS, Endpoint.CHAT])
+def test_reused_body_is_the_dialect_body(endpoint: Endpoint) -> None:
+    tiers = {"gold": Tier("gold", 0.5, ttft_slo_s=0.5), "free": Tier("free", 0.5, priority=2)}
+    d = Dispatcher.__new__(Dispatcher)
+    d.dialect, d.endpoint, d.model, d.tiers = get_dialect("builtin"), endpoint, "m", tiers
+    d.extra_body = {"temperature": 0}
+    d._last_body = (None, b"")
+    rng = random.Random(3)
+    for i in range(400):
+        job = Job(i, f"r{i}", 0.0, None, rng.choice([4, 5]), rng.choice([8, 9]),
+                  rng.choice([None, "gold", "free"]))  # fmt: skip
+        prompt = rng.choice(["a b", "c d", "".join(["a", " b"])])  # equal, not identical
+        tier = tiers.get(job.tier) if job.tier is not None else None
+        want = encode_body(
+            d.dialect.body(endpoint, "m", prompt, job.prompt_len, job.output_len, tier,
+                           d.extra_body)
+        )  # fmt: skip
+        assert d._body(prompt, job) == want
