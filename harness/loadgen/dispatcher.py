@@ -45,6 +45,23 @@ SWITCH_INTERVAL_S = 0.0005
 """GIL switch interval during dispatch (:func:`sys.setswitchinterval`; restored after)."""
 
 
+_switch = {"users": 0, "saved": 0.005}
+
+
+def _short_switch(on: bool) -> None:
+    """Enter (``on``) or leave a dispatch with the short GIL switch interval; the process's
+    own interval comes back when the last of the dispatches running at once has ended."""
+    if on:
+        if _switch["users"] == 0:
+            _switch["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch["saved"], SWITCH_INTERVAL_S))
+        _switch["users"] += 1
+        return
+    _switch["users"] -= 1
+    if _switch["users"] == 0:
+        sys.setswitchinterval(_switch["saved"])
+
+
 class Writer(Protocol):
     def add_requests_table(self, tbl: pa.Table) -> None: ...
     def add_chunks_table(self, tbl: pa.Table) -> None: ...
@@ -371,8 +388,7 @@ class Dispatcher:
         self.prepare()
         # The flusher's thread builds tables while this loop dispatches: the loop waits for
         # the GIL at most this long, not Python's default 5 ms (a late send; issue 18).
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+        _short_switch(True)
         helpers = [asyncio.create_task(self._flusher())]
         if self.on_progress is not None:
             helpers.append(asyncio.create_task(self._progress()))
@@ -405,7 +421,7 @@ class Dispatcher:
                 self.stats.end_s = now() - t0
             raise
         finally:
-            sys.setswitchinterval(switch)
+            _short_switch(False)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)

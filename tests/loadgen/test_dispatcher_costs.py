@@ -84,3 +84,18 @@ def test_reused_body_is_the_dialect_body(endpoint: Endpoint) -> None:
                            d.extra_body)
         )  # fmt: skip
         assert d._body(prompt, job) == want
+
+
+def test_switch_interval_is_short_during_dispatches_and_restored_after() -> None:
+    import sys
+
+    from harness.loadgen.dispatcher import SWITCH_INTERVAL_S, _short_switch
+
+    before = sys.getswitchinterval()
+    _short_switch(True)
+    _short_switch(True)  # two dispatches at once in one process
+    assert sys.getswitchinterval() == min(before, SWITCH_INTERVAL_S)
+    _short_switch(False)
+    assert sys.getswitchinterval() == min(before, SWITCH_INTERVAL_S)  # one still running
+    _short_switch(False)
+    assert sys.getswitchinterval() == before
