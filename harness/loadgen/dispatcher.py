@@ -25,10 +25,14 @@ Rules (anchors-harness.md §2.1 "Dispatch loop" and §7 "Client engine"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
+import os
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,6 +64,30 @@ def _short_switch(on: bool) -> None:
     _switch["users"] -= 1
     if _switch["users"] == 0:
         sys.setswitchinterval(_switch["saved"])
+
+
+WRITER_NICE = 10
+"""How much lower the OS priority of the thread writing finished rows is than the loop's."""
+
+_pool: list[ThreadPoolExecutor] = []
+
+
+def _writer_pool() -> ThreadPoolExecutor:
+    """One thread per process for the flushes' table building and Parquet writing, at a lower
+    OS priority (Linux: a thread's own nice value): on a busy machine the scheduler then
+    runs the event loop, which has sends due, before the write, which has no deadline
+    (issue 18: send lag while a flush runs)."""
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(1, "harness-writer", initializer=_lower_priority))
+    return _pool[0]
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(AttributeError, OSError):  # not Linux / not allowed: as is
+        tid = threading.get_native_id()  # a new thread starts at its creator's nice value
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE)
+        )
 
 
 class Writer(Protocol):
@@ -345,7 +373,9 @@ class Dispatcher:
                 # The rows are already taken: the hand-over must finish even if this task is
                 # cancelled (the end of the run cancels the periodic flusher), or they are lost
                 # and the writer may be closed under the still-running thread.
-                fut = asyncio.ensure_future(asyncio.to_thread(self._write, results, samples))
+                fut = asyncio.get_running_loop().run_in_executor(
+                    _writer_pool(), self._write, results, samples
+                )
                 try:
                     await asyncio.shield(fut)
                 except asyncio.CancelledError:

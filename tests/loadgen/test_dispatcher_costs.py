@@ -5,7 +5,9 @@ the previous request is the body the dialect would build."""
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 from itertools import chain, repeat
 
 import numpy as np
@@ -99,3 +101,16 @@ def test_switch_interval_is_short_during_dispatches_and_restored_after() -> None
     assert sys.getswitchinterval() == min(before, SWITCH_INTERVAL_S)  # one still running
     _short_switch(False)
     assert sys.getswitchinterval() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities: Linux")
+def test_flush_thread_runs_at_a_lower_os_priority() -> None:
+    from harness.loadgen.dispatcher import WRITER_NICE, _writer_pool
+
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    nice = (
+        _writer_pool()
+        .submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        .result()
+    )
+    assert nice == min(19, own + WRITER_NICE)
