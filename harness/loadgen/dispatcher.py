@@ -70,6 +70,8 @@ WRITER_NICE = 10
 """How much lower the OS priority of the thread writing finished rows is than the loop's."""
 
 _pool: list[ThreadPoolExecutor] = []
+if hasattr(os, "register_at_fork"):  # a forked child has no writer thread: it starts its own
+    os.register_at_fork(after_in_child=_pool.clear)
 
 
 def _writer_pool() -> ThreadPoolExecutor:

@@ -114,3 +114,23 @@ def test_flush_thread_runs_at_a_lower_os_priority() -> None:
         .result()
     )
     assert nice == min(19, own + WRITER_NICE)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX")
+def test_a_forked_child_gets_its_own_writer_thread() -> None:
+    import multiprocessing as mp
+
+    from harness.loadgen.dispatcher import _writer_pool
+
+    _writer_pool().submit(int).result()  # the parent's thread exists
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=_child_writes)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def _child_writes() -> None:
+    from harness.loadgen.dispatcher import _writer_pool
+
+    assert _writer_pool().submit(int, "7").result(timeout=10) == 7
