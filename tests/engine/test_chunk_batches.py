@@ -73,3 +73,24 @@ def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
         (log.add_run if kind == "run" else log.add_step)(e, rows)
     req, tt = log.arrays()
     assert np.array_equal(req, want_r) and np.array_equal(tt, want_t) and req.dtype == np.int64
+
+
+def test_chunk_log_grows_past_its_first_buffer():
+    """A run larger than the preallocated buffer (shrunk to 8 rows here) and
+    steps after it keep every row, in order, in one batch per flush."""
+    from harness.engine.simresult import ChunkLog
+
+    got: list[tuple[np.ndarray, np.ndarray]] = []
+    log = ChunkLog(lambda r, tt: got.append((r.copy(), tt.copy())), 10**9)
+    log._cap = 8  # as if the first buffer were tiny: every add below must grow it
+    log._req, log._t = log._req[:8], log._t[:8]
+    rows = np.arange(300, dtype=np.int64)
+    ends = np.array([1.0, 2.0, 3.0])
+    log.add_step(0.5, [7, 8])
+    log.add_run(ends, rows)
+    log.add_step(4.0, rows[:20])
+    log.flush()
+    ((req, t),) = got
+    want_r = np.r_[[7, 8], np.tile(rows, 3), rows[:20]]
+    want_t = np.r_[[0.5, 0.5], np.repeat(ends, 300), np.full(20, 4.0)]
+    assert np.array_equal(req, want_r) and np.array_equal(t, want_t) and req.dtype == np.int32

@@ -88,6 +88,31 @@ def test_reference_metrics_by_hand(tmp_path, unknown):
     )
 
 
+@pytest.mark.parametrize("all_ok", [True, False])
+def test_dense_ids_group_like_looked_up_positions(tmp_path, all_ok):
+    """A simulation's ids 0..n-1 serve as their own positions (no look-up, no kept-rows mask
+    when every request succeeded, the sorted ids rebuilt from counts): the grouped log is
+    the one the general path makes for the same run with its ids shifted."""
+    import dataclasses
+
+    from harness.results.summary import _group_for_both
+
+    d = RUNS["sim"](tmp_path / "sim", unknown=False)
+    run = read_run(d, chunks=False)
+    if all_ok:
+        run.requests["success"] = True
+    shifted = run.requests.assign(req=run.requests["req"] + 5)
+    run_b = dataclasses.replace(run, requests=shifted)
+    dense, general = read_chunk_arrays(d), read_chunk_arrays(d)
+    general.req = general.req + 5
+    assert group_order(dense.req, dense.t) is not None  # the sort path, not already grouped
+    _group_for_both(run, run, dense)
+    _group_for_both(run_b, run_b, general)
+    assert dense.req.dtype == np.int32
+    assert np.array_equal(dense.req + 5, general.req) and np.array_equal(dense.t, general.t)
+    assert group_order(dense.req, dense.t) is None
+
+
 def test_compact_columns_and_parts(tmp_path):
     d = RUNS["sim"](tmp_path / "sim")
     ca = read_chunk_arrays(d)
