@@ -208,12 +208,12 @@ class ArrayEngine:
             self.used += int(nb.sum() - NBr[:R].sum())
             NBr[:R] = nb
             FA[1, :R] = end
-            self.chunks.add_run(ends, IDr[:R].copy())
+            self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:
             Cr[:R] += 1
             Or[:R] += 1
             FA[1, :R] = end
-            self.chunks.add_step(end, IDr[:R].copy())
+            self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
         self.min_left -= k
         finished = self.min_left <= 0 and self._finish()
@@ -479,7 +479,7 @@ class ArrayEngine:
             Cr[:R0] += 1
             Or[:R0] += 1
             Lr[:R0] = end
-            samp_ids = IDr[:R0].copy()
+            samp_ids = IDr[:R0]  # logged below, before anything moves
             self.sum_c += R0
             self.min_left -= 1
         elif sp is not None and len(sp):

@@ -147,8 +147,23 @@ def group_order(pos: np.ndarray, t: np.ndarray) -> np.ndarray | None:
     the same permutation as ``lexsort((t, pos))`` with less working memory."""
     if is_grouped(pos, t):
         return None
-    order = np.argsort(pos, kind="stable") if _time_sorted(t) else np.lexsort((t, pos))
+    order = _stable_order(pos) if _time_sorted(t) else np.lexsort((t, pos))
     return order.astype(np.int32) if order.size <= _I32.max else order
+
+
+def _stable_order(pos: np.ndarray) -> np.ndarray:
+    """``np.argsort(pos, kind="stable")``, as a counting sort when ``pos`` are small
+    non-negative ints (positions): pandas' ``groupsort_indexer``, O(n) in C, the same
+    permutation ~10x faster at 15M rows than numpy's comparison sort."""
+    lo, hi = (int(pos.min()), int(pos.max())) if pos.size else (0, -1)
+    if lo >= 0 and hi < 4 * pos.size + 1_000_000:
+        try:
+            from pandas._libs.algos import groupsort_indexer
+        except ImportError:  # a pandas without it: the comparison sort
+            pass
+        else:
+            return groupsort_indexer(pos.astype(np.intp, copy=False), hi + 1)[0]
+    return np.argsort(pos, kind="stable")
 
 
 def positions(keys: np.ndarray, req_ids: np.ndarray) -> np.ndarray:
