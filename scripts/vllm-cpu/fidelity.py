@@ -5,9 +5,9 @@
 2. For each policy (``vllm``, ``wait``, ``slai``; :data:`POLICIES`): vLLM with the adapter
    hosting it and ``HARNESS_STEP_LOG`` on: replay the calibration trace (its steps fit the
    cost model), then the evaluation trace.
-3. Fit the context cost model (``fit_cost_model(kind="context", trim_stalls=True)``) to
-   that policy's calibration steps (``--fit-on``); simulate the evaluation requests with the
-   same policy and parameters, the same KV / budget / max_num_seqs.
+3. Fit the context cost model (``fit_cost_model(kind="context")``; ``--trim-stalls`` on a
+   loaded box) to that policy's calibration steps (``--fit-on``); simulate the evaluation
+   requests with the same policy and parameters, the same KV / budget / max_num_seqs.
 4. Align the two engines (issue 17: the simulated TTFT medians were 16-35% high for all three
    policies, a bias, not noise):
 
@@ -255,6 +255,7 @@ def analyse(
     kind: str,
     fit_on: str,
     receipt: bool = False,
+    trim_stalls: bool = False,
 ) -> dict[str, Any]:
     """Fit the cost model on the chosen part of the step log, simulate the evaluation
     requests from their ready times with the same policy: engine-side comparison."""
@@ -268,7 +269,7 @@ def analyse(
     fit_rows = {"calibration": cal_rows, "evaluation": eval_rows, "both": all_rows}[fit_on]
     samples = step_log_samples(fit_rows)
     fit = fit_cost_model(
-        samples, name=f"vllm-cpu-tiny-{name}", with_floor=True, kind=kind, trim_stalls=True
+        samples, name=f"vllm-cpu-tiny-{name}", with_floor=True, kind=kind, trim_stalls=trim_stalls
     )
     (out / f"costmodel-{name}.json").write_text(json.dumps(fit.model.to_dict(), indent=2))
     # tokens leave at update_from_output, before the loop's own work that the fitted step
@@ -388,6 +389,13 @@ def main() -> int:
         action="store_true",
         help="simulate from vLLM's receipt stamps, tokens at period ends (the biased old way)",
     )
+    ap.add_argument(
+        "--trim-stalls",
+        action="store_true",
+        help="fit without the steps other processes stalled (a loaded box only: on a quiet "
+        "one the slow steps are the engine's own, and leaving them out fits a model that is "
+        "fast by 5-10%% in TPOT)",
+    )
     args = ap.parse_args()
     names = [p for p in args.policies.split(",") if p]
     unknown = [p for p in names if p not in POLICIES]
@@ -414,7 +422,14 @@ def main() -> int:
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
     for name in names:
         result[name] = analyse(
-            name, POLICIES[name], out, common, args.kind, args.fit_on, args.receipt_alignment
+            name,
+            POLICIES[name],
+            out,
+            common,
+            args.kind,
+            args.fit_on,
+            args.receipt_alignment,
+            args.trim_stalls,
         )
     (out / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
     if args.diagnose:
