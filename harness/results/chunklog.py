@@ -143,12 +143,28 @@ def group_order(pos: np.ndarray, t: np.ndarray) -> np.ndarray | None:
     (``pos``, time), as int32 when it fits (memory: it lives beside the log while applied).
 
     Groups left as they come need not ascend; every consumer works on adjacency. Rows in
-    time order (a simulation) need only a stable sort by ``pos``: it keeps their time order,
-    the same permutation as ``lexsort((t, pos))`` with less working memory."""
+    time order (a simulation), or in time order within each request (several engines' logs
+    one after another), need only a stable sort by ``pos``: it keeps their time order, the
+    same permutation as ``lexsort((t, pos))`` with less working memory."""
     if is_grouped(pos, t):
         return None
-    order = _stable_order(pos) if _time_sorted(t) else np.lexsort((t, pos))
+    order = _stable_order(pos)
+    if not _time_sorted(t) and not _times_ascend_in_groups(pos, t, order):
+        order = np.lexsort((t, pos))
     return order.astype(np.int32) if order.size <= _I32.max else order
+
+
+def _times_ascend_in_groups(pos: np.ndarray, t: np.ndarray, order: np.ndarray) -> bool:
+    """Does the stable order by ``pos`` already have each group's times non-decreasing?
+    Then it is ``lexsort((t, pos))``'s permutation too (ties keep row order in both): the
+    case of logs concatenated from several time-ordered ones, each request in one of them
+    (a cluster's engines). Checked slice by slice (no N-row temporaries)."""
+    for a in range(0, order.size, _BATCH):
+        o = order[a : a + _BATCH + 1]
+        p, x = pos[o], t[o]
+        if not bool(np.all((x[1:] >= x[:-1]) | (p[1:] != p[:-1]))):
+            return False
+    return True
 
 
 def _stable_order(pos: np.ndarray) -> np.ndarray:

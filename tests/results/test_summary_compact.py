@@ -155,3 +155,28 @@ def test_per_bin_chunks_keep_the_token_backlog(tmp_path, name):
     )
     assert len(agg) < len(ca) / 5
     assert isinstance(agg, pd.DataFrame) and list(agg.columns) == ["req", "t_s", "tokens"]
+
+
+@pytest.mark.parametrize("layout", ["time_sorted", "per_engine_logs", "shuffled"])
+def test_group_order_is_lexsorts_permutation(layout):
+    """The stable sort by position stands in for lexsort((t, pos)) only where it is the same
+    permutation: rows in time order, or in time order within each request (several engines'
+    logs one after another, a cluster); anything else takes lexsort."""
+    rng = np.random.default_rng(7)
+    pos = rng.integers(0, 40, 5000).astype(np.int32)
+    if layout == "time_sorted":
+        t = np.sort(rng.random(pos.size).round(3))
+    elif layout == "per_engine_logs":  # 4 engines, 10 requests each, each log time-ordered
+        engine = pos % 4
+        order = np.argsort(engine, kind="stable")
+        pos = pos[order]
+        t = np.concatenate(
+            [np.sort(rng.random(int((engine == e).sum())).round(3)) for e in range(4)]
+        )
+        assert not np.all(np.diff(t) >= 0)
+    else:
+        t = rng.random(pos.size).round(3)
+        t[::50] = np.nan
+    got = group_order(pos, t)
+    assert got is not None
+    assert np.array_equal(got, np.lexsort((t, pos)))
