@@ -430,7 +430,16 @@ def _cluster_options(
             prefix_caching=prefix_caching,
         )
     except (ValidationError, ValueError) as e:
-        fail(one_line(e, {"patience_s": "patience", "retry_backoff_s": "retry-backoff"}))
+        fail(
+            one_line(
+                e,
+                {
+                    "patience_s": "patience",
+                    "retry_backoff_s": "retry-backoff",
+                    "call_overhead_s": "call-overhead",
+                },
+            )
+        )
 
 
 def _print_verdicts(dirs: list[Path]) -> None:

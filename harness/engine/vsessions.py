@@ -9,7 +9,10 @@ the spec; issue 15), restated for events instead of asyncio tasks:
   plus ``call_overhead_s``: the time a live call spends between the client and the engine
   (the reply's last chunk reaching the client, the next request's HTTP and tokenization in
   the API server), which the simulated engine would otherwise skip: on vLLM CPU it was a
-  median 74 ms per call, enough to change which prefix blocks survive (issue 16);
+  median 74-393 ms per call in two sittings, enough to change which prefix blocks survive
+  (issue 16). A retry's re-send is delayed the same way. The call's target and arrival are
+  that later time, so per-request latencies stay engine-side (TTFT from the engine's
+  arrival): the overhead moves when calls arrive, not what a call measures;
   a call whose parent failed, or whose session was abandoned by the time its parents are
   done, is never sent and leaves no request row;
 - its prompt is the composed prompt (:func:`harness.workload.sessions.compose`): system +
@@ -261,7 +264,9 @@ class SessionDriver:
         if retry and row.attempt < self.options.max_retries:
             attempt = row.attempt + 1
             rec.retries += 1
-            at = t + self.options.retry_backoff_s * 2 ** (attempt - 1)
+            at = (
+                t + self.options.retry_backoff_s * 2 ** (attempt - 1) + self.options.call_overhead_s
+            )
             nxt = Row(self.next_req, f"{row.call.request_id}#retry{attempt}", st, row.call)
             self.next_req += 1
             nxt.attempt = attempt

@@ -164,6 +164,9 @@ class ReplayConfig(BaseModel):
             raise ValueError(f"--arrival {self.arrival} needs --rate")
         if self.sample_interval_s is not None and self.sample_interval_s <= 0:
             raise ValueError("sample_interval_s must be > 0")
+        if self.sessions is not None and self.sessions.call_overhead_s:
+            # a live replay has the real overhead; the option models it in virtual time only
+            raise ValueError("sessions.call_overhead_s is for harness simulate only")
         return self
 
     @property

@@ -75,6 +75,7 @@ class SessionOptions(BaseModel):
     call_overhead_s: float = Field(
         0.0,
         ge=0,
+        allow_inf_nan=False,
         description="simulation only: s from a call's release to its arrival at the engine "
         "(the client and API server's share of a call's path, which a simulated engine "
         "otherwise gets at once; a replay measures it)",

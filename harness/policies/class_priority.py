@@ -163,8 +163,6 @@ class ClassPriorityPolicy(BasePolicy):
             if blocked or budget <= 0 or seats <= 0:
                 continue  # no admission this step (the loop below would stop at once)
             for r in wait(k):
-                if budget <= 0 or seats <= 0:
-                    break
                 n = min(r.num_tokens - r.num_computed_tokens, budget)
                 need = blocks_for(n, bs)
                 if need > free:
@@ -174,6 +172,8 @@ class ClassPriorityPolicy(BasePolicy):
                 free -= need
                 budget -= n
                 seats -= 1
+                if budget <= 0 or seats <= 0:
+                    break  # before asking for the next one: that could read the whole queue
         steady = not any_prefill and not admit and all_granted
         return Plan(run=run, admit=admit, steady=steady)
 

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from harness.cli.main import app
 from harness.engine.cluster import simulate_cluster
+from harness.loadgen.replay import ReplayConfig
 from harness.loadgen.sessions import ERROR_ABANDONED, SessionOptions
 from harness.results import schema
 from harness.routers import make_router
+from harness.workload.build import save_trace
 from harness.workload.session_build import build_session_trace
 from harness.workload.trace import Trace
 
 from .conftest import engines, session_trace
+
+_TWO_CALLS = [
+    {"session_id": "s", "call_index": k, "parents": "" if k == 0 else "0", "prompt_len": 20,
+     "output_len": 5, "arrival_s": 0.0}
+    for k in range(2)
+]  # fmt: skip
 
 
 def _by_id(res):  # noqa: ANN001, ANN202
@@ -50,8 +62,32 @@ def test_call_overhead_delays_every_release(chain_trace: Trace) -> None:
         for k in (1, 2):
             parent = rows[f"{s}/{k - 1}"]
             assert rows[f"{s}/{k}"].arrival_s == pytest.approx(parent.last_s + 1.0 + 0.25)
-    with pytest.raises(ValueError):
-        SessionOptions(call_overhead_s=-0.1)
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            SessionOptions(call_overhead_s=bad)
+
+
+def test_call_overhead_is_for_simulation_only(tmp_path: Path) -> None:
+    """A live replay has the real overhead: its config refuses the modelled one."""
+    with pytest.raises(ValueError, match="simulate only"):
+        ReplayConfig(
+            trace="test",
+            arrival="trace",
+            target="http://127.0.0.1:9",
+            out=tmp_path / "r",
+            sessions=SessionOptions(call_overhead_s=0.1),
+        )
+
+
+def test_bad_call_overhead_flag_is_named_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "s.parquet"
+    save_trace(session_trace(_TWO_CALLS), trace)
+    r = CliRunner().invoke(
+        app,
+        ["simulate", "--trace", str(trace), "--call-overhead", "-1", "--out", str(tmp_path / "o")],
+    )
+    assert r.exit_code != 0
+    assert "--call-overhead:" in r.output and "--call-overhead-s" not in r.output
 
 
 def test_patience_abandons_the_session_and_its_descendants() -> None:

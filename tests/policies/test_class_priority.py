@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from paper_host import FakeReq, decoding, make_view
@@ -82,6 +84,27 @@ def test_reversed_priority_reverses_the_batch() -> None:
     run_down, admit_down, _ = _plan(view, classes="A,B", class_by="type")
     assert (run_up, admit_up) == ({"B-1/0": 1, "A-0/0": 0}, {"B-5/0": 7})
     assert (run_down, admit_down) == ({"A-0/0": 1, "B-1/0": 0}, {"A-4/0": 7})
+
+
+@pytest.mark.parametrize("classes", [None, "A,B"])
+def test_a_long_queue_is_read_only_as_far_as_admissions_go(classes: str | None) -> None:
+    """Under overload the waiting queue is long: a step reads it only up to its last
+    admission (issue 13: grouping it whole every step was quadratic), even when the class
+    that fills the budget is the rare one at the head."""
+    waiting = [FakeReq("A-0/0", 512, 3)] + [FakeReq(f"B-{i}/0", 64, 3) for i in range(1, 20_000)]
+    seen: list[str] = []
+
+    class Counting(list):
+        def __iter__(self):  # noqa: ANN204
+            for r in super().__iter__():
+                seen.append(r.request_id)
+                yield r
+
+    view = replace(make_view([], [], token_budget=512), waiting=Counting(waiting))
+    kw = {"classes": classes, "class_by": "type"} if classes else {}
+    run, admit, _ = _plan(view, **kw)
+    assert run == {} and admit == {"A-0/0": 512}
+    assert len(seen) <= 2
 
 
 def test_ongoing_low_class_prefill_is_paused_not_preempted() -> None:
