@@ -70,8 +70,19 @@ WRITER_NICE = 10
 """How much lower the OS priority of the thread writing finished rows is than the loop's."""
 
 _pool: list[ThreadPoolExecutor] = []
-if hasattr(os, "register_at_fork"):  # a forked child has no writer thread: it starts its own
-    os.register_at_fork(after_in_child=_pool.clear)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no writer thread (it starts its own) and none of the parent's
+    dispatches: it gets the process's own switch interval back."""
+    _pool.clear()
+    if _switch["users"]:
+        _switch["users"] = 0
+        sys.setswitchinterval(_switch["saved"])
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _writer_pool() -> ThreadPoolExecutor:
@@ -418,17 +429,20 @@ class Dispatcher:
             jobs = keep
         targets = [t0 + j.arrival_s for j in jobs]
         self.prepare()
-        # The flusher's thread builds tables while this loop dispatches: the loop waits for
-        # the GIL at most this long, not Python's default 5 ms (a late send; issue 18).
-        _short_switch(True)
-        helpers = [asyncio.create_task(self._flusher())]
-        if self.on_progress is not None:
-            helpers.append(asyncio.create_task(self._progress()))
         tasks = self._tasks
         now = clock.now
         sleep = asyncio.sleep
         create = asyncio.create_task
+        helpers: list[asyncio.Task[None]] = []
+        switched = False
         try:
+            # The flusher's thread builds tables while this loop dispatches: the loop waits
+            # for the GIL at most this long, not Python's default 5 ms (a late send; issue 18).
+            _short_switch(True)
+            switched = True
+            helpers.append(asyncio.create_task(self._flusher()))
+            if self.on_progress is not None:
+                helpers.append(asyncio.create_task(self._progress()))
             i, n = 0, len(jobs)
             while i < n:
                 delay = targets[i] - now()
@@ -453,7 +467,8 @@ class Dispatcher:
                 self.stats.end_s = now() - t0
             raise
         finally:
-            _short_switch(False)
+            if switched:
+                _short_switch(False)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 from itertools import chain, repeat
 
@@ -134,3 +135,30 @@ def _child_writes() -> None:
     from harness.loadgen.dispatcher import _writer_pool
 
     assert _writer_pool().submit(int, "7").result(timeout=10) == 7
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX")
+def test_a_child_forked_during_a_dispatch_gets_the_process_interval_back() -> None:
+    import multiprocessing as mp
+
+    from harness.loadgen.dispatcher import _short_switch
+
+    before = sys.getswitchinterval()
+    _short_switch(True)
+    try:
+        p = mp.get_context("fork").Process(target=_child_interval, args=(before,))
+        p.start()
+        p.join(30)
+    finally:
+        _short_switch(False)
+    assert p.exitcode == 0
+    assert sys.getswitchinterval() == before
+
+
+def _child_interval(expected: float) -> None:
+    from harness.loadgen.dispatcher import _short_switch
+
+    assert sys.getswitchinterval() == expected  # none of the parent's dispatches runs here
+    _short_switch(True)
+    _short_switch(False)
+    assert sys.getswitchinterval() == expected
