@@ -382,7 +382,8 @@ def main() -> None:
         if think[(sid, ci)][1]
     ]
     gaps = [g for g in gaps if np.isfinite(g)]
-    overhead = float(np.median(gaps)) if a.overhead is None else a.overhead
+    overhead = float(np.median(gaps)) if gaps else 0.0
+    overhead = overhead if a.overhead is None else a.overhead
     print(f"call overhead (client + API server, median of {len(gaps)}): {overhead * 1e3:.0f} ms")
     sims: dict[str, pd.DataFrame] = {}
     rates: dict[str, float] = {}

@@ -498,9 +498,12 @@ def fit_cost_model(
             else np.zeros(len(df))
         )
         has_p = (p > 0).astype(float)
-        if has_p.all() or not has_p.any():  # indistinguishable from base_s
-            has_p = np.zeros_like(has_p)
         X = np.column_stack([np.ones_like(t), p + d, d, kv * (1 - w), kv * w, attn, has_p])
+        if np.linalg.matrix_rank(X) == np.linalg.matrix_rank(X[:, :-1]):
+            # the prefill-step indicator adds nothing the other columns cannot express (every
+            # step or none has a prompt chunk; or one request at a time, where it is 1 - D):
+            # left out, so it cannot take an arbitrary share of base_s / per_decode_s
+            X[:, -1] = 0.0
     keep = np.ones(len(t), dtype=bool)
     coef, _ = nnls(X, t)
     for _ in range(3 if trim_stalls else 0):

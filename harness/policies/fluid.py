@@ -134,7 +134,8 @@ def critical_rate(
     if p.shape != o.shape or p.size == 0:
         raise ValueError("prompt_lens and output_lens must be equally long and non-empty")
     # memory_work_rate(types_from_lengths(p, o, 1.0)) without 100k FluidType objects: the
-    # same products, summed in the same order (cumsum adds left to right, like sum())
+    # same products, summed left to right (cumsum; the same bits as sum() on Python 3.11,
+    # whose float sum() is not compensated)
     per_req = float(np.cumsum((1.0 / p.size) * ((o + 1.0) * (p + o / 2.0)))[-1])
     return float("inf") if d1 <= 0 or per_req <= 0 else 1.0 / (d1 * per_req)
 

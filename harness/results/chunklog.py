@@ -173,12 +173,15 @@ def _stable_order(pos: np.ndarray) -> np.ndarray:
     permutation ~10x faster at 15M rows than numpy's comparison sort."""
     lo, hi = (int(pos.min()), int(pos.max())) if pos.size else (0, -1)
     if lo >= 0 and hi < 4 * pos.size + 1_000_000:
-        try:
+        try:  # a private pandas function: any change in it falls back to the comparison sort
             from pandas._libs.algos import groupsort_indexer
-        except ImportError:  # a pandas without it: the comparison sort
+
+            order = groupsort_indexer(pos.astype(np.intp, copy=False), hi + 1)[0]
+        except (ImportError, TypeError, ValueError):
             pass
         else:
-            return groupsort_indexer(pos.astype(np.intp, copy=False), hi + 1)[0]
+            if order.shape == pos.shape:
+                return order
     return np.argsort(pos, kind="stable")
 
 
