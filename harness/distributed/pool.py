@@ -67,14 +67,19 @@ def ray_map(
     cwd = os.getcwd()
     node = ray.get_runtime_context().get_node_id()
     refs = [task.remote(fn, item, cwd, node) for item in items]
+    done = 0
     try:
         for ref in refs:
             result, blob = ray.get(ref)
+            done += 1
             if blob is not None:
                 _unpack(blob, Path(cwd))
             yield result
     finally:
-        for ref in refs:  # stopped early (error, Ctrl-C): drop what has not run
+        # stopped early (error, Ctrl-C): drop what has not been gathered. Only those: a
+        # cancel racing a finished task's reply aborted the driver (Ray 2.x task_manager
+        # "Tried to complete task that was not pending", seen with sweeps from three threads).
+        for ref in refs[done:]:
             ray.cancel(ref)
 
 

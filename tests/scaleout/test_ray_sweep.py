@@ -4,6 +4,9 @@ bit for bit, as without Ray, in less wall time; and the one-line error without t
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,17 +61,45 @@ def runs_of(root: Path) -> dict[tuple[int, str, float], dict[str, Any]]:
     return out
 
 
+_RAY_CHILD = """
+import sys, ray
+sys.path.insert(0, sys.argv[1])
+from test_ray_sweep import sweep_all
+from harness.distributed.pool import mapper
+from pathlib import Path
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+try:
+    print(sweep_all(Path(sys.argv[2]), mapper("auto")))
+finally:
+    ray.shutdown()
+"""
+
+
+def ray_sweep(root: Path) -> float:
+    """sweep_all on a local Ray instance, in a child process: an abort inside Ray's core
+    worker (seen once in a full suite: Ray 2.60's task_manager "Tried to complete task that
+    was not pending") then fails this test instead of killing pytest with every result. One
+    death in native code (no Python traceback) is retried, named in the output; a Python
+    error is not."""
+    cmd = [sys.executable, "-c", _RAY_CHILD, str(Path(__file__).parent), str(root)]
+    for attempt in (1, 2):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if p.returncode == 0:
+            return float(p.stdout.strip().splitlines()[-1])
+        if attempt == 1 and "Traceback (most recent call last)" not in p.stderr:
+            # died in native code (no Python exception): Ray's own abort
+            print(f"\nRay aborted (rc {p.returncode}); retried once:\n{p.stderr[-600:]}")
+            shutil.rmtree(root, ignore_errors=True)
+            continue
+        break
+    raise AssertionError(f"Ray sweep failed (rc {p.returncode}):\n{p.stderr[-1500:]}")
+
+
 @pytest.mark.slow
 def test_ray_sweep_matches_serial_bit_for_bit_and_is_faster(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
-    from harness.distributed.pool import mapper
-
+    pytest.importorskip("ray")
     serial_s = sweep_all(tmp_path / "serial")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        ray_s = sweep_all(tmp_path / "ray", mapper("auto"))
-    finally:
-        ray.shutdown()
+    ray_s = ray_sweep(tmp_path / "ray")
     a, b = runs_of(tmp_path / "serial"), runs_of(tmp_path / "ray")
     assert set(a) == set(b) and len(a) == len(POLICIES) * len(RATES) * len(SEEDS)
     for key in a:
