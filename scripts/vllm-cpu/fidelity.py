@@ -192,10 +192,17 @@ QUIET_LOAD = 3.0
 
 
 def serve_policy(
-    name: str, params: dict[str, Any], cal: Path, ev: Path, out: Path, common: dict[str, Any]
+    name: str,
+    params: dict[str, Any],
+    cal: Path,
+    ev: Path,
+    out: Path,
+    common: dict[str, Any],
+    cal2: Path | None = None,
 ) -> None:
-    """Serve ``name`` on real vLLM with the step log on; replay calibration then evaluation.
-    Writes ``steps-{name}.jsonl`` and ``split-{name}.json`` (where the evaluation lines start)."""
+    """Serve ``name`` on real vLLM with the step log on; replay calibration, evaluation and
+    (``cal2``) a second calibration trace after it. Writes ``steps-{name}.jsonl`` and
+    ``split-{name}.json`` (where the evaluation lines start and end)."""
     step_log = out / f"steps-{name}.jsonl"
     step_log.unlink(missing_ok=True)
     cfg = VllmServerConfig(
@@ -211,8 +218,16 @@ def serve_policy(
         n_cal = len(read_step_log(step_log))
         load.append(os.getloadavg())
         replay(srv.url, ev, out / f"{name}-evaluation")
+        n_eval_end = len(read_step_log(step_log))
         load.append(os.getloadavg())
-    split = {"n_calibration_lines": n_cal, "loadavg_1m": [round(x[0], 2) for x in load]}
+        if cal2 is not None:
+            replay(srv.url, cal2, out / f"{name}-calibration2")
+            load.append(os.getloadavg())
+    split = {
+        "n_calibration_lines": n_cal,
+        "n_evaluation_end": n_eval_end,
+        "loadavg_1m": [round(x[0], 2) for x in load],
+    }
     (out / f"split-{name}.json").write_text(json.dumps(split))
 
 
@@ -265,7 +280,9 @@ def analyse(
     all_rows = read_step_log(out / f"steps-{name}.jsonl")
     split = json.loads((out / f"split-{name}.json").read_text())
     n_cal = int(split["n_calibration_lines"])
-    cal_rows, eval_rows = all_rows[:n_cal], all_rows[n_cal:]
+    n_end = int(split.get("n_evaluation_end", len(all_rows)))
+    # calibration: the replay before the evaluation and, when run, the one after it
+    cal_rows, eval_rows = all_rows[:n_cal] + all_rows[n_end:], all_rows[n_cal:n_end]
     fit_rows = {"calibration": cal_rows, "evaluation": eval_rows, "both": all_rows}[fit_on]
     samples = step_log_samples(fit_rows)
     fit = fit_cost_model(
@@ -390,6 +407,14 @@ def main() -> int:
         help="simulate from vLLM's receipt stamps, tokens at period ends (the biased old way)",
     )
     ap.add_argument(
+        "--bracket",
+        action="store_true",
+        help="replay a second calibration trace after the evaluation and fit on both "
+        "calibration replays (still out of sample): the engine's speed drifts between "
+        "replays minutes apart on a shared box, and a calibration on both sides of the "
+        "evaluation averages the drift instead of extrapolating it",
+    )
+    ap.add_argument(
         "--trim-stalls",
         action="store_true",
         help="fit without the steps other processes stalled (a loaded box only: on a quiet "
@@ -417,8 +442,11 @@ def main() -> int:
     if not args.from_logs:
         cal = build(out / "calibration.parquet", seed=11, n=args.num_requests, rate=args.rate)
         ev = build(out / "evaluation.parquet", seed=12, n=args.num_requests, rate=args.rate)
+        cal2 = None
+        if args.bracket:
+            cal2 = build(out / "calibration2.parquet", seed=13, n=args.num_requests, rate=args.rate)
         for name in names:
-            serve_policy(name, POLICIES[name], cal, ev, out, common)
+            serve_policy(name, POLICIES[name], cal, ev, out, common, cal2)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
     for name in names:
         result[name] = analyse(

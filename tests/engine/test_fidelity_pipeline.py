@@ -99,3 +99,18 @@ def test_fidelity_analysis_meets_the_target_on_a_known_engine(tmp_path: Path) ->
     old = fidelity.analyse("vllm", {}, tmp_path, COMMON, "context", "calibration", receipt=True)
     # within 1-3% here; the old alignment: TTFT p50 +25%, the issue-17 bias
     assert old["engine_vs_sim"]["ttft"]["p50_rel_err"] > 0.15
+
+
+def test_a_bracketing_calibration_replay_is_fitted_and_not_evaluated(tmp_path: Path) -> None:
+    """--bracket: calibration replays before and after the evaluation; the fit uses both,
+    the comparison only the evaluation's requests (split-{name}.json's line range)."""
+    cal, ev, cal2 = _engine_rows(11), _engine_rows(12), _engine_rows(13)
+    with (tmp_path / "steps-vllm.jsonl").open("w") as fh:
+        for r in cal + ev + cal2:
+            fh.write(json.dumps(r) + "\n")
+    split = {"n_calibration_lines": len(cal), "n_evaluation_end": len(cal) + len(ev)}
+    (tmp_path / "split-vllm.json").write_text(json.dumps(split))
+    got = fidelity.analyse("vllm", {}, tmp_path, COMMON, "context", "calibration")
+    n_steps = sum(r.get("kind") != "request" for r in cal + cal2)
+    assert got["fit"]["n_steps"] == n_steps
+    assert got["within_target"], pd.DataFrame(got["engine_vs_sim"])
