@@ -426,6 +426,45 @@ MAX_STALL_SHARE = 0.05
 """``fit_cost_model(trim_stalls=True)`` leaves out at most this share of the steps."""
 
 
+def step_features(samples: Any) -> Any:
+    """The measured steps as the fit sees them: the engine rows of SAMPLES with a duration
+    and a batch, rows covering several fast-forwarded steps averaged per step. Columns: ``t``
+    (s), ``p`` prefill tokens, ``d`` decodes, ``kv`` resident KV tokens, ``attn`` prefill
+    attention work (``Σ chunk·(ctx + chunk/2)``; 0 without the column): one reading for
+    :func:`fit_cost_model` and for the checks of a fit against the same steps."""
+    import pandas as pd
+
+    df = pd.DataFrame(samples)
+    if "source" in df.columns:
+        df = df[df["source"] == "engine"]
+    need = ["step_duration_s", "prefill_tokens", "decode_tokens"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise CostModelError(f"samples lack column(s) {missing} needed to fit a cost model")
+    df = df.dropna(subset=need)
+    steps = (
+        df["num_steps"].fillna(1).clip(lower=1).to_numpy(float)
+        if "num_steps" in df
+        else np.ones(len(df))
+    )
+    zeros = np.zeros(len(df))
+    return pd.DataFrame(
+        {
+            "t": df["step_duration_s"].to_numpy(float) / steps,
+            "p": df["prefill_tokens"].to_numpy(float) / steps,
+            "d": df["decode_tokens"].to_numpy(float) / steps,
+            "kv": df["kv_used_tokens"].fillna(0).to_numpy(float)
+            if "kv_used_tokens" in df
+            else zeros,
+            "attn": (
+                pd.to_numeric(df["prefill_attn"], errors="coerce").fillna(0).to_numpy(float) / steps
+                if "prefill_attn" in df
+                else zeros
+            ),
+        }
+    )
+
+
 def fit_cost_model(
     samples: Any,
     *,
@@ -460,43 +499,19 @@ def fit_cost_model(
     contention is the machine's normal state, which the fit must keep (TPOT averages it).
     ``extra["trimmed"]`` counts the steps left out.
     """
-    import pandas as pd
     from scipy.optimize import nnls
 
     if kind not in ("affine", "context"):
         raise CostModelError(f"fit kind must be 'affine' or 'context', not {kind!r}")
-    df = pd.DataFrame(samples)
-    if "source" in df.columns:
-        df = df[df["source"] == "engine"]
-    need = ["step_duration_s", "prefill_tokens", "decode_tokens"]
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise CostModelError(f"samples lack column(s) {missing} needed to fit a cost model")
-    df = df.dropna(subset=need)
-    steps = (
-        df["num_steps"].fillna(1).clip(lower=1).to_numpy(float)
-        if "num_steps" in df
-        else np.ones(len(df))
-    )
-    if len(df) < 4:
-        raise CostModelError(f"need at least 4 measured steps to fit, got {len(df)}")
-    t = df["step_duration_s"].to_numpy(float) / steps
-    p = df["prefill_tokens"].to_numpy(float) / steps
-    d = df["decode_tokens"].to_numpy(float) / steps
-    kv = (
-        df["kv_used_tokens"].fillna(0).to_numpy(float)
-        if "kv_used_tokens" in df
-        else np.zeros(len(df))
-    )
+    f = step_features(samples)
+    if len(f) < 4:
+        raise CostModelError(f"need at least 4 measured steps to fit, got {len(f)}")
+    t, p, d, kv = (f[c].to_numpy() for c in ("t", "p", "d", "kv"))
     if kind == "affine":
         X = np.column_stack([np.ones_like(t), p + d, d, kv])
     else:
         w = np.clip(np.log2(np.maximum(d, 1.0)) / math.log2(kv_sat_batch), 0.0, 1.0)
-        attn = (
-            pd.to_numeric(df["prefill_attn"], errors="coerce").fillna(0).to_numpy(float) / steps
-            if "prefill_attn" in df
-            else np.zeros(len(df))
-        )
+        attn = f["attn"].to_numpy()
         has_p = (p > 0).astype(float)
         X = np.column_stack([np.ones_like(t), p + d, d, kv * (1 - w), kv * w, attn, has_p])
         if np.linalg.matrix_rank(X) == np.linalg.matrix_rank(X[:, :-1]):

@@ -148,15 +148,10 @@ def step_residuals(samples: Any, model: Any) -> pd.DataFrame:
 
     SAMPLES are ``adapters.vllm.steplog.step_log_samples`` rows (``step_duration_s`` is the
     step's period, what the model is fitted to)."""
-    df = pd.DataFrame(samples).reset_index(drop=True)
-    p = df["prefill_tokens"].to_numpy(float)
-    d = df["decode_tokens"].to_numpy(float)
-    kv = df["kv_used_tokens"].to_numpy(float)
-    attn = (
-        pd.to_numeric(df["prefill_attn"], errors="coerce").fillna(0).to_numpy(float)
-        if "prefill_attn" in df
-        else np.zeros(len(df))
-    )
+    from harness.engine.costmodel import step_features
+
+    f = step_features(samples)  # the steps as the fit read them
+    p, d, kv, attn = (f[c].to_numpy() for c in ("p", "d", "kv", "attn"))
     if getattr(model, "uses_prefill_attn", False):
         pred = np.array(
             [
@@ -180,7 +175,7 @@ def step_residuals(samples: Any, model: Any) -> pd.DataFrame:
             # Σ chunk·ctx > 0 means some chunk attended to context before it (one token of
             # slack per chunk token absorbs rounding)
             "context": np.where(p > 0, np.where(attn - p * p / 2 > p, "after", "none"), "-"),
-            "real_ms": df["step_duration_s"].to_numpy(float) * 1e3,
+            "real_ms": f["t"].to_numpy() * 1e3,
         }
     )
     out["res_ms"] = out["real_ms"] - pred * 1e3
