@@ -134,15 +134,14 @@ def simulate_split(
             errors[int(rows[j])] = f"{spec.name}: {msg}"
         end = max(end, res.end_s)
         parts.append(res)
+    # token times: handed to the sink (None here), else kept (empty arrays when none)
+    chunk_req = chunk_t = None
+    if chunk_sink is None:
+        chunk_req = np.concatenate(req_parts) if req_parts else np.empty(0, np.int64)
+        chunk_t = np.concatenate(t_parts) if t_parts else np.empty(0)
     merged = merged_result(
-        parts, first, last, out_tokens, status, errors, preempts,
-        np.concatenate(req_parts) if req_parts else None,
-        np.concatenate(t_parts) if t_parts else None,
-        end, wall0,
-    )  # fmt: skip
-    if chunk_sink is not None or not req_parts:
-        merged.chunk_req = np.empty(0, np.int64) if chunk_sink is None else None
-        merged.chunk_t = np.empty(0) if chunk_sink is None else None
+        parts, first, last, out_tokens, status, errors, preempts, chunk_req, chunk_t, end, wall0
+    )
     return merged, parts
 
 

@@ -219,12 +219,11 @@ def decode_run_ends(
         ends: list[float] = []
         step_time = cost_model.step_time
         attn = {"prefill_attn": 0.0} if getattr(cost_model, "uses_prefill_attn", False) else {}
-        acc = 0.0
+        acc = 0.0  # 0.0 + d is d: the same sum as np.cumsum's
         for j in range(k_max):
             if j and ends[-1] >= until:
                 break
-            d = step_time(0, n_decode, kv_read + j * n_decode, **attn)
-            acc = d if j == 0 else acc + d
+            acc += step_time(0, n_decode, kv_read + j * n_decode, **attn)
             ends.append(now + acc)
         return np.array(ends)
     i = np.arange(k_max)

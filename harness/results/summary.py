@@ -491,13 +491,11 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
         pos = chunks.req
     order = group_order(pos, chunks.t)
     del pos  # before the reordered copies: the peak is the log plus the order plus a column
-    if order is None:  # grouped after all (cannot happen here: checked above)
-        return
+    assert order is not None  # not grouped: checked above, on positions ordered as these
     if dense:
         # sorted by id: the reordered ids are each id repeated by its row count (no gather)
-        lo = int(chunks.req.min())
-        counts = np.bincount(chunks.req - lo if lo else chunks.req)
-        chunks.req = np.repeat(np.arange(lo, lo + counts.size, dtype=chunks.req.dtype), counts)
+        counts = np.bincount(chunks.req)
+        chunks.req = np.repeat(np.arange(counts.size, dtype=chunks.req.dtype), counts)
     else:
         chunks.req = chunks.req[order]  # field by field: one old column freed before the next
     chunks.t = chunks.t[order]
