@@ -6,18 +6,27 @@ and chat; continuous usage, final usage only, no usage; its ``malformed`` and ``
 faults), then hand-made edge cases. Every stream is replayed as one read, split at message
 boundaries, at random points and byte by byte; the stamp of a read is its index, so the
 comparison also checks which read each chunk is attributed to.
+
+Both implementations run every test (``scan`` fixture): the pure-Python scan and the C one
+(``harness.loadgen._sse_scan``, skipped only where the extension is not built); a randomized
+test then compares the two directly on mutated real segments.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
-from harness.loadgen import fastsse
+from harness.loadgen import client, fastscan, fastsse
 from harness.loadgen.client import (
     RequestResult,
     _BadPayload,
@@ -26,11 +35,26 @@ from harness.loadgen.client import (
     make_feed,
     reconcile,
 )
-from harness.loadgen.fastscan import scan_openai, split_segment
+from harness.loadgen.fastscan import split_segment
 from harness.loadgen.sse import SSEDecoder
 from harness.server import embedded
 
 pytestmark = pytest.mark.timeout(120)
+
+Scan = Callable[[bytes, float, Any, Any], bool]
+NOT_BUILT = "the C scanner harness.loadgen._sse_scan is not built (no C compiler at install)"
+IMPLS = [
+    pytest.param("py"),
+    pytest.param("c", marks=pytest.mark.skipif(not fastscan.HAVE_C, reason=NOT_BUILT)),
+]
+
+
+@pytest.fixture(params=IMPLS)
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Scan:
+    """The scanner under test, also put where the client's per-read step calls it."""
+    fn = fastscan.scan_openai_c if request.param == "c" else fastscan.scan_openai_py
+    monkeypatch.setattr(client, "scan_openai", fn)
+    return fn
 
 
 def _outcome(res: RequestResult, st: _StreamState, err: str | None) -> dict[str, Any]:
@@ -90,13 +114,13 @@ def _splits(body: bytes, seed: int = 0) -> list[list[bytes]]:
     return out
 
 
-def assert_same(body: bytes, *, scanned: bool | None = None) -> None:
+def assert_same(scan: Scan, body: bytes, *, scanned: bool | None = None) -> None:
     for reads in _splits(body):
         assert _client(reads) == _reference(reads), reads
     if scanned is not None:  # the whole stream as one read: did the fast path take it?
         seg, _ = split_segment(body)
         res, st = RequestResult(0, "r", None, 4, 8), _StreamState()
-        assert scan_openai(seg, 0.0, res, st) is scanned
+        assert scan(seg, 0.0, res, st) is scanned
 
 
 # -- real streams from the built-in server ----------------------------------------------------
@@ -129,7 +153,7 @@ def _body(chat: bool, n: int, usage: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("chat", [False, True])
-async def test_fast_path_equals_json_on_built_in_server_streams(chat: bool) -> None:
+async def test_fast_path_equals_json_on_built_in_server_streams(scan: Scan, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
     async with embedded(policy="vllm") as url:
         for usage in ("continuous", "final", "none"):
@@ -138,18 +162,20 @@ async def test_fast_path_equals_json_on_built_in_server_streams(chat: bool) -> N
                 assert raw.endswith(b"data: [DONE]\n\n")
                 # Continuous usage is the load generator's own request (vllm dialect): it must
                 # be scanned; chat without it starts with an empty role delta (JSON path).
-                assert_same(raw, scanned=True if usage == "continuous" or not chat else None)
+                assert_same(
+                    scan, raw, scanned=True if usage == "continuous" or not chat else None
+                )
                 ref = _reference([raw])
                 assert ref["output_tokens"] == n and ref["finished"] and ref["error"] is None
 
 
-async def test_fast_path_equals_json_on_faulty_built_in_server_streams() -> None:
+async def test_fast_path_equals_json_on_faulty_built_in_server_streams(scan: Scan) -> None:
     for fault in ("malformed=1.0", "drop=1.0"):
         async with embedded(policy="vllm", faults=fault) as url:
             for chat in (False, True):
                 path = "/v1/chat/completions" if chat else "/v1/completions"
                 raw = await _record(url, path, _body(chat, 12, "continuous"), f"f-{chat}")
-                assert_same(raw)
+                assert_same(scan, raw)
                 ref = _reference([raw])
                 if fault.startswith("malformed"):
                     assert ref["error"] and "invalid JSON" in ref["error"]
@@ -157,10 +183,14 @@ async def test_fast_path_equals_json_on_faulty_built_in_server_streams() -> None
                     assert not ref["done"] and not ref["finished"] and ref["error"] is None
 
 
-def test_fast_path_equals_json_on_the_bench_server_stream() -> None:
-    whole = fastsse._State(0.0).whole(100)
-    body = whole[whole.find(b"\r\n\r\n") + 4 :]
-    assert_same(body, scanned=True)
+def _bench_body(n: int) -> bytes:
+    whole = fastsse._State(0.0).whole(n)
+    return whole[whole.find(b"\r\n\r\n") + 4 :]
+
+
+def test_fast_path_equals_json_on_the_bench_server_stream(scan: Scan) -> None:
+    body = _bench_body(100)
+    assert_same(scan, body, scanned=True)
     assert _reference([body])["chunk_tokens"] == [1] * 100
 
 
@@ -307,5 +337,138 @@ EDGE_CASES: dict[str, bytes] = {
 
 
 @pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_fast_path_equals_json_on_edge_cases(name: str) -> None:
-    assert_same(EDGE_CASES[name])
+def test_fast_path_equals_json_on_edge_cases(scan: Scan, name: str) -> None:
+    assert_same(scan, EDGE_CASES[name])
+
+
+# -- the C scanner against the Python one on mutated real segments ------------------------------
+# Bytes and fragments inserted or written over: the keys, digits, separators and message
+# boundaries that every rule of the scan counts, and a count too long for the C code.
+PIECES = [
+    *(bytes([b]) for b in b'"\n\r {}[],:\\019a'),
+    b"\n\n",
+    b"data: {",
+    b"}\n\ndata: {",
+    b"data: [DONE]\n\n",
+    b'"usage"',
+    b'"usage":{',
+    b'"usage":null',
+    b'"choices":[{',
+    b'"choices":[]',
+    b'"finish_reason":',
+    b'"finish_reason":"',
+    b'"finish_reason":null',
+    b'"completion_tokens":',
+    b'"prompt_tokens":',
+    b'"error"',
+    b'"text":"',
+    b'"text":""',
+    b'"delta":{',
+    b'"content":"',
+    b'"content":""',
+    b'"reasoning',
+    b"null",
+    b"007",
+    b"12345678901234567890123",
+]
+
+
+def _mutants(body: bytes, rng: random.Random, count: int) -> list[bytes]:
+    """``count`` copies of ``body`` with 1-3 deletions, insertions or overwrites each, most
+    of them next to a quote, newline, digit or separator."""
+    hot = [i for i, b in enumerate(body) if b in b'"\n:,{}[]0123456789']
+    out = []
+    for _ in range(count):
+        m = bytearray(body)
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.8:
+                pos = rng.choice(hot) + rng.randint(-2, 2)
+            else:
+                pos = rng.randrange(len(m) + 1)
+            pos = max(0, min(len(m), pos))
+            piece = rng.choice(PIECES)
+            op = rng.random()
+            if op < 0.3:
+                del m[pos : pos + rng.randint(1, 4)]
+            elif op < 0.65:
+                m[pos:pos] = piece
+            else:
+                m[pos : pos + len(piece)] = piece
+        out.append(bytes(m))
+    return out
+
+
+def _effects(fn: Scan, seg: bytes, assigned: int, prior: int) -> tuple[Any, ...]:
+    """The verdict of ``fn`` on ``seg`` and everything it did to a request part-way through
+    (``prior`` chunks already counted, ``assigned`` tokens attributed to them)."""
+    res, st = RequestResult(0, "r", None, 4, 8), _StreamState()
+    res.chunk_t.extend([-1.0] * prior)
+    res.chunk_tokens.extend([1] * prior)
+    st.assigned = assigned
+    try:
+        verdict: Any = fn(seg, 7.0, res, st)
+    except Exception as exc:  # the same failure, if any, from both
+        verdict = type(exc)
+    return (
+        verdict,
+        res.chunk_t,
+        res.chunk_tokens,
+        st.text_chunks,
+        st.assigned,
+        st.usage_counted,
+        st.finished_choices,
+        st.final_completion,
+        st.prompt_tokens,
+        st.done,
+    )
+
+
+async def _record_all() -> list[bytes]:
+    out = []
+    async with embedded(policy="vllm") as url:
+        for chat in (False, True):
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            for usage in ("continuous", "final", "none"):
+                out.append(await _record(url, path, _body(chat, 6, usage), f"m-{chat}-{usage}"))
+    return out
+
+
+@pytest.mark.skipif(not fastscan.HAVE_C, reason=NOT_BUILT)
+def test_c_scan_equals_python_scan_on_mutated_segments() -> None:
+    bodies = [*asyncio.run(_record_all()), _bench_body(12), *EDGE_CASES.values()]
+    rng = random.Random(18)
+    verdicts: dict[Any, int] = {}
+    for body in bodies:
+        for mutant in [body, *_mutants(body, rng, 250)]:
+            seg, _ = split_segment(mutant[: rng.randint(len(mutant) // 2, len(mutant))])
+            if not seg:
+                continue
+            assigned, prior = rng.choice([(0, 0), (0, 0), (2, 2), (3, 1), (40, 5)])
+            py = _effects(fastscan.scan_openai_py, seg, assigned, prior)
+            c = _effects(fastscan.scan_openai_c, seg, assigned, prior)
+            assert c == py, seg
+            verdicts[py[0]] = verdicts.get(py[0], 0) + 1
+    # Both verdicts occur many times (the mutations do not only break the shape).
+    assert verdicts.get(True, 0) > 500 and verdicts.get(False, 0) > 500, verdicts
+
+
+@pytest.mark.skipif(not fastscan.HAVE_C, reason=NOT_BUILT)
+def test_c_scan_hands_counts_beyond_64_bits_to_python() -> None:
+    body = b"".join(_msg(_chunk("a", c)) for c in (1, 2)) + DONE
+    big = body.replace(b'"completion_tokens":2', b'"completion_tokens":123456789012345678901')
+    seg, _ = split_segment(big)
+    assert fastscan._sse_scan.scan(seg, 0) is None  # the C code declines to decide
+    py = _effects(fastscan.scan_openai_py, seg, 0, 0)
+    assert py[0] is True and py[7] == 123456789012345678901
+    assert _effects(fastscan.scan_openai_c, seg, 0, 0) == py
+
+
+def test_pure_scan_switch() -> None:
+    """``HARNESS_PURE_SCAN=1`` selects the Python scan; otherwise the C one where built."""
+    code = "from harness.loadgen import fastscan as f; print(f.scan_openai.__name__)"
+    for value, want in (("1", "scan_openai_py"), ("0", None)):
+        env = {**os.environ, "HARNESS_PURE_SCAN": value}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert out == (want or ("scan_openai_c" if fastscan.HAVE_C else "scan_openai_py"))
