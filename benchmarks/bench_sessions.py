@@ -25,10 +25,10 @@ import pyarrow.parquet as pq
 
 from harness.loadgen.bench import fast_server
 from harness.loadgen.replay import ReplayConfig, run_replay_async
-from harness.loadgen.sessions import SessionOptions
 from harness.results import schema
 from harness.results.rundir import read_run
 from harness.workload.session_build import build_session_trace
+from harness.workload.session_options import SessionOptions
 
 
 def measure(url: str, rate: float, duration_s: float, turns: float, think: str | None) -> dict:

@@ -21,11 +21,11 @@ import json
 import time
 from pathlib import Path
 
+from harness.loadgen.prefix_poller import MetricsPoller, hit_shares
 from harness.loadgen.replay import ReplayConfig, run_replay_async
-from harness.loadgen.sessions import SessionOptions
-from harness.results.prefix_hits import MetricsPoller, hit_shares
 from harness.results.rundir import read_run
 from harness.results.sessions import call_metrics
+from harness.workload.session_options import SessionOptions
 
 POLL_S = 0.02
 

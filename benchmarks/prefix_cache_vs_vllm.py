@@ -57,8 +57,9 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.costmodel import CostModel, fit_cost_model
 from harness.engine.prefix_cache import PromptIdentity
+from harness.loadgen.prefix_poller import prefix_counters
 from harness.policies.registry import make_policy
-from harness.results.prefix_hits import hits_by_turn, prefix_counters
+from harness.results.prefix_hits import hits_by_turn
 from harness.server.fidelity import residual_table
 from harness.workload.sessions import Call, Session, compose, sessions_from_frame
 from harness.workload.token_identity import call_identity

@@ -217,8 +217,8 @@ def replay(
     from pydantic import ValidationError
 
     from harness.loadgen.replay import ReplayConfig, default_run_dir, run_replay
-    from harness.loadgen.sessions import session_options
     from harness.results.metrics import parse_goodput
+    from harness.workload.session_options import session_options
 
     if ray is not None:
         from harness.distributed import require_ray

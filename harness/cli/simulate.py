@@ -409,8 +409,8 @@ def _cluster_options(
     from pydantic import ValidationError
 
     from harness.engine.cluster_config import ClusterOptions
-    from harness.loadgen.sessions import session_options
     from harness.routers.registry import parse_router_params
+    from harness.workload.session_options import session_options
 
     if replicas < 1:
         fail(f"--replicas {replicas}: must be >= 1")

@@ -55,10 +55,10 @@ from harness.engine.core import EngineCore, StepOutcome, decode_steps_that_fit
 from harness.engine.costmodel import CostModel
 from harness.engine.simresult import ChunkLog, SimulationStalled, new_samples, no_cyclic_gc
 from harness.engine.vsessions import RELEASE, STEP, Row, SessionDriver
-from harness.loadgen.sessions import SessionOptions
 from harness.policies.base import Policy
 from harness.results import schema
 from harness.routers.base import RouteCall, Router
+from harness.workload.session_options import SessionOptions
 from harness.workload.sessions import Session, sessions_from_frame
 from harness.workload.trace import Trace
 

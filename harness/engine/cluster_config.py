@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.engine.cluster import EngineSpec
 from harness.engine.costmodel import get_cost_model
 from harness.engine.simulate import SimulateConfig, _run_dir, load_trace
-from harness.loadgen.sessions import SessionOptions
 from harness.policies.registry import make_policy
+from harness.workload.session_options import SessionOptions
 from harness.workload.trace import Trace, TraceError
 
 ENGINE_KEYS = frozenset(
@@ -80,7 +80,7 @@ def load_cluster_trace(cfg: SimulateConfig, copts: ClusterOptions) -> Trace:
         return load_trace(cfg)
     from types import SimpleNamespace
 
-    from harness.loadgen.sessions import session_trace
+    from harness.workload.session_options import session_trace
 
     # replay's own builder (same session options, arrivals and seeds as a session replay)
     spec = SimpleNamespace(
@@ -173,10 +173,15 @@ def engine_specs(
 
 
 def run_cluster_simulation(
-    cfg: SimulateConfig, copts: ClusterOptions, trace: Trace | None = None
+    cfg: SimulateConfig,
+    copts: ClusterOptions,
+    trace: Trace | None = None,
+    processes: int | None = None,
 ) -> list[Path]:
     """One cluster run directory per policy of ``cfg`` (all engines without their own policy
-    run it), with summary.json (and its sessions part for a session trace)."""
+    run it), with summary.json (and its sessions part for a session trace). ``processes``:
+    worker processes simulating the engines of a cluster that decomposes (``None``: one per
+    usable core; ``1``: none); the run directories are the same either way."""
     from harness.engine.cluster_run import write_cluster_run
     from harness.results.sessions import add_session_summary
     from harness.results.summary import write_summary
@@ -212,6 +217,7 @@ def run_cluster_simulation(
             options=copts.sessions,
             stop_at_s=cfg.stop_at_s,
             split=True,
+            processes=processes,
         )
         write_summary(run_dir)
         add_session_summary(run_dir)

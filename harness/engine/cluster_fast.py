@@ -54,8 +54,8 @@ from harness.engine.simresult import (
     SimulationStalled,
     no_cyclic_gc,
 )
-from harness.loadgen.sessions import SessionOptions
 from harness.routers.base import RouteCall, Router
+from harness.workload.session_options import SessionOptions
 from harness.workload.trace import Trace
 
 _MAX_STALL = 1000  # simulate_cluster's max_stall_calls default

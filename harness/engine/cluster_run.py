@@ -28,9 +28,10 @@ from harness.engine.cluster_fast import routed_budgets, simulate_routed
 from harness.engine.cluster_split import simulate_split, split_plan
 from harness.engine.simresult import SimResult
 from harness.engine.simulate import _json_safe, chunks_table, requests_table
-from harness.loadgen.sessions import SessionOptions, write_sessions
 from harness.results.prefix_hits import write_prefix_hits
+from harness.results.sessions import write_sessions
 from harness.routers.base import Router
+from harness.workload.session_options import SessionOptions
 from harness.workload.sessions import has_sessions
 from harness.workload.trace import Trace
 
@@ -58,6 +59,7 @@ def write_cluster_run(
     options: SessionOptions | None = None,
     stop_at_s: float | None = None,
     split: bool = False,
+    processes: int | None = None,
 ) -> tuple[Path, ClusterResult | SimResult]:
     """Simulate the cluster and write its run directory (requests, chunks, samples,
     sessions.parquet for a session trace, run.json); returns a :class:`ClusterResult`.
@@ -65,7 +67,9 @@ def write_cluster_run(
     (:func:`~harness.engine.cluster_split.split_plan`) runs as independent engines; one whose
     router reads loads, on a plain trace, runs the event loop over array engines
     (:func:`~harness.engine.cluster_fast.routed_budgets`). Same answers, faster; the result is
-    then the merged :class:`SimResult`."""
+    then the merged :class:`SimResult`. ``processes``: worker processes for a cluster that
+    decomposes (:func:`~harness.engine.cluster_split.simulate_split`: ``None`` one per usable
+    core, ``1`` none); the same run directory either way."""
     from harness.results.rundir import RunWriter
 
     sessions = has_sessions(trace.df)
@@ -111,7 +115,7 @@ def write_cluster_run(
 
             if plan is not None:
                 merged, parts = simulate_split(
-                    trace, engines, plan, stop_at_s=stop_at_s, chunk_sink=sink
+                    trace, engines, plan, stop_at_s=stop_at_s, chunk_sink=sink, processes=processes
                 )
             else:
                 assert budgets is not None

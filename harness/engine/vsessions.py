@@ -46,14 +46,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from harness.loadgen.sessions import (
-    ERROR_ABANDONED,
-    ERROR_CONTEXT,
-    SessionOptions,
-    SessionRecord,
-)
 from harness.results import schema
-from harness.results.sessions import sessions_table
+from harness.results.schema import ERROR_ABANDONED, ERROR_CONTEXT
+from harness.results.sessions import SessionRecord, sessions_table
+from harness.workload.session_options import SessionOptions
 from harness.workload.sessions import Call, Session, format_parents
 from harness.workload.token_identity import call_prompt_len
 

@@ -39,13 +39,9 @@ from harness.loadgen.dispatcher import (
     synthetic_prompt,
 )
 from harness.loadgen.fdlimit import FdBudget, fd_budget
-from harness.loadgen.sessions import (
-    SessionOptions,
-    session_factory,
-    session_run_meta,
-    session_trace,
-)
+from harness.loadgen.sessions import session_factory
 from harness.results.schema import ERROR_CLIENT_LIMIT, FAULTS_FILE, STATUS_PARTIAL
+from harness.workload.session_options import SessionOptions, session_run_meta, session_trace
 from harness.workload.tiers import Tier, TierSpecError, parse_tiers
 from harness.workload.trace import Trace, TraceError
 

@@ -32,10 +32,9 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from harness import clock
 from harness.loadgen.client import RequestResult, encode_body, stream_request
@@ -43,62 +42,10 @@ from harness.loadgen.dialects import Endpoint
 from harness.loadgen.dispatcher import Dispatcher
 from harness.loadgen.sse import DONE
 from harness.results import schema
-from harness.workload.prompts import synthesize_prompt
+from harness.results.sessions import SessionRecord, sessions_table, write_sessions
+from harness.workload.prompts import synthesize_prompt, words
+from harness.workload.session_options import SessionOptions, is_session_run
 from harness.workload.sessions import Call, Session, compose, format_parents
-
-ERROR_ABANDONED = "abandoned"  # the user gave up: no first chunk within patience
-ERROR_CONTEXT = "context_overflow"  # history + output would exceed the model's context
-
-
-class SessionOptions(BaseModel):
-    """Session replay knobs (``harness replay --session-rate ...``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    session_rate: float | None = Field(
-        None, gt=0, description="sessions/s (open loop); None = the trace's own arrivals"
-    )
-    num_sessions: int | None = Field(None, ge=1, description="replay at most this many sessions")
-    max_active_sessions: int | None = Field(None, ge=1, description="cap on sessions in progress")
-    history: Literal["trace", "reply"] = Field(
-        "trace", description="history text: the trace's replies, or the server's real ones"
-    )
-    think_time: str | None = Field(
-        None, description="think time between calls: S, exp:MEAN, lognormal:MED:SIGMA, ..."
-    )
-    patience_s: float | None = Field(None, gt=0, description="abandon when TTFT exceeds this, s")
-    max_retries: int = Field(0, ge=0, description="re-sends of a failed call")
-    retry_backoff_s: float = Field(1.0, ge=0, description="first retry delay, doubled per retry")
-    max_context: int | None = Field(
-        None, ge=1, description="model context, tokens (None: from /v1/models max_model_len)"
-    )
-    call_overhead_s: float = Field(
-        0.0,
-        ge=0,
-        allow_inf_nan=False,
-        description="simulation only: s from a call's release to its arrival at the engine "
-        "(the client and API server's share of a call's path, which a simulated engine "
-        "otherwise gets at once; a replay measures it)",
-    )
-
-
-@dataclass
-class SessionRecord:
-    """One sessions.parquet row (absolute clock times until written)."""
-
-    session_id: str
-    tier: str | None
-    calls_planned: int
-    target: float
-    start: float = math.nan
-    end: float = math.nan
-    calls_sent: int = 0
-    calls_done: int = 0
-    calls_failed: int = 0
-    retries: int = 0
-    abandoned: bool = False
-    end_reason: str = "not_started"
-    errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,12 +55,6 @@ class _CallState:
     end: float = math.nan
     reply_text: str | None = None
     output_tokens: int = 0
-
-
-def words(text: str) -> int:
-    """Token hint for a piece of text: its words (exact for synthesised prompts on the built-in
-    engine, which counts one token per word; a hint for real engines, which report usage)."""
-    return max(1, len(text.split()))
 
 
 def _reply_texts(payloads: list[bytes], out: list[str]) -> None:
@@ -305,28 +246,28 @@ class SessionDispatcher(Dispatcher):
             ctx = self.max_context
             if ctx is not None and plen + c.output_len > ctx:
                 res.fail(
-                    ERROR_CONTEXT,
+                    schema.ERROR_CONTEXT,
                     f"history {plen} + output {c.output_len} tokens exceed the model's context "
                     f"of {ctx} ({self.max_context_from})",
                 )
                 res.prompt_tokens = plen
                 res.output_tokens = 0
                 self._finish(res, st, rec)
-                rec.end_reason = ERROR_CONTEXT
+                rec.end_reason = schema.ERROR_CONTEXT
                 return
             captured: list[str] = []
             await self._send(s, c, prompt, res, captured, messages)
             if res.error_kind == schema.ERROR_REJECTED and "context length" in (res.error or ""):
                 # the engine's own check (vLLM: "maximum context length is N tokens")
-                res.error_kind = ERROR_CONTEXT
+                res.error_kind = schema.ERROR_CONTEXT
                 self._finish(res, st, rec)
-                rec.end_reason = ERROR_CONTEXT
+                rec.end_reason = schema.ERROR_CONTEXT
                 return
             if res.success:
                 st.reply_text = "".join(captured)
                 st.output_tokens = res.output_tokens or 0
             self._finish(res, st, rec)
-            if res.success or res.error_kind in (ERROR_ABANDONED, schema.ERROR_CANCELLED):
+            if res.success or res.error_kind in (schema.ERROR_ABANDONED, schema.ERROR_CANCELLED):
                 return
             if attempt >= opts.max_retries:
                 return
@@ -413,11 +354,12 @@ class SessionDispatcher(Dispatcher):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             res.fail(
-                ERROR_ABANDONED, f"no first token within the user's patience of {patience:g} s"
+                schema.ERROR_ABANDONED,
+                f"no first token within the user's patience of {patience:g} s",
             )
             rec = self.records[s.session_id]
             rec.abandoned = True
-            rec.end_reason = ERROR_ABANDONED
+            rec.end_reason = schema.ERROR_ABANDONED
         except asyncio.CancelledError:
             if task is not None:
                 task.cancel()
@@ -440,8 +382,6 @@ class SessionDispatcher(Dispatcher):
 
     def sessions_table(self) -> pa.Table:
         """The sessions table on the run clock (``t0`` = 0)."""
-        from harness.results.sessions import sessions_table
-
         return sessions_table(self.records.values(), self.t0)
 
     async def run(self, t0: float) -> Any:
@@ -453,69 +393,7 @@ class SessionDispatcher(Dispatcher):
                 write_sessions(self.run_dir, self.sessions_table())
 
 
-def write_sessions(run_dir: Path, tbl: pa.Table) -> Path:
-    """Atomically write ``sessions.parquet`` (tmp + rename)."""
-    import os
-
-    import pyarrow.parquet as pq
-
-    path = Path(run_dir) / schema.SESSIONS_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(tbl, tmp)
-    os.replace(tmp, path)
-    return path
-
-
-# -- hooks for harness.loadgen.replay (kept here so replay.py only calls three functions) ----
-def is_session_run(cfg: Any, trace: Any = None) -> bool:
-    """A session run: session options given, a session source named, or session columns."""
-    from harness.workload.sources.conversations import is_session_source
-
-    if getattr(cfg, "sessions", None) is not None or is_session_source(cfg.trace):
-        return True
-    return trace is not None and "session_id" in trace.df.columns
-
-
-def session_trace(cfg: Any, tiers: list[Any] | None) -> Any:
-    """The session Trace for ``cfg`` (None when ``cfg`` is not a session run)."""
-    if not is_session_run(cfg):
-        return None
-    from harness.workload.session_build import build_session_trace
-
-    opts = cfg.sessions or SessionOptions()
-    arrival = "poisson" if cfg.arrival == "trace" else cfg.arrival
-    return build_session_trace(
-        cfg.trace,
-        num_sessions=opts.num_sessions or cfg.num_requests,
-        session_rate=opts.session_rate if opts.session_rate is not None else cfg.rate,
-        arrival=arrival,
-        burstiness=cfg.burstiness,
-        tiers=tiers,
-        seed=cfg.seed,
-        think_time=opts.think_time,
-        **cfg.trace_options,
-    )
-
-
-def session_run_meta(cfg: Any, trace: Any) -> dict[str, Any]:
-    """run.json keys of a session run (``sessions``: options, counts, source notes); {} else."""
-    if not is_session_run(cfg, trace):
-        return {}
-    from harness.workload.sessions import sessions_from_frame
-
-    opts = cfg.sessions or SessionOptions()
-    n = len(sessions_from_frame(trace.df))
-    info: dict[str, Any] = {
-        "options": opts.model_dump(mode="json"),
-        "num_sessions": n,
-        "num_calls": len(trace),
-    }
-    for key in ("sharegpt", "lmsys", "fallback", "agent_graph", "profile"):
-        if key in trace.meta:
-            info[key] = trace.meta[key]
-    return {"sessions": info}
-
-
+# -- the live side of a session replay (harness.loadgen.replay) --------------------------------
 def session_factory(cfg: Any, trace: Any, run_dir: Path, max_model_len: int | None = None) -> Any:
     """A callable with :func:`harness.loadgen.workers.make_dispatcher`'s signature that builds
     a :class:`SessionDispatcher` (one process: a session's calls stay one unit), or None.
@@ -544,15 +422,3 @@ def session_factory(cfg: Any, trace: Any, run_dir: Path, max_model_len: int | No
         )
 
     return make
-
-
-def session_options(trace: str, **given: Any) -> SessionOptions | None:
-    """CLI flags -> :class:`SessionOptions`; None when none is set and ``trace`` is not a
-    session source (a plain replay stays exactly as before). Raises pydantic's
-    ``ValidationError`` for bad values (the CLI prints one line)."""
-    from harness.workload.sources.conversations import is_session_source
-
-    set_ = {k: v for k, v in given.items() if v is not None}
-    if not set_ and not is_session_source(trace):
-        return None
-    return SessionOptions(**set_)

@@ -43,6 +43,9 @@ ERROR_REJECTED = "rejected"  # refused by the engine before running (e.g. longer
 ERROR_CANCELLED = "cancelled"  # still in flight when the run was stopped (Ctrl-C / duration)
 # not sent: the client's open-file budget was used up by requests in flight (ulimit -n)
 ERROR_CLIENT_LIMIT = "client_limit"
+# session calls (harness.loadgen.sessions, harness.engine.vsessions)
+ERROR_ABANDONED = "abandoned"  # the user gave up: no first chunk within patience
+ERROR_CONTEXT = "context_overflow"  # history + output would exceed the model's context
 ERROR_KINDS = (
     ERROR_CONNECT,
     ERROR_HTTP,
@@ -53,6 +56,8 @@ ERROR_KINDS = (
     ERROR_REJECTED,
     ERROR_CANCELLED,
     ERROR_CLIENT_LIMIT,
+    ERROR_ABANDONED,
+    ERROR_CONTEXT,
 )
 
 REQUESTS = pa.schema(

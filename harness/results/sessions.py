@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,38 @@ def read_sessions(run_dir: Path | str) -> pd.DataFrame | None:
     return pq.read_table(path, schema=schema.SESSIONS).to_pandas()
 
 
+@dataclass
+class SessionRecord:
+    """One sessions.parquet row (absolute clock times until written); the live session
+    dispatcher and sessions in virtual time keep one per session."""
+
+    session_id: str
+    tier: str | None
+    calls_planned: int
+    target: float
+    start: float = math.nan
+    end: float = math.nan
+    calls_sent: int = 0
+    calls_done: int = 0
+    calls_failed: int = 0
+    retries: int = 0
+    abandoned: bool = False
+    end_reason: str = "not_started"
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def write_sessions(run_dir: Path, tbl: pa.Table) -> Path:
+    """Atomically write ``sessions.parquet`` (tmp + rename)."""
+    path = Path(run_dir) / schema.SESSIONS_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(tbl, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def sessions_table(records: Iterable[Any], t0: float = 0.0) -> pa.Table:
     """``sessions.parquet`` rows from session records
-    (:class:`harness.loadgen.sessions.SessionRecord`): the live replay's on the absolute clock
+    (:class:`SessionRecord`): the live replay's on the absolute clock
     (``t0`` = the run's start), the simulator's already on the run clock (``t0`` = 0)."""
     rows = [
         {

@@ -9,7 +9,7 @@ words are cut to the hint, or padded with tokens no other request has.
 
 ``/metrics`` exports the engine's hit counters under vLLM's names
 (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``), so
-:class:`harness.results.prefix_hits.MetricsPoller` reads the built-in server as it reads vLLM.
+:class:`harness.loadgen.prefix_poller.MetricsPoller` reads the built-in server as it reads vLLM.
 """
 
 from __future__ import annotations

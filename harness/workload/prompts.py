@@ -174,6 +174,12 @@ def load_tokenizer(spec: str) -> TokenCounter:
         ) from None
 
 
+def words(text: str) -> int:
+    """Token hint for a piece of text: its words (exact for synthesised prompts on the built-in
+    engine, which counts one token per word; a hint for real engines, which report usage)."""
+    return max(1, len(text.split()))
+
+
 def approx_tokens(text: str) -> int:
     """Token count without a tokenizer: UTF-8 bytes / 4, rounded up (OpenAI's rule of thumb
     of ~4 characters per token for English; CJK text counts ~0.75 token per character)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness.engine.prefix_cache import PromptIdentity
-from harness.loadgen.sessions import words
+from harness.workload.prompts import words
 from harness.workload.sessions import Call, Session, compose, sessions_from_frame
 
 if TYPE_CHECKING:

@@ -227,6 +227,6 @@ def test_array_engines_only_where_exact() -> None:
     assert routed_budgets(trace, engines(2), lot, None, None) is not None
     assert routed_budgets(trace, engines(2), lot, None, 1.0) is None  # a stop time
     assert routed_budgets(trace, engines(2, policy="wait"), lot, None, None) is None
-    from harness.loadgen.sessions import SessionOptions
+    from harness.workload.session_options import SessionOptions
 
     assert routed_budgets(trace, engines(2), lot, SessionOptions(max_retries=1), None) is None

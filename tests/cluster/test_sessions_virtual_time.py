@@ -11,11 +11,12 @@ from typer.testing import CliRunner
 from harness.cli.main import app
 from harness.engine.cluster import simulate_cluster
 from harness.loadgen.replay import ReplayConfig
-from harness.loadgen.sessions import ERROR_ABANDONED, SessionOptions
 from harness.results import schema
+from harness.results.schema import ERROR_ABANDONED
 from harness.routers import make_router
 from harness.workload.build import save_trace
 from harness.workload.session_build import build_session_trace
+from harness.workload.session_options import SessionOptions
 from harness.workload.trace import Trace
 
 from .conftest import engines, session_trace

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 
 from harness.engine.cluster_run import write_cluster_run
 from harness.loadgen.replay import ReplayConfig, run_replay_async
-from harness.loadgen.sessions import SessionOptions
 from harness.results import schema
 from harness.server.embed import embedded
 from harness.workload.session_build import build_session_trace
+from harness.workload.session_options import SessionOptions
 
 from .conftest import engines
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from server_testlib import TEST_POLICY
 
-from harness.results.prefix_hits import prefix_counters
+from harness.loadgen.prefix_poller import prefix_counters
 from harness.server import embedded
 
 pytestmark = pytest.mark.timeout(60)

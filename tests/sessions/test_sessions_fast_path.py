@@ -14,8 +14,8 @@ from echo import EchoServer, start_echo
 import harness.loadgen.sessions as ls
 from harness.loadgen.client import interpret_openai
 from harness.loadgen.replay import ReplayConfig, run_replay_async
-from harness.loadgen.sessions import SessionOptions
 from harness.results.rundir import read_run
+from harness.workload.session_options import SessionOptions
 from harness.workload.tiers import default_tiers
 from harness.workload.trace import Trace
 

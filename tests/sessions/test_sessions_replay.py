@@ -13,9 +13,9 @@ import pytest
 from echo import EchoServer, start_echo
 
 from harness.loadgen.replay import ReplayConfig, run_replay_async
-from harness.loadgen.sessions import SessionOptions
 from harness.results import schema
 from harness.results.rundir import read_run
+from harness.workload.session_options import SessionOptions
 from harness.workload.sessions import SEPARATOR
 from harness.workload.tiers import default_tiers
 from harness.workload.trace import Trace

