@@ -92,5 +92,10 @@ class Trace:
         h = hashlib.sha256()
         for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
             h.update(col.encode())
-            h.update(pd.util.hash_pandas_object(self.df[col].astype(str), index=False).values)
+            values = self.df[col]
+            if values.dtype == np.float64:  # str() of each float, as astype(str), ~3x faster
+                values = pd.Series(list(map(str, values.tolist())), dtype=object)
+            else:
+                values = values.astype(str)
+            h.update(pd.util.hash_pandas_object(values, index=False).values)
         return h.hexdigest()

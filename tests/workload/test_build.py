@@ -201,3 +201,23 @@ def test_trace_arrival_with_rate_is_refused(tmp_path: Path) -> None:
     f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n")
     with pytest.raises(TraceError, match="drop the rate"):
         build_trace(str(f), arrival="trace", rate=2.0)
+
+
+def test_content_hash_is_the_string_hash_of_every_column() -> None:
+    """The hash frozen traces were saved with: sha256 over pandas' hash of each column's
+    ``astype(str)`` (the float column takes a faster route to the same strings)."""
+    import hashlib
+
+    import pandas as pd
+
+    from harness.workload.trace import Trace
+
+    t = build_trace("synthetic", num_requests=50, rate=5.0, seed=3, quiet=True)
+    df = t.df.copy()
+    df.loc[0:6, "arrival_s"] = [np.nan, -0.0, 1e-5, 1e20, 123456789.123456789, np.inf, 0.1 + 0.2]
+    t = Trace(df, t.tiers, {})
+    h = hashlib.sha256()
+    for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
+        h.update(col.encode())
+        h.update(pd.util.hash_pandas_object(df[col].astype(str), index=False).values)
+    assert t.content_hash() == h.hexdigest()
