@@ -162,9 +162,7 @@ async def test_fast_path_equals_json_on_built_in_server_streams(scan: Scan, chat
                 assert raw.endswith(b"data: [DONE]\n\n")
                 # Continuous usage is the load generator's own request (vllm dialect): it must
                 # be scanned; chat without it starts with an empty role delta (JSON path).
-                assert_same(
-                    scan, raw, scanned=True if usage == "continuous" or not chat else None
-                )
+                assert_same(scan, raw, scanned=True if usage == "continuous" or not chat else None)
                 ref = _reference([raw])
                 assert ref["output_tokens"] == n and ref["finished"] and ref["error"] is None
 
@@ -373,6 +371,17 @@ PIECES = [
 ]
 
 
+# A key's tail written after a quote overlaps the key: `"text":"text":"` holds one
+# `"text":"` for bytes.count, which the scan's counts follow (non-overlapping).
+OVERLAPS = [b'usage"', b'usage":null', b'text":"', b'content":"', b'finish_reason":"']
+
+
+def _overlapped(body: bytes) -> list[bytes]:
+    """``body`` with each of OVERLAPS inserted after each of its quotes, one at a time."""
+    quotes = [i + 1 for i, b in enumerate(body) if b == ord('"')]
+    return [body[:i] + piece + body[i:] for i in quotes for piece in OVERLAPS]
+
+
 def _mutants(body: bytes, rng: random.Random, count: int) -> list[bytes]:
     """``count`` copies of ``body`` with 1-3 deletions, insertions or overwrites each, most
     of them next to a quote, newline, digit or separator."""
@@ -450,6 +459,11 @@ def test_c_scan_equals_python_scan_on_mutated_segments() -> None:
             verdicts[py[0]] = verdicts.get(py[0], 0) + 1
     # Both verdicts occur many times (the mutations do not only break the shape).
     assert verdicts.get(True, 0) > 500 and verdicts.get(False, 0) > 500, verdicts
+    for body in bodies[:6]:  # one short stream of each kind from the built-in server
+        for mutant in _overlapped(body):
+            seg, _ = split_segment(mutant)
+            py = _effects(fastscan.scan_openai_py, seg, 0, 0)
+            assert _effects(fastscan.scan_openai_c, seg, 0, 0) == py, seg
 
 
 @pytest.mark.skipif(not fastscan.HAVE_C, reason=NOT_BUILT)
