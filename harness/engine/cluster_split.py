@@ -14,12 +14,34 @@ budget rule). That holds, exactly, when
 
 Same answers as the event loop (a test); results come back as one request table and per-engine
 telemetry, ready for :func:`harness.engine.cluster_run.write_cluster_run`.
+
+In parallel: engines that never interact can be simulated at once, so on Linux the engines
+are dealt (by rows) to forked worker processes, one per usable core by default. Fork, not
+spawn: the workers start with the trace and engine specs already in memory, and nothing the
+caller runs at that point holds a lock they need (``harness simulate`` has no event loop or
+writer thread then; the workers touch only numpy, pandas and the kernels, which draw no
+global random state). A worker writes each engine's token-time flushes, then its pickled
+result (or exception), into an anonymous memory file of that engine and sends 24 bytes down a
+pipe, so it never waits for the parent; the parent takes the engines in index order, replays
+each engine's flushes into the chunk sink exactly as the serial loop would have made them,
+and frees the engine's file. Results, run directories and errors are the serial path's (the
+tests); the parent holds one engine's token times at a time, not the cluster's. A worker's
+exception is raised in the parent after that engine's earlier flushes; the parent's error
+or Ctrl-C kills the workers (and a worker dies with its parent).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import pickle
+import signal
+import struct
+import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,8 +50,8 @@ import numpy as np
 from harness.engine.cluster import EngineSpec
 from harness.engine.simresult import SimResult
 from harness.engine.simulate import simulate
-from harness.loadgen.sessions import SessionOptions
 from harness.routers.base import RouteCall, Router
+from harness.workload.session_options import SessionOptions
 from harness.workload.trace import Trace
 
 
@@ -93,8 +115,14 @@ def simulate_split(
     *,
     stop_at_s: float | None = None,
     chunk_sink: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    processes: int | None = None,
 ) -> tuple[SimResult, list[SimResult]]:
-    """Each engine alone on its rows; the merged result (trace rows) and the engines' own."""
+    """Each engine alone on its rows; the merged result (trace rows) and the engines' own.
+
+    ``processes``: worker processes that simulate the engines (``None``: one per usable core,
+    at most one per engine with calls; ``1``: all here, one after another). The results and
+    the token-time stream handed to ``chunk_sink`` (engine 0's flushes, then engine 1's, ...)
+    are the same either way (module docstring, "In parallel")."""
     wall0 = time.perf_counter()
     n = len(trace)
     first = np.full(n, np.nan)
@@ -107,33 +135,37 @@ def simulate_split(
     req_parts: list[np.ndarray] = []
     t_parts: list[np.ndarray] = []
     end = 0.0
-    for i, spec in enumerate(engines):
-        rows = np.flatnonzero(plan == i)
-        if len(rows) == 0:
-            parts.append(_empty(spec))
-            continue
-        sub = Trace(trace.df.iloc[rows].reset_index(drop=True), trace.tiers, dict(trace.meta))
+    rows_of = [np.flatnonzero(plan == i) for i in range(len(engines))]
+    workers = split_workers(processes, sum(1 for r in rows_of if len(r)))
+    pool = _Workers(trace, engines, rows_of, stop_at_s, workers) if workers > 1 else None
+    with pool if pool is not None else contextlib.nullcontext():
+        for i, spec in enumerate(engines):
+            rows = rows_of[i]
+            if len(rows) == 0:
+                parts.append(_empty(spec))
+                continue
 
-        def sink(req: np.ndarray, t: np.ndarray, rows: np.ndarray = rows) -> None:
-            g = rows[req]
-            if chunk_sink is not None:
-                chunk_sink(g, t)
+            def sink(req: np.ndarray, t: np.ndarray, rows: np.ndarray = rows) -> None:
+                g = rows[req]
+                if chunk_sink is not None:
+                    chunk_sink(g, t)
+                else:
+                    req_parts.append(g)
+                    t_parts.append(t)
+
+            if pool is not None:
+                res = pool.result(i, sink)
             else:
-                req_parts.append(g)
-                t_parts.append(t)
-
-        res = simulate(
-            sub, spec.policy, spec.cost_model, spec.config, stop_at_s=stop_at_s, chunk_sink=sink
-        )
-        first[rows] = res.first_s
-        last[rows] = res.last_s
-        out_tokens[rows] = res.out_tokens
-        status[rows] = res.status
-        preempts[rows] = res.preemptions
-        for j, msg in res.errors.items():
-            errors[int(rows[j])] = f"{spec.name}: {msg}"
-        end = max(end, res.end_s)
-        parts.append(res)
+                res = _simulate_engine(trace, spec, rows, stop_at_s, sink)
+            first[rows] = res.first_s
+            last[rows] = res.last_s
+            out_tokens[rows] = res.out_tokens
+            status[rows] = res.status
+            preempts[rows] = res.preemptions
+            for j, msg in res.errors.items():
+                errors[int(rows[j])] = f"{spec.name}: {msg}"
+            end = max(end, res.end_s)
+            parts.append(res)
     # token times: handed to the sink (None here), else kept (empty arrays when none)
     chunk_req = chunk_t = None
     if chunk_sink is None:
@@ -143,6 +175,250 @@ def simulate_split(
         parts, first, last, out_tokens, status, errors, preempts, chunk_req, chunk_t, end, wall0
     )
     return merged, parts
+
+
+def split_workers(processes: int | None, busy: int) -> int:
+    """Worker processes for ``busy`` engines with calls: ``processes`` (``None``: the usable
+    cores), at most one per engine; 1 (simulate here) where fork is not available."""
+    if processes is not None and processes < 1:
+        raise ValueError(f"processes must be >= 1 (or None for one per core), not {processes}")
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return 1
+    want = len(os.sched_getaffinity(0)) if processes is None else processes
+    return max(1, min(want, busy))
+
+
+def _simulate_engine(
+    trace: Trace,
+    spec: EngineSpec,
+    rows: np.ndarray,
+    stop_at_s: float | None,
+    sink: Callable[[np.ndarray, np.ndarray], None],
+) -> SimResult:
+    """One engine alone on its trace rows (``sink`` gets its token times, local rows)."""
+    sub = Trace(trace.df.iloc[rows].reset_index(drop=True), trace.tiers, dict(trace.meta))
+    return simulate(
+        sub, spec.policy, spec.cost_model, spec.config, stop_at_s=stop_at_s, chunk_sink=sink
+    )
+
+
+def _balance(rows_of: Sequence[np.ndarray], workers: int) -> list[list[int]]:
+    """Engines with calls dealt to ``workers`` by rows, largest first to the least loaded
+    (greedy); each worker's engines in index order, the order the parent consumes them."""
+    load = [0] * workers
+    mine: list[list[int]] = [[] for _ in range(workers)]
+    busy = [i for i, r in enumerate(rows_of) if len(r)]
+    for i in sorted(busy, key=lambda i: (-len(rows_of[i]), i)):
+        w = min(range(workers), key=lambda w: (load[w], w))
+        mine[w].append(i)
+        load[w] += len(rows_of[i])
+    return [sorted(m) for m in mine if m]
+
+
+_HEADER = struct.Struct("<qqq")  # engine index, offset and size of its pickled outcome
+
+
+def _pwrite(fd: int, buf: Any, off: int) -> int:
+    """Write all of ``buf`` (bytes or a contiguous array) at ``off``; returns the end offset."""
+    mv = memoryview(buf).cast("B")
+    while mv:
+        k = os.pwrite(fd, mv, off)
+        mv, off = mv[k:], off + k
+    return off
+
+
+def _pread(fd: int, buf: Any, off: int) -> None:
+    """Fill ``buf`` (bytearray or contiguous array) from ``off``."""
+    mv = memoryview(buf).cast("B")
+    while mv:
+        k = os.preadv(fd, [mv], off)
+        if k == 0:
+            raise EOFError("simulation worker's file ended early")
+        mv, off = mv[k:], off + k
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    """``size`` bytes from a pipe, or fewer at EOF (the writer exited)."""
+    got = b""
+    while len(got) < size:
+        b = os.read(fd, size - len(got))
+        if not b:
+            break
+        got += b
+    return got
+
+
+def _memfile(name: str) -> int:
+    """A file descriptor of an anonymous file (memory, no path: nothing to clean up)."""
+    try:
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        with tempfile.TemporaryFile(prefix=name) as f:  # unlinked at once
+            return os.dup(f.fileno())
+
+
+class _Workers:
+    """Forked workers that simulate engines (module docstring, "In parallel").
+
+    Each engine's token-time flushes and then its pickled outcome (result or exception, with
+    the flushes' places) go into an anonymous file of that engine; the worker then writes a
+    24-byte header to its pipe, so it never waits for the parent. The parent takes engines in
+    index order (:meth:`result`): it reads the header from the engine's worker, replays the
+    flushes into the engine's sink, and returns the result or raises the exception.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        engines: Sequence[EngineSpec],
+        rows_of: Sequence[np.ndarray],
+        stop_at_s: float | None,
+        workers: int,
+    ) -> None:
+        self.trace = trace
+        self.engines = engines
+        self.rows_of = rows_of
+        self.stop_at_s = stop_at_s
+        self.groups = _balance(rows_of, workers)
+        self.owner = {i: w for w, m in enumerate(self.groups) for i in m}
+        self.files: dict[int, int] = {}
+        self.pids: list[int | None] = []
+        self.pipes: list[int] = []
+
+    def __enter__(self) -> _Workers:
+        try:
+            for i in self.owner:
+                self.files[i] = _memfile(f"harness-split-{i}")
+            sys.stdout.flush()  # a child must not inherit (and flush again) buffered output
+            sys.stderr.flush()
+            parent = os.getpid()
+            for m in self.groups:
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the worker: never returns into the caller's code
+                    code = 1
+                    try:
+                        os.close(r)
+                        _worker_setup(parent)
+                        self._work(m, w)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                os.close(w)
+                self.pids.append(pid)
+                self.pipes.append(r)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the workers that still run (an error or Ctrl-C here), reap all, free files."""
+        live = [p for p in self.pids if p is not None]
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in live:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        for fd in [*self.pipes, *self.files.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pids, self.pipes, self.files = [], [], {}
+
+    def _work(self, mine: list[int], pipe: int) -> None:
+        """In the worker: simulate ``mine`` in order; stop after an engine that raised."""
+        for i, fd in list(self.files.items()):
+            if i not in mine:
+                os.close(fd)
+        for i in mine:
+            fd = self.files.pop(i)
+            ok, blob, off = self._one(i, fd)
+            _pwrite(fd, blob, off)
+            os.close(fd)
+            os.write(pipe, _HEADER.pack(i, off, len(blob)))
+            if not ok:
+                return
+
+    def _one(self, i: int, fd: int) -> tuple[bool, bytes, int]:
+        """In the worker: engine ``i`` simulated, its flushes written to ``fd``; whether it
+        succeeded, its pickled outcome and where that goes (after the flushes)."""
+        off = 0
+        flushes: list[tuple[int, int, str, str]] = []
+
+        def sink(req: np.ndarray, t: np.ndarray) -> None:
+            nonlocal off
+            req, t = np.ascontiguousarray(req), np.ascontiguousarray(t)
+            flushes.append((off, len(req), req.dtype.str, t.dtype.str))
+            off = _pwrite(fd, t, _pwrite(fd, req, off))
+
+        try:
+            res = _simulate_engine(
+                self.trace, self.engines[i], self.rows_of[i], self.stop_at_s, sink
+            )
+            outcome: tuple[Any, ...] = (True, res, flushes, "")
+        except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+            outcome = (False, _portable(e), flushes, traceback.format_exc())
+        return outcome[0], pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), off
+
+    def result(self, i: int, sink: Callable[[np.ndarray, np.ndarray], None]) -> SimResult:
+        """Engine ``i``'s result once its worker is done with it; its token times go to
+        ``sink`` first, in the flushes the engine made (serial order). A worker's exception
+        is raised here, after the flushes it made before it (as the serial path does)."""
+        w = self.owner[i]
+        head = _read_exact(self.pipes[w], _HEADER.size)
+        if len(head) < _HEADER.size:
+            _, st = os.waitpid(self.pids[w], 0)
+            self.pids[w] = None  # reaped: close() must not signal a reused pid
+            raise RuntimeError(
+                f"the worker process simulating engine {self.engines[i].name} ended without "
+                f"a result (wait status {st})"
+            )
+        j, off, size = _HEADER.unpack(head)
+        assert j == i, (j, i)  # a worker takes its engines in index order, as we do
+        fd = self.files.pop(i)
+        try:
+            blob = bytearray(size)
+            _pread(fd, blob, off)
+            ok, payload, flushes, tb = pickle.loads(blob)
+            del blob
+            for o, k, dr, dt in flushes:
+                req = np.empty(k, np.dtype(dr))
+                t = np.empty(k, np.dtype(dt))
+                _pread(fd, req, o)
+                _pread(fd, t, o + req.nbytes)
+                sink(req, t)
+        finally:
+            os.close(fd)
+        if not ok:
+            if tb:
+                payload.add_note(f"(in the worker process simulating {self.engines[i].name})\n{tb}")
+            raise payload
+        return payload
+
+
+def _worker_setup(parent: int) -> None:
+    """A worker dies with its parent (SIGKILL on the parent's exit) and leaves Ctrl-C to it
+    (the parent stops the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling, else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 def is_plain(engines: Sequence[EngineSpec], trace: Trace, options: SessionOptions | None) -> bool:
@@ -218,4 +494,4 @@ def _empty(spec: EngineSpec) -> SimResult:
     )
 
 
-__all__ = ["simulate_split", "split_plan"]
+__all__ = ["simulate_split", "split_plan", "split_workers"]
