@@ -17,12 +17,12 @@ parts of each table are streamed into one ``<table>.parquet`` file (written as .
 renamed), and only then the parts folder is removed. So a finished run has exactly the
 single-file layout of ``schema.py``; a SIGKILLed one keeps its parts folders and
 ``status: running`` (a simulator's writer, ``stream_chunks=True``, appends its chunk rows
-to one open ``chunks.parquet.tmp`` instead, which a SIGKILL leaves unreadable: simulations
-are reproducible). :func:`read_run` reads either: the single file when present (a crash
-between the rename and the cleanup leaves a complete file plus stale parts, which are
-ignored), else the sorted parts. Status in run.json: ``running`` → ``complete`` |
-``partial``; :attr:`Run.status` reports a ``running`` run that nobody is writing as
-``partial``.
+to one open ``chunks.parquet.tmp`` instead, on a thread of its own while the simulation goes
+on, which a SIGKILL leaves unreadable: simulations are reproducible). :func:`read_run` reads
+either: the single file when present (a crash between the rename and the cleanup leaves a
+complete file plus stale parts, which are ignored), else the sorted parts. Status in
+run.json: ``running`` → ``complete`` | ``partial``; :attr:`Run.status` reports a ``running``
+run that nobody is writing as ``partial``.
 
 Flushing: rows are buffered in memory and a table is written out as one part when its buffer
 holds ``flush_rows`` rows, when ``flush_interval_s`` has passed since the last flush (checked
@@ -40,6 +40,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -121,6 +122,10 @@ class _TableSink:
         # stream: flushes append row groups to one open file instead of closed parts
         self.stream = stream
         self._writer: pq.ParquetWriter | None = None
+        # stream: the row group being written on the sink's own thread (Arrow encodes and
+        # compresses without the GIL, so the producer - a simulator - goes on meanwhile)
+        self._pending: tuple[Future[None], pa.Table] | None = None
+        self._io: ThreadPoolExecutor | None = None
         # Other writers of the same run (load-generator worker processes) use their own
         # prefix, ``part-wNNN-``; finalize merges every ``part-*`` file in name order.
         self.part_prefix = part_prefix
@@ -199,20 +204,10 @@ class _TableSink:
         if tbl is None or tbl.num_rows == 0:
             return
         if self.stream:
-            try:
-                if self._writer is None:
-                    self._writer = pq.ParquetWriter(
-                        self._stream_tmp,
-                        self.schema,
-                        compression=_COMPRESSION,
-                        use_dictionary=self.use_dictionary,
-                    )
-                self._writer.write_table(tbl, row_group_size=1 << 20)
-            except OSError:  # as below: the rows stay buffered, the caller sees the error
-                self.tables.insert(0, tbl)
-                self.table_rows += tbl.num_rows
-                raise
-            self.rows_written += tbl.num_rows
+            self._wait_stream(keep=tbl)
+            if self._io is None:
+                self._io = ThreadPoolExecutor(1, thread_name_prefix="run-writer")
+            self._pending = (self._io.submit(self._write_stream, tbl), tbl)
             return
         path = self.parts_dir / f"{self.part_prefix}{self.next_part:06d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
@@ -236,6 +231,34 @@ class _TableSink:
         self.next_part += 1
         self.rows_written += tbl.num_rows
 
+    def _write_stream(self, tbl: pa.Table) -> None:
+        """Append ``tbl`` as row groups of the open stream file (on the sink's thread)."""
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(
+                self._stream_tmp,
+                self.schema,
+                compression=_COMPRESSION,
+                use_dictionary=self.use_dictionary,
+            )
+        self._writer.write_table(tbl, row_group_size=1 << 20)
+
+    def _wait_stream(self, keep: pa.Table | None = None) -> None:
+        """Wait for the row group in flight. If it failed (out of disk...), its rows go back
+        to the front of the buffer (then ``keep``, the table about to be written) and the
+        caller sees the error, as a failed part write: rows are never dropped."""
+        if self._pending is None:
+            return
+        fut, tbl = self._pending
+        self._pending = None
+        try:
+            fut.result()
+        except OSError:
+            back = [tbl] if keep is None else [tbl, keep]
+            self.tables[:0] = back
+            self.table_rows += sum(t.num_rows for t in back)
+            raise
+        self.rows_written += tbl.num_rows
+
     @property
     def _stream_tmp(self) -> Path:
         return self.final.with_name(self.final.name + ".tmp")
@@ -245,6 +268,10 @@ class _TableSink:
         close the open file and rename it)."""
         self.flush()
         if self.stream:
+            self._wait_stream()
+            if self._io is not None:
+                self._io.shutdown()
+                self._io = None
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None

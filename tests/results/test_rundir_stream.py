@@ -46,3 +46,33 @@ def test_streamed_chunks_survive_an_exception(tmp_path):
     assert run.status == schema.STATUS_PARTIAL
     assert len(run.chunks) == 400
     assert not (d / (schema.CHUNKS_FILE + ".tmp")).exists()
+
+
+def test_a_failed_background_write_keeps_its_rows(tmp_path, monkeypatch):
+    """A row group is written on the sink's thread; when that write fails (disk full), the
+    producer sees the error at its next flush and no row is lost: after the fault the file
+    holds every row, in order."""
+    from harness.results import rundir
+
+    real = rundir._TableSink._write_stream
+    fail = {"left": 1}
+
+    def flaky(self, tbl):
+        if fail["left"]:
+            fail["left"] -= 1
+            raise OSError(28, "No space left on device")
+        real(self, tbl)
+
+    monkeypatch.setattr(rundir._TableSink, "_write_stream", flaky)
+    d = tmp_path / "run"
+    with RunWriter(d, {}, stream_chunks=True) as w:
+        w.add_chunks_table(_chunks(0, 300))
+        w.flush()  # submitted; fails on the writer's thread
+        w.add_chunks_table(_chunks(300, 500))
+        with pytest.raises(OSError, match="No space"):
+            w.flush()  # the failure surfaces here; both tables stay buffered
+        w.add_chunks_table(_chunks(500, 600))
+    run = read_run(d)
+    assert run.status == schema.STATUS_COMPLETE
+    assert np.array_equal(run.chunks["t_s"].to_numpy(), np.arange(600) * 0.01)
+    assert json.loads((d / schema.RUN_JSON).read_text())["rows"]["chunks"] == 600
