@@ -177,6 +177,16 @@ def simulate(
             show_default=False,
         ),
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            help="Cluster: worker processes that simulate the engines of a cluster whose "
+            "router never reads the engines' load (round-robin, random), in parallel "
+            "(default: one per usable core; 1: in this process). Same run directories either "
+            "way.",
+            show_default=False,
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -283,6 +293,8 @@ def simulate(
         from harness.engine.cluster_config import needs_cluster
 
         cluster = needs_cluster(cfg, copts)
+    if processes is not None and processes < 1:
+        fail(f"--processes {processes}: must be >= 1")
     if cluster and ray is not None:
         fail("--ray runs single-engine simulations; a cluster (--replicas, sessions) runs here")
     tok = None
@@ -310,7 +322,7 @@ def simulate(
         )
         try:
             if cluster:
-                dirs = _run_cluster(scfg, copts, tok)
+                dirs = _run_cluster(scfg, copts, tok, processes)
             elif ray is None:
                 dirs = run_simulation(scfg)
             else:
@@ -367,8 +379,8 @@ def _maybe_cluster(
     trace: str, replicas: int, agents: str | None, routed: bool, session_flags: dict[str, Any]
 ) -> bool:
     """False only when the run is certainly a plain trace on one engine (no replicas, agent
-    file, router or session flag, and not a session source): the cluster modules, which
-    import the load generator, are then never loaded.
+    file, router or session flag, and not a session source): the cluster modules are then
+    never loaded.
     :func:`harness.engine.cluster_config.needs_cluster` decides every other case."""
     if replicas != 1 or agents is not None or routed:
         return True
@@ -379,19 +391,19 @@ def _maybe_cluster(
     return is_session_source(trace)
 
 
-def _run_cluster(cfg: Any, copts: Any, tok: Any) -> list[Path]:
+def _run_cluster(cfg: Any, copts: Any, tok: Any, processes: int | None) -> list[Path]:
     """One cluster run per policy; with a tokenizer, on the trace counted in its tokens."""
     from harness.engine.cluster_config import load_cluster_trace, run_cluster_simulation
 
     if tok is None:
-        return run_cluster_simulation(cfg, copts)
+        return run_cluster_simulation(cfg, copts, processes=processes)
     from harness.workload.token_identity import tokenize_session_trace
 
     history = copts.sessions.history if copts.sessions is not None else "trace"
     trace = tokenize_session_trace(
         load_cluster_trace(cfg, copts), tok, history=history, seed=cfg.seed
     )
-    return run_cluster_simulation(cfg, copts, trace=trace)
+    return run_cluster_simulation(cfg, copts, trace=trace, processes=processes)
 
 
 def _cluster_options(

@@ -104,6 +104,7 @@ def test_agent_graph_engines_from_the_file(tmp_path: Path) -> None:
         (["--replicas", "2", "--router", "random", "--router-param", "nope=1"], "nope"),
         (["--patience", "-1"], "--patience"),
         (["--agents", "/no/such.yaml"], "--agents"),
+        (["--replicas", "2", "--processes", "0"], "--processes"),
     ],
 )
 def test_bad_cluster_flags(tmp_path: Path, extra: list[str], needle: str) -> None:
@@ -150,3 +151,23 @@ def test_plain_trace_round_robin_splits(tmp_path: Path) -> None:
 def test_plain_trace_load_aware_router_runs_on_array_engines(tmp_path: Path) -> None:
     cluster = _plain_cluster_run(tmp_path, 3, "least-outstanding-tokens")
     assert cluster["array_engines"] is True and "split" not in cluster
+
+
+def test_processes_flag_gives_the_same_run(tmp_path: Path) -> None:
+    """--processes 1 (in this process) and --processes 2 (forked workers) write the same
+    tables for a split cluster."""
+    tables = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}"
+        args = [
+            "simulate", "--trace", "synthetic", "--num-requests", "300", "--rate", "30",
+            "--replicas", "3", "--router", "round-robin", "--processes", str(n),
+            "--no-report", "--out", str(out),
+        ]  # fmt: skip
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        d = _run_dir(out)
+        assert json.loads((d / schema.RUN_JSON).read_text())["cluster"]["split"] is True
+        tables[n] = [pq.read_table(d / f) for f in (schema.REQUESTS_FILE, schema.CHUNKS_FILE)]
+    assert all(a.equals(b) for a, b in zip(tables[1], tables[2], strict=True))
+    assert tables[1][1].num_rows > 300
