@@ -8,7 +8,8 @@ wire format), ``metrics`` (Prometheus, vLLM names), ``faults`` (fault injection)
 
 from harness.engine.costmodel import DEFAULT_COST_MODEL
 from harness.server.app import app_of, create_app, serve_forever, start_server
-from harness.server.config import DEFAULT_MODEL, ServerConfig, check_config, make_config
+from harness.server.cluster_host import check_config, make_config
+from harness.server.config import DEFAULT_MODEL, ServerConfig
 from harness.server.embed import embedded
 from harness.server.host import EngineHost
 

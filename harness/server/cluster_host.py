@@ -260,6 +260,31 @@ def make_host(cfg: ServerConfig) -> EngineHost | ClusterHost:
     return ClusterHost(cfg, make_router(cfg.router, **cfg.router_params))
 
 
+def check_config(cfg: ServerConfig) -> None:
+    """Build policy, cost model, engine (and router) once so bad input fails before binding
+    a port."""
+    try:
+        make_host(cfg)
+    except TypeError as e:  # a router parameter it does not take
+        raise ValueError(str(e)) from None
+
+
+def make_config(**kw: Any) -> ServerConfig:
+    """A validated :class:`ServerConfig` whose policy, cost model and engine all build;
+    any problem is a one-line :class:`ValueError`."""
+    from pydantic import ValidationError
+
+    try:
+        cfg = ServerConfig(**kw)
+        check_config(cfg)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "config"
+        msg = str(err.get("msg", e)).removeprefix("Value error, ")
+        raise ValueError(f"{where}: {msg}") from None
+    return cfg
+
+
 def session_of(headers: Any, body: Any) -> str | None:
     """The request's session: the ``x-session-id`` header, else the body's ``user`` field."""
     sid = headers.get("x-session-id")

@@ -95,30 +95,3 @@ def engine_kwargs(cfg: ServerConfig) -> dict[str, Any]:
         else:
             kw["kv_tokens"] = UNBOUNDED_KV_TOKENS
     return kw
-
-
-def check_config(cfg: ServerConfig) -> None:
-    """Build policy, cost model, engine (and router) once so bad input fails before binding
-    a port."""
-    from harness.server.cluster_host import make_host
-
-    try:
-        make_host(cfg)
-    except TypeError as e:  # a router parameter it does not take
-        raise ValueError(str(e)) from None
-
-
-def make_config(**kw: Any) -> ServerConfig:
-    """A validated :class:`ServerConfig` whose policy, cost model and engine all build;
-    any problem is a one-line :class:`ValueError`."""
-    from pydantic import ValidationError
-
-    try:
-        cfg = ServerConfig(**kw)
-        check_config(cfg)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ())) or "config"
-        msg = str(err.get("msg", e)).removeprefix("Value error, ")
-        raise ValueError(f"{where}: {msg}") from None
-    return cfg

@@ -11,7 +11,8 @@ from typing import Any
 
 from harness.engine.costmodel import DEFAULT_COST_MODEL
 from harness.server.app import start_server
-from harness.server.config import ServerConfig, make_config
+from harness.server.cluster_host import make_config
+from harness.server.config import ServerConfig
 
 
 def embedded(
