@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.results.chunklog import ChunkArrays, group_order, positions
+from harness.results.chunklog import ChunkArrays, dense_ids, group_order, positions
 
 #: Percentiles emitted for every latency metric (a superset of vLLM's default ``99``; §6.2).
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
@@ -45,17 +45,95 @@ def percentile_key(p: float, metric: str) -> str:
     return f"p{word}_{metric}_ms"
 
 
-def latency_stats(values_s: np.ndarray, metric: str, overwrite: bool = False) -> dict[str, float]:
+def percentiles_of_sorted(parts: list[np.ndarray], q: Iterable[float]) -> np.ndarray:
+    """``np.percentile(np.concatenate(parts), q)`` (linear), bit for bit, from ascending-sorted
+    ``parts`` without concatenating them: the same virtual indexes, bounds and ``_lerp`` as
+    numpy 2's ``_quantile`` (method "linear"), the order statistics read from the sorted
+    parts. Why: one sort costs less than ``np.percentile``'s multi-kth partition at 15M
+    ITL samples, and a run's pooled ITL is the union of its tiers' sorted samples (no third
+    sort, no concatenated copy). A NaN anywhere (it sorts last) gives NaN, as numpy does."""
+    parts = [p for p in parts if p.size]
+    n = sum(p.size for p in parts)
+    qa = np.true_divide(np.asarray(tuple(q), dtype=np.float64), 100)
+    vi = (n - 1) * qa
+    prev = np.floor(vi)
+    nxt = prev + 1
+    above = vi >= n - 1
+    prev[above] = -1
+    nxt[above] = -1
+    below = vi < 0
+    prev[below] = 0
+    nxt[below] = 0
+    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
+    a = _order_stats(parts, n, prev_i)
+    b = _order_stats(parts, n, next_i)
+    gamma = np.asanyarray(vi - prev_i, dtype=vi.dtype)
+    diff_b_a = b - a
+    res = np.add(a, diff_b_a * gamma)
+    np.subtract(b, diff_b_a * (1 - gamma), out=res, where=gamma >= 0.5)
+    if any(np.isnan(p[-1]) for p in parts):
+        res[:] = np.nan
+    return res
+
+
+def _order_stats(parts: list[np.ndarray], n: int, ranks: np.ndarray) -> np.ndarray:
+    """The values at 0-based ``ranks`` (-1: the last) of the union of ascending ``parts``."""
+    ranks = np.where(ranks < 0, n + ranks, ranks)
+    if len(parts) == 1:
+        return parts[0][ranks]
+    out = np.empty(ranks.size)
+    for j, r in enumerate(ranks.tolist()):
+        out[j] = _union_rank(parts, int(r))
+    return out
+
+
+def _union_rank(parts: list[np.ndarray], r: int) -> float:
+    """The r-th smallest (0-based) of the union of ascending ``parts``: in the part holding
+    it, the first element with more than r values <= it overall (binary search per part)."""
+
+    def le(v: float) -> int:
+        return sum(int(np.searchsorted(p, v, side="right")) for p in parts)
+
+    for p in parts:
+        lo, hi = 0, p.size  # first index i with le(p[i]) > r
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if le(p[mid]) > r:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < p.size:
+            v = p[lo]
+            below = sum(int(np.searchsorted(x, v, side="left")) for x in parts)
+            if below <= r:
+                return float(v)
+    raise AssertionError("rank outside the parts")  # r < n: some part holds it
+
+
+def latency_stats(
+    values_s: np.ndarray,
+    metric: str,
+    overwrite: bool = False,
+    sorted_parts: list[np.ndarray] | None = None,
+) -> dict[str, float]:
     """mean/median/std (ddof=0)/percentiles in ms with vLLM key names; empty gives 0 (vLLM
-    computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation.
-    ``overwrite``: the caller's array may be reordered (no copy of 30M pooled samples)."""
+    computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation
+    (:func:`percentiles_of_sorted`, the same numbers). ``overwrite``: the caller's array may
+    be sorted in place (no copy of 15M pooled samples). ``sorted_parts``: the values already
+    sorted, as parts whose union they are (the tiers' ITL samples for the pooled ITL)."""
     v = np.asarray(values_s, dtype=np.float64)
     if v.size == 0:
-        v = np.zeros(1)
-    mean, std = np.mean(v), np.std(v)  # before the percentiles may reorder v
-    # np.median(v) == np.percentile(v, 50) (both average the middle pair); one partition
-    # serves all quantiles, which matters for 30M pooled ITL samples.
-    pcts = np.percentile(v, (50, *PERCENTILES), overwrite_input=overwrite)
+        v, sorted_parts = np.zeros(1), None
+    # mean and std first, in the caller's order (pairwise sums): sorting may reorder v
+    mean, std = np.mean(v), np.std(v)
+    if sorted_parts is None:
+        if overwrite:
+            v.sort()
+            sorted_parts = [v]
+        else:
+            sorted_parts = [np.sort(v)]
+    # np.median(v) == np.percentile(v, 50) (both average the middle pair)
+    pcts = percentiles_of_sorted(sorted_parts, (50, *PERCENTILES))
     out = {
         f"mean_{metric}_ms": float(mean * 1000.0),
         f"median_{metric}_ms": float(pcts[0] * 1000.0),
@@ -162,20 +240,24 @@ def group_chunks(
         z = np.zeros(0)
         zi = np.zeros(0, dtype=np.int64)
         return ChunkView(z, zi, zi, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
-    pos = positions(ca.req, req_ids)
-    sel = pos >= 0
-    sel &= keep[np.where(sel, pos, 0)]
     t, tok = ca.t, ca.tokens
-    if not sel.all():
-        pos, t = pos[sel], t[sel]
-        tok = None if tok is None else tok[sel]
-    del sel
+    if compact and keep.all() and dense_ids(req_ids, ca.req):
+        pos = ca.req  # ids 0..n-1, every row's among them: each id is its position
+    else:
+        pos = positions(ca.req, req_ids)
+        sel = pos >= 0
+        sel &= keep[np.where(sel, pos, 0)]
+        if not sel.all():
+            pos, t = pos[sel], t[sel]
+            tok = None if tok is None else tok[sel]
+        del sel
     start = np.zeros(n, dtype=np.int64)
     end = np.zeros(n, dtype=np.int64)
     if pos.size == 0:
         zi = np.zeros(0, dtype=np.int64)
         return ChunkView(t, zi if tok is None else tok, zi, start, end)
-    order = group_order(pos, t)
+    # a subset of rows grouped by request is grouped too: no check when the caller's are
+    order = None if compact and ca.grouped else group_order(pos, t)
     if order is not None:
         pos, t = pos[order], t[order]
         tok = None if tok is None else tok[order]
@@ -470,14 +552,19 @@ def itl_p99_within(
     c = np.zeros(n, dtype=np.int64)
     lo = np.full(n, -np.inf)
     hi = np.full(n, np.inf)
-    for a in range(0, itl.size, _SLICE):  # counts, max and min: exact slice by slice
+    # counts, max and min (exact in any order) slice by slice, reduced over each run of one
+    # request's samples (a grouped view's samples come in one run per request) and the
+    # per-run results folded per request: few runs, so the scattered updates are few
+    for a in range(0, itl.size, _SLICE):
         g, x = grp[a : a + _SLICE], itl[a : a + _SLICE]
-        s = slo_s[g]
-        over = (x > s) & np.isfinite(s)
-        cnt += np.bincount(g, minlength=n)
-        c += np.bincount(g[over], minlength=n)
-        np.maximum.at(lo, g[~over], x[~over])
-        np.minimum.at(hi, g[over], x[over])
+        heads = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        rg = g[heads]
+        s = slo_s[rg]
+        over = x > np.repeat(np.where(np.isfinite(s), s, np.inf), np.diff(np.r_[heads, g.size]))
+        np.add.at(cnt, rg, np.diff(np.r_[heads, g.size]))
+        np.add.at(c, rg, np.add.reduceat(over, heads, dtype=np.int64))
+        np.maximum.at(lo, rg, np.maximum.reduceat(np.where(over, -np.inf, x), heads))
+        np.minimum.at(hi, rg, np.minimum.reduceat(np.where(over, x, np.inf), heads))
     h = 0.99 * (cnt - 1)
     f = np.floor(h).astype(np.int64)
     frac = h - f

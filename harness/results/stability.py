@@ -131,12 +131,34 @@ def backlog_series(requests: pd.DataFrame, grid_points: int = 1000) -> BacklogSe
     return BacklogSeries(t, b.astype(float), arr, dep, t_end, t_obs)
 
 
-def token_backlog(requests: pd.DataFrame, chunks: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+@dataclass
+class ChunkTotals:
+    """The chunk log as W(t) reads it (:func:`token_backlog`): tokens delivered per request
+    (rows of the requests frame) and chunk tokens per bin of the grid (entry k: the rows
+    with ``searchsorted(grid, t, "left") == k``, k = 0..len(grid)); ``rows``: how many
+    chunk rows they sum. Why: W only sums chunk tokens per request and per bin, so a 15M-row
+    log reduces to these (:func:`harness.results.chunklog.bin_token_sums`) with the same W.
+    Every row counted must belong to a request of the frame with a known arrival."""
+
+    per_request: np.ndarray
+    per_bin: np.ndarray
+    rows: int
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def token_backlog(
+    requests: pd.DataFrame, chunks: pd.DataFrame | ChunkTotals, t: np.ndarray
+) -> np.ndarray:
     """W(t): unprocessed prompt + output tokens in the system at each grid time (module rules).
 
     Event sums on the sorted grid ``t``, vectorised: arrivals add each request's tokens at
     ``target_s``, the first chunk removes its prompt, every chunk its tokens, the departure
-    (``departure_times``) the rest; a request that never departs keeps its remainder."""
+    (``departure_times``) the rest; a request that never departs keeps its remainder.
+    ``chunks``: the CHUNKS frame, or its :class:`ChunkTotals` on this grid. Every event is a
+    whole number of tokens, so the float sums are exact in any order: the chunk events are
+    summed per bin apart from the others with the same W."""
     n = len(requests)
 
     col = partial(numeric_column, requests)
@@ -144,31 +166,37 @@ def token_backlog(requests: pd.DataFrame, chunks: pd.DataFrame, t: np.ndarray) -
     prompt = np.nan_to_num(col("prompt_len"))
     total = prompt + np.nan_to_num(col("output_len"))
     dep = departure_times(requests)
-    req_ids = requests["req"].to_numpy() if "req" in requests else np.arange(n)
     ok = ~np.isnan(arr)
-    pos = pd.Index(req_ids).get_indexer(chunks["req"].to_numpy()) if len(chunks) else []
-    pos = np.asarray(pos, dtype=np.int64)
-    ct = chunks["t_s"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
-    ck = chunks["tokens"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
-    keep = pos >= 0  # chunks of requests in this frame with a known arrival
-    keep[keep] = ok[pos[keep]]
-    pos, ct, ck = pos[keep], ct[keep], ck[keep]
-    delivered = np.bincount(pos, weights=ck, minlength=n) + np.where(np.isnan(first), 0, prompt)
+    if isinstance(chunks, ChunkTotals):
+        chunk_tok, chunk_bins = chunks.per_request, chunks.per_bin
+    else:
+        req_ids = requests["req"].to_numpy() if "req" in requests else np.arange(n)
+        pos = pd.Index(req_ids).get_indexer(chunks["req"].to_numpy()) if len(chunks) else []
+        pos = np.asarray(pos, dtype=np.int64)
+        ct = chunks["t_s"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
+        ck = chunks["tokens"].to_numpy(dtype=float) if len(chunks) else np.zeros(0)
+        keep = pos >= 0  # chunks of requests in this frame with a known arrival
+        keep[keep] = ok[pos[keep]]
+        pos, ct, ck = pos[keep], ct[keep], ck[keep]
+        chunk_tok = np.bincount(pos, weights=ck, minlength=n)
+        # W(t_k) sums the events at times <= t_k: bin each event at the first grid point at
+        # or after it, then a running sum over the grid (no sort of the, maybe 10^7, events)
+        k = np.searchsorted(t, ct, side="left")
+        chunk_bins = np.bincount(k, weights=ck, minlength=len(t) + 1)
+    delivered = chunk_tok + np.where(np.isnan(first), 0, prompt)
     has_first = ok & ~np.isnan(first)
     has_dep = ok & ~np.isnan(dep)
-    times = np.concatenate([arr[ok], first[has_first], ct, dep[has_dep]])
+    times = np.concatenate([arr[ok], first[has_first], dep[has_dep]])
     deltas = np.concatenate(
         [
             total[ok],
             -prompt[has_first],
-            -ck,
             -np.maximum(total[has_dep] - delivered[has_dep], 0.0),
         ]
     )
-    # W(t_k) sums the events at times <= t_k: bin each event at the first grid point at or
-    # after it, then a running sum over the grid (no sort of the, maybe 10^7, events)
     k = np.searchsorted(t, times, side="left")
-    return np.cumsum(np.bincount(k, weights=deltas, minlength=len(t) + 1)[: len(t)])
+    bins = np.bincount(k, weights=deltas, minlength=len(t) + 1) - chunk_bins
+    return np.cumsum(bins[: len(t)])
 
 
 def conditional_drift(t: np.ndarray, w: np.ndarray, bins: int = 4) -> list[dict[str, Any]]:

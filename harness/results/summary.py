@@ -51,7 +51,9 @@ from harness.results import metrics as M
 from harness.results import schema
 from harness.results.chunklog import (
     ChunkArrays,
-    group_order,
+    bin_token_sums,
+    dense_ids,
+    group_rows,
     is_grouped,
     per_bin_chunks,
     positions,
@@ -113,18 +115,17 @@ def _duration(run: Run, rm: pd.DataFrame, cv: M.ChunkView) -> float:
 def _block(
     rm: pd.DataFrame,
     cv: M.ChunkView,
-    itl: np.ndarray,
-    itl_in: np.ndarray | None,
+    itl: tuple[dict[str, float], float | None],
     mask: np.ndarray,
     duration: float,
     good: np.ndarray | None,
     peaks: dict[str | None, float] | None = None,
     tier: str | None = None,
 ) -> dict[str, Any]:
-    """The vLLM keys over the requests in ``mask`` (§6.2 formulas); ``itl_in``: which ITL
-    samples are theirs (None: all). ``peaks``: the chunk
-    peaks per tier (None: the whole run) from :func:`_chunk_peaks`, when one-token chunks
-    let the chunk times go before the blocks."""
+    """The vLLM keys over the requests in ``mask`` (§6.2 formulas); ``itl``: their ITL
+    samples' statistics and largest sample (None: none) from :func:`_itl_stats`.
+    ``peaks``: the chunk peaks per tier (None: the whole run) from :func:`_chunk_peaks`,
+    when one-token chunks let the chunk times go before the blocks."""
     succ = rm["success"].to_numpy(dtype=bool) & mask
     completed = int(succ.sum())
     total_in = int(rm["prompt_tokens"].to_numpy()[succ].sum())
@@ -147,14 +148,11 @@ def _block(
     values = {
         "ttft": rm["ttft_s"].to_numpy()[succ],
         "tpot": tp[np.isfinite(tp)],
-        "itl": itl[itl_in] if itl_in is not None else itl,
         "e2el": rm["e2el_s"].to_numpy()[succ],
     }
     for name in M.LATENCY_METRICS:
-        # the per-block copies may be reordered in place (percentiles); ``itl`` of the
-        # whole run is shared with the other blocks and is not
-        owned = name != "itl" or values["itl"] is not itl
-        out.update(M.latency_stats(values[name], name, overwrite=owned))
+        # the per-block copies may be reordered in place (percentiles)
+        out.update(itl[0] if name == "itl" else M.latency_stats(values[name], name, True))
     sub_rm = rm[mask] if not mask.all() else rm
     if peaks is not None or cv.single_token():
         # one chunk per token: chunk and token peaks agree, and the token-normalised TBT
@@ -164,14 +162,14 @@ def _block(
         )
         out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
         out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
-        itl_v = values["itl"]
+        itl_max = itl[1]
         out.update(
             peak_output_tokens_per_s=out["max_output_tokens_per_s"],
             tbt_token_mean_ms=out["mean_itl_ms"],
             tbt_token_p50_ms=out["p50_itl_ms"],
             tbt_token_p90_ms=out["p90_itl_ms"],
             tbt_token_p99_ms=out["p99_itl_ms"],
-            tbt_token_max_ms=float(itl_v.max() * 1000.0) if itl_v.size else 0.0,
+            tbt_token_max_ms=float(itl_max * 1000.0) if itl_max is not None else 0.0,
         )
     else:
         sub = _subview(cv, mask)
@@ -179,7 +177,45 @@ def _block(
         out["max_concurrent_requests"] = M.max_concurrent_requests(sub_rm)
         out["max_concurrent_requests_1s"] = M.max_concurrent_requests_1s(sub_rm)
         out["peak_output_tokens_per_s"] = M.peak_tokens_per_s(sub, sub_rm)
-        out.update(M.tbt_token_stats(sub, values["itl"]))
+        out.update(M.tbt_token_stats(sub))  # several tokens a chunk: not the ITL samples
+    return out
+
+
+def _itl_stats(
+    itl: np.ndarray, itl_tier: np.ndarray, names: list[str]
+) -> dict[str | None, tuple[dict[str, float], float | None]]:
+    """ITL statistics (:func:`metrics.latency_stats`) and largest sample of the whole run
+    (key None) and of each tier (``itl_tier``: the index in ``names`` of each sample's tier).
+
+    Each tier's samples are copied in the pooled order (its mean and std sum in it) and
+    sorted in place; when every sample has a tier, the run's percentiles are read from the
+    union of the tiers' sorted samples (no sort of the 15M-sample pool), else the pool is
+    sorted in place after its mean and std (``itl`` is reordered: the last reader).
+    A tier holding every sample shares the run's figures (the same samples, same order)."""
+    out: dict[str | None, tuple[dict[str, float], float | None]] = {}
+    parts: list[np.ndarray] = []
+    whole_tiers = []
+    for code, name in enumerate(names):
+        m = itl_tier == code
+        if itl.size and int(np.count_nonzero(m)) == itl.size:
+            whole_tiers.append(name)
+            continue
+        sub = itl[m]
+        del m
+        stats = M.latency_stats(sub, "itl", overwrite=True)  # ``sub`` is sorted after
+        out[name] = (stats, sub[-1] if sub.size else None)
+        parts.append(sub)
+    covered = sum(p.size for p in parts) == itl.size and itl.size > 0 and not whole_tiers
+    stats = M.latency_stats(itl, "itl", overwrite=True, sorted_parts=parts if covered else None)
+    if not itl.size:
+        top = None
+    elif covered:
+        top = np.max(np.array([p[-1] for p in parts if p.size]))
+    else:
+        top = itl[-1]  # sorted in place
+    out[None] = (stats, top)
+    for name in whole_tiers:
+        out[name] = out[None]
     return out
 
 
@@ -290,8 +326,12 @@ def compute_summary(
         chunks = ChunkArrays.from_frame(run.chunks)
         run = dataclasses.replace(run, chunks=run.chunks.iloc[:0])  # the metrics read ``chunks``
     run, warm = without_warmup(run)  # --warmup: the first requests are not measured
+    grid = _stability_grid(full_run) if stability else None
+    # the stability's chunk tokens per bin, from the log's time-ordered stretches as written
+    # (before the grouping below makes one stretch per request)
+    bins = None if grid is None else bin_token_sums(chunks, grid)
     _group_for_both(full_run, run, chunks)
-    stab = _stability(full_run, chunks) if stability else None
+    stab = _stability(full_run, chunks, grid, bins) if stability else None
     rm, cv = M.request_metrics(run.requests, chunks)
     chunks.release()  # the view holds what the metrics need; the rest may go (memory, issue 13)
     itl, itl_grp = cv.itl()
@@ -340,7 +380,9 @@ def compute_summary(
     out["duration"] = duration
     out["goodput_slos_ms"] = dict(goodput) if goodput else None
     out["warmup"] = warm
-    out.update(_block(rm, cv, itl, None, everyone, duration, good, peaks))
+    itl_by = _itl_stats(itl, itl_tier, sm.names)
+    del itl, itl_tier  # sorted or split by tier: only the statistics are read from here
+    out.update(_block(rm, cv, itl_by[None], everyone, duration, good, peaks))
 
     # Failures by error kind.
     failed = ~rm["success"].to_numpy(dtype=bool)
@@ -373,9 +415,7 @@ def compute_summary(
     for name in names:
         m = masks[name]
         tm = tiers_meta.get(name, {})
-        itl_in = None if m.all() else itl_tier == names.index(name)
-        blk = _block(rm, cv, itl, itl_in, m, duration, good, peaks, name)
-        del itl_in
+        blk = _block(rm, cv, itl_by[name], m, duration, good, peaks, name)
         cnt = int(m.sum())
         t_slo, b_slo = tm.get("ttft_slo_s"), tm.get("tbt_slo_s")
         blk_head = {
@@ -459,21 +499,13 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
     split around others'): group_chunks would keep the file order there, so the log stays.
     """
     ids = full.requests["req"].to_numpy(dtype=np.int64)
-    n = ids.size
     # ids 0..n-1 in order (a simulation: the trace rows) and every chunk's id among them:
     # each id is its own position, so the ids serve as positions as they are (no 15M-row
     # table look-up; the same values as :func:`chunklog.positions`)
-    dense = (
-        n > 0
-        and chunks.req.size > 0
-        and int(ids[0]) == 0
-        and int(ids[-1]) == n - 1
-        and bool(np.all(ids[1:] > ids[:-1]))
-        and int(chunks.req.min()) >= 0
-        and int(chunks.req.max()) < n
-    )
+    dense = chunks.req.size > 0 and dense_ids(ids, chunks.req)
     pos = chunks.req if dense else positions(chunks.req, ids)
     if is_grouped(pos, chunks.t):
+        chunks.grouped = True
         return
     measured_at = positions(measured.requests["req"].to_numpy(dtype=np.int64), ids)
     keep = np.zeros(ids.size, dtype=bool)
@@ -487,40 +519,70 @@ def _group_for_both(full: Run, measured: Run, chunks: ChunkArrays) -> None:
         del sel
     if pos.min() >= 0 and bool(np.all(ids[1:] > ids[:-1])):
         # every row's request known and the requests in id order (a simulation): the ids sort
-        # like the positions, so sort by them and let the positions go first (memory)
-        pos = chunks.req
-    order = group_order(pos, chunks.t)
-    del pos  # before the reordered copies: the peak is the log plus the order plus a column
-    assert order is not None  # not grouped: checked above, on positions ordered as these
-    if dense:
-        # sorted by id: the reordered ids are each id repeated by its row count (no gather)
-        counts = np.bincount(chunks.req)
-        chunks.req = np.repeat(np.arange(counts.size, dtype=chunks.req.dtype), counts)
+        # like the positions, so sort by them (the sorted ids are rebuilt from the counts)
+        del pos
+        group_rows(chunks)
     else:
-        chunks.req = chunks.req[order]  # field by field: one old column freed before the next
-    chunks.t = chunks.t[order]
-    if chunks.tokens is not None:
-        chunks.tokens = chunks.tokens[order]
+        group_rows(chunks, pos)
 
 
-def _stability(run: Run, chunks: ChunkArrays) -> dict[str, Any] | None:
-    """The stability verdict from engineer G's module when it is installed (design.md).
-
-    Its token backlog reads the chunk log only through per-request and per-grid-bin token
-    sums, so it gets :func:`chunklog.per_bin_chunks` on its own grid (the same numbers from
-    ~1M rows instead of one per token)."""
+def _stability_grid(run: Run) -> np.ndarray | None:
+    """The grid the stability analysis samples its backlogs on (None: no analysis module,
+    or no requests)."""
     try:
         from harness.results.stability import analyze_stability, backlog_series
     except ImportError:
         return None
+    if not len(run.requests):
+        return None
+    grid_points = inspect.signature(analyze_stability).parameters["grid_points"].default
+    return backlog_series(run.requests, grid_points).t
+
+
+def _stability(
+    run: Run, chunks: ChunkArrays, grid: np.ndarray | None, bins: np.ndarray | None
+) -> dict[str, Any] | None:
+    """The stability verdict from engineer G's module when it is installed (design.md).
+
+    Its token backlog reads the chunk log only through per-request and per-grid-bin token
+    sums, so it gets them (:class:`stability.ChunkTotals`, ``bins`` from
+    :func:`chunklog.bin_token_sums` on its ``grid``), else :func:`chunklog.per_bin_chunks`
+    (the same numbers from ~1M rows instead of one per token)."""
     try:
-        if len(run.requests):
-            grid_points = inspect.signature(analyze_stability).parameters["grid_points"].default
-            grid = backlog_series(run.requests, grid_points).t
-            run = dataclasses.replace(run, chunks=per_bin_chunks(chunks, grid))
+        from harness.results.stability import analyze_stability
+    except ImportError:
+        return None
+    try:
+        if grid is not None:
+            totals = _chunk_totals(run, chunks, bins)
+            small = per_bin_chunks(chunks, grid) if totals is None else totals
+            run = dataclasses.replace(run, chunks=small)
         return dict(analyze_stability(run))
     except Exception as e:  # a stability bug must not lose the vLLM metrics; say so in-band
         return {"verdict": "error", "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _chunk_totals(run: Run, chunks: ChunkArrays, bins: np.ndarray | None) -> Any:
+    """The stability's :class:`ChunkTotals` from the grouped log and its per-bin sums, when
+    they are the numbers its token backlog would sum from the rows: every row's request in
+    the frame with a known arrival. None otherwise (or without ``bins``)."""
+    from harness.results.stability import ChunkTotals, numeric_column
+
+    req = run.requests
+    if bins is None or np.isnan(numeric_column(req, "target_s")).any():
+        return None
+    n = len(req)
+    ids = req["req"].to_numpy(dtype=np.int64)
+    counts = chunks.id_counts  # rows per id 0..max id (the grouping's counting sort)
+    if chunks.tokens is None and counts is not None and counts.size <= n and dense_ids(ids):
+        per_request = np.zeros(n)
+        per_request[: counts.size] = counts  # ids are positions; rows are tokens
+    else:
+        pos = positions(chunks.req, ids)
+        if pos.size and int(pos.min()) < 0:
+            return None
+        per_request = np.bincount(pos, weights=chunks.tokens, minlength=n).astype(np.float64)
+    return ChunkTotals(per_request, bins.astype(np.float64), len(chunks))
 
 
 def write_summary(

@@ -381,3 +381,40 @@ def test_per_request_frame(replay):
     assert np.all(np.isnan(rm["ttft_s"][~ok]))
     assert np.all(rm["output_tokens"][~ok] == 0)
     assert cv.t.size == sum(len(chunks[r["req"]]) for r in reqs if r.get("success", True))
+
+
+def test_percentiles_of_sorted_are_numpys():
+    """The percentiles read from sorted parts (one array, or a union of several) are
+    np.percentile's to the bit: ties, tiny samples, inf and NaN."""
+    rng = np.random.default_rng(3)
+    q = (50, *M.PERCENTILES, 0, 100, 33.3)
+    for it in range(600):
+        n = int(rng.integers(1, 40)) if it % 2 else int(rng.integers(1, 3000))
+        x = [rng.exponential(size=n), rng.integers(0, 4, n).astype(float)][it % 2]
+        want = np.percentile(x, q)
+        assert np.array_equal(M.percentiles_of_sorted([np.sort(x)], q), want)
+        cuts = np.sort(rng.integers(0, n + 1, 2))
+        parts = [np.sort(p) for p in np.split(rng.permutation(x), cuts)]
+        assert np.array_equal(M.percentiles_of_sorted(parts, q), want)
+    for x in (np.array([1.0, np.inf, 2.0]), np.array([3.0, np.nan, 1.0])):
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(
+                M.percentiles_of_sorted([np.sort(x)], q), np.percentile(x, q), equal_nan=True
+            )
+
+
+def test_own_p99_itl_with_samples_in_any_order():
+    """itl_p99_within folds per-run reductions per request: samples of one request split
+    into several runs (not grouped) give the same answers as grouped ones."""
+    rng = np.random.default_rng(9)
+    n = 300
+    lens = rng.integers(1, 120, n)
+    grp = np.repeat(np.arange(n), lens)
+    t = np.concatenate([np.cumsum(rng.exponential(0.05, k)) for k in lens])
+    slo = rng.choice([0.05, 0.1, np.nan], n)
+    starts = np.r_[0, np.cumsum(lens)[:-1]]
+    cv = M.ChunkView(t, np.ones(t.size, dtype=np.int64), grp, starts, starts + lens)
+    itl, ig = cv.itl()
+    want = M.itl_p99_within(cv, n, slo)
+    perm = rng.permutation(itl.size)
+    assert np.array_equal(M.itl_p99_within(cv, n, slo, itl=(itl[perm], ig[perm])), want)

@@ -180,3 +180,91 @@ def test_group_order_is_lexsorts_permutation(layout):
     got = group_order(pos, t)
     assert got is not None
     assert np.array_equal(got, np.lexsort((t, pos)))
+
+
+@pytest.mark.parametrize("layout", ["time_sorted", "per_engine_logs", "shuffled"])
+@pytest.mark.parametrize("by", ["id", "key", "tokens"])
+def test_group_rows_is_lexsorts_order(layout, by):
+    """group_rows reorders the columns in place as lexsort((t, key)) would, on the layouts
+    above: by the ids (rebuilt from the counting sort's counts), by a key ordering like them,
+    and with a token column; the rare lexsort case (times out of order within a request)
+    starts again from the rows as they came."""
+    from harness.results.chunklog import ChunkArrays, group_rows
+
+    rng = np.random.default_rng(11)
+    req = rng.integers(0, 40, 5000).astype(np.int32)
+    if layout == "time_sorted":
+        t = np.sort(rng.random(req.size).round(3))
+    elif layout == "per_engine_logs":
+        engine = req % 4
+        req = req[np.argsort(engine, kind="stable")]
+        t = np.concatenate(
+            [np.sort(rng.random(int((req % 4 == e).sum())).round(3)) for e in range(4)]
+        )
+    else:
+        t = rng.random(req.size).round(3)
+    tokens = rng.integers(1, 5, req.size).astype(np.int32) if by == "tokens" else None
+    ca = ChunkArrays(req.copy(), t.copy(), None if tokens is None else tokens.copy())
+    if by == "key":
+        group_rows(ca, (req.astype(np.int64) * 3 + 7))  # a key ordering like the ids
+    else:
+        group_rows(ca)
+    want = np.lexsort((t, req))
+    assert ca.req.dtype == np.int32 and ca.grouped
+    assert np.array_equal(ca.req, req[want]) and np.array_equal(ca.t, t[want])
+    if tokens is not None:
+        assert np.array_equal(ca.tokens, tokens[want])
+    if by == "id" and layout != "shuffled":
+        assert np.array_equal(ca.id_counts, np.bincount(req))
+
+
+@pytest.mark.parametrize("layout", ["time_sorted", "per_engine_logs", "shuffled", "nan"])
+def test_bin_token_sums_bin_every_row(layout):
+    """Tokens per grid bin from the log's time-ordered stretches equal the row-by-row
+    ``searchsorted`` binning (times past the grid, ties on grid points, NaN in the last bin);
+    too many stretches (a replay's layout) give None."""
+    from harness.results.chunklog import ChunkArrays, bin_token_sums
+
+    rng = np.random.default_rng(5)
+    n = 6000
+    grid = np.linspace(0.0, 0.9, 50)
+    t = rng.random(n).round(2)  # ties with grid points, some past the grid's end
+    if layout == "time_sorted":
+        t = np.sort(t)
+    elif layout in ("per_engine_logs", "nan"):
+        t = np.concatenate([np.sort(x) for x in np.array_split(t, 8)])
+        if layout == "nan":
+            t[[0, 100, 2999, n - 1]] = np.nan
+    tokens = rng.integers(1, 4, n).astype(np.int32)
+    for tok in (None, tokens):
+        ca = ChunkArrays(np.zeros(n, dtype=np.int32), t, tok)
+        got = bin_token_sums(ca, grid)
+        if layout == "shuffled":
+            assert bin_token_sums(ca, grid, max_runs=100) is None
+        want = np.bincount(
+            np.searchsorted(grid, t, side="left"),
+            weights=np.ones(n) if tok is None else tok,
+            minlength=grid.size + 1,
+        )
+        assert got is not None and np.array_equal(got, want)
+
+
+def test_chunk_totals_give_the_token_backlog(tmp_path):
+    """The stability's per-request and per-bin chunk sums give the W(t) of the full log."""
+    from harness.results.chunklog import bin_token_sums, group_rows
+    from harness.results.stability import ChunkTotals
+
+    d = RUNS["sim"](tmp_path / "sim", unknown=False)
+    run = read_run(d)
+    grid = backlog_series(run.requests).t
+    ca = read_chunk_arrays(d)
+    bins = bin_token_sums(ca, grid)
+    group_rows(ca)
+    n = len(run.requests)
+    per_request = np.zeros(n)
+    per_request[: ca.id_counts.size] = ca.id_counts
+    totals = ChunkTotals(per_request, bins.astype(float), len(ca))
+    assert np.array_equal(
+        token_backlog(run.requests, totals, grid),
+        token_backlog(run.requests, run.chunks, grid),
+    )
