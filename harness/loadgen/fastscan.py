@@ -24,12 +24,14 @@ test) would have it counted instead of failed as ``bad_payload``.
 Two implementations of one decision: :func:`scan_openai_py` (the rules above, ~10 C-level
 passes over the segment) and :func:`scan_openai_c`, which takes the same counts in ONE pass
 in the optional C extension ``harness.loadgen._sse_scan`` (``_sse_scan.c``, built by
-``setup.py`` at install where a C compiler is present; ~10x less CPU per segment) and applies
-what it returns here. A count too long for the C code's 64-bit integers is handed to the
-Python scan. :data:`scan_openai`, the entry the client calls, is the C one when the extension
-imported and the environment variable ``HARNESS_PURE_SCAN`` is not ``1`` (read at import; for
-tests and A/B benchmarks), else the Python one. ``tests/loadgen/test_fastscan.py`` runs its
-equivalence tests over both and compares them on randomly mutated real segments.
+``setup.py`` at install where a C compiler is present) and applies what it returns here: on
+a 100-token vLLM-dialect response read at once (24.8 KB), ~150 us per scan in Python, ~8.5 us
+in C, on this project's 2-core machine. A count too long for the C code's 64-bit integers
+is handed to the Python scan. :data:`scan_openai`, the entry the client calls, is the C one
+when the extension imported and the environment variable ``HARNESS_PURE_SCAN`` is not ``1``
+(read at import; for tests and A/B benchmarks), else the Python one.
+``tests/loadgen/test_fastscan.py`` runs its equivalence tests over both and compares them on
+randomly mutated real segments.
 """
 
 from __future__ import annotations
