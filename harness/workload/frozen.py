@@ -15,9 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.workload.sessions import SESSION_COLUMNS
-from harness.workload.sources.files import PARQUET_META_KEY
 from harness.workload.tiers import Tier
 from harness.workload.trace import COLUMNS, Trace, TraceError
+
+# The Parquet key-value metadata entry that marks a frozen trace (and holds its info).
+PARQUET_META_KEY = b"harness.trace"
 
 
 def _jsonable(obj: Any) -> Any:

@@ -141,7 +141,7 @@ def _is_frozen(path: Path) -> bool:
         return False
     import pyarrow.parquet as pq
 
-    from harness.workload.sources.files import PARQUET_META_KEY
+    from harness.workload.frozen import PARQUET_META_KEY
 
     return PARQUET_META_KEY in (pq.read_schema(path).metadata or {})
 

@@ -20,11 +20,12 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from harness.workload.frozen import PARQUET_META_KEY
+from harness.workload.frozen import load_trace as load_frozen
 from harness.workload.sources.base import SourceData, take_options
 from harness.workload.tiers import Tier
 from harness.workload.trace import COLUMNS, TraceError
 
-PARQUET_META_KEY = b"harness.trace"
 # Longest prompt or output accepted, tokens (2^20: beyond any served context window today, and
 # small enough that the prompt text built for it stays a few MB).
 MAX_TOKENS = 1 << 20
@@ -369,8 +370,6 @@ def load_project(path: Path, options: dict[str, Any]) -> SourceData:
             if info.get("content_hash"):
                 # A frozen trace replays exactly what was frozen: an edited file is refused
                 # (the check is harness.workload.frozen's).
-                from harness.workload.frozen import load_trace as load_frozen
-
                 load_frozen(path)
             tiers = [Tier.from_dict(t) for t in info.get("tiers", [])] or None
             meta = info.get("meta", {})
