@@ -110,22 +110,43 @@ def _union_rank(parts: list[np.ndarray], r: int) -> float:
     raise AssertionError("rank outside the parts")  # r < n: some part holds it
 
 
+def mean_std(v: np.ndarray, scratch: np.ndarray | None = None) -> tuple[float, float]:
+    """``(np.mean(v), np.std(v))`` of a 1-D float64 array, bit for bit: numpy 2's ``_mean``
+    and ``_var`` steps (one pairwise sum for the mean, the squared deviations' pairwise sum
+    over n, its square root), the mean summed once and the deviations written into
+    ``scratch`` (at least ``v.size`` long) when given. Why: a fresh 8-byte-a-sample
+    temporary per block costs page faults at 15M ITL samples; one scratch serves all."""
+    n = np.intp(v.size)
+    total = np.add.reduce(v, keepdims=True)
+    mean = total[0].dtype.type(total[0] / n)  # np.mean's scalar path
+    arrmean = np.true_divide(total, n, out=total, casting="unsafe", subok=False)
+    x = np.subtract(v, arrmean, out=None if scratch is None else scratch[: v.size])
+    x = np.square(x, out=x)
+    ss = np.add.reduce(x)
+    var = ss.dtype.type(ss / n)
+    return mean, var.dtype.type(np.sqrt(var))
+
+
 def latency_stats(
     values_s: np.ndarray,
     metric: str,
     overwrite: bool = False,
     sorted_parts: list[np.ndarray] | None = None,
+    scratch: np.ndarray | None = None,
+    moments: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """mean/median/std (ddof=0)/percentiles in ms with vLLM key names; empty gives 0 (vLLM
     computes ``np.mean(x or 0)``), percentiles by ``np.percentile`` linear interpolation
     (:func:`percentiles_of_sorted`, the same numbers). ``overwrite``: the caller's array may
     be sorted in place (no copy of 15M pooled samples). ``sorted_parts``: the values already
-    sorted, as parts whose union they are (the tiers' ITL samples for the pooled ITL)."""
+    sorted, as parts whose union they are (the tiers' ITL samples for the pooled ITL).
+    ``scratch``: :func:`mean_std`'s; ``moments``: its result when the caller has it (the
+    values may be overwritten since: ``sorted_parts`` then holds them)."""
     v = np.asarray(values_s, dtype=np.float64)
     if v.size == 0:
         v, sorted_parts = np.zeros(1), None
     # mean and std first, in the caller's order (pairwise sums): sorting may reorder v
-    mean, std = np.mean(v), np.std(v)
+    mean, std = mean_std(v, scratch) if moments is None else moments
     if sorted_parts is None:
         if overwrite:
             v.sort()
@@ -203,6 +224,32 @@ class ChunkView:
             f[1:] = self.grp[1:] != self.grp[:-1]
         return f
 
+    def itl_runs(self) -> ItlRuns:
+        """:meth:`itl`'s samples, with their requests as runs instead of one position a
+        sample (memory: 4 bytes a sample less at the summary's peak). For views whose
+        ``start``/``end`` index their own rows (:func:`group_chunks`'), where each
+        request's chunks are one stretch: a sample follows every row but a stretch's first."""
+        cnt = self.end - self.start
+        g = np.flatnonzero(cnt >= 2)
+        g = g[np.argsort(self.start[g], kind="stable")]
+        lens = cnt[g] - 1
+        if self.t.size < 2:
+            return ItlRuns(np.zeros(0), g[:0], lens[:0])
+        same = np.ones(self.t.size - 1, dtype=bool)
+        heads = self.start[cnt > 0]
+        same[heads[heads > 0] - 1] = False
+        m = int(lens.sum())
+        gaps = np.empty(m)
+        at = 0
+        for a in range(0, same.size, _SLICE):  # filled slice by slice: no N-row temporaries
+            s = same[a : a + _SLICE]
+            k = int(np.count_nonzero(s))
+            b = a + s.size
+            gaps[at : at + k] = (self.t[a + 1 : b + 1] - self.t[a:b])[s]
+            at += k
+        assert at == m  # the stretches cover the rows (a view of group_chunks)
+        return ItlRuns(gaps, g, lens)
+
     def itl(self) -> tuple[np.ndarray, np.ndarray]:
         """All ITL samples (s) and the request position of each (vLLM §6.1)."""
         if self.t.size < 2:
@@ -220,6 +267,21 @@ class ChunkView:
             grp[at : at + k] = self.grp[a + 1 : b + 1][s]
             at += k
         return gaps, grp
+
+
+@dataclass
+class ItlRuns:
+    """A grouped view's ITL samples (:meth:`ChunkView.itl_runs`) in runs, one per request
+    with two chunks or more: ``pos[i]`` the i-th run's request position, ``lens[i]`` its
+    samples (``gaps`` holds them back to back, in the view's order)."""
+
+    gaps: np.ndarray
+    pos: np.ndarray
+    lens: np.ndarray
+
+    def sample_values(self, per_request: np.ndarray) -> np.ndarray:
+        """``per_request[request of each sample]`` (e.g. a tier code a sample)."""
+        return np.repeat(per_request[self.pos], self.lens)
 
 
 def group_chunks(
@@ -533,7 +595,7 @@ def itl_p99_within(
     cv: ChunkView,
     n: int,
     slo_s: np.ndarray,
-    itl: tuple[np.ndarray, np.ndarray] | None = None,
+    itl: tuple[np.ndarray, np.ndarray] | ItlRuns | None = None,
 ) -> np.ndarray:
     """Per request: is the request's own p99 ITL (``np.percentile`` linear) <= its TBT SLO?
 
@@ -541,43 +603,82 @@ def itl_p99_within(
     between the order statistics at floor(h) and ceil(h). If c gaps exceed the SLO they are
     the top c, so the answer is decided by c alone except when floor(h) = n−c−1: then the p99
     is ``lo + frac·(hi − lo)`` with lo the largest gap within the SLO and hi the smallest
-    above it. Requests with no ITL sample (one chunk) pass. ``slo_s`` is per request (NaN:
-    no SLO → True). ``itl``: ``cv.itl()`` when the caller already has it.
+    above it (read in a second pass over those requests' samples only). Requests with no
+    ITL sample (one chunk) pass. ``slo_s`` is per request (NaN: no SLO → True). ``itl``:
+    ``cv.itl()`` or :meth:`ChunkView.itl_runs` when the caller already has it.
     """
     ok = np.ones(n, dtype=bool)
-    itl, grp = cv.itl() if itl is None else itl
-    if itl.size == 0:
+    if itl is None:
+        itl = cv.itl()
+    x_all = itl.gaps if isinstance(itl, ItlRuns) else itl[0]
+    if x_all.size == 0:
         return ok
+    pieces = _itl_pieces(itl)
+    s_req = np.where(np.isfinite(slo_s), slo_s, np.inf)  # no SLO: nothing is over it
     cnt = np.zeros(n, dtype=np.int64)
     c = np.zeros(n, dtype=np.int64)
-    lo = np.full(n, -np.inf)
-    hi = np.full(n, np.inf)
-    # counts, max and min (exact in any order) slice by slice, reduced over each run of one
-    # request's samples (a grouped view's samples come in one run per request) and the
-    # per-run results folded per request: few runs, so the scattered updates are few
-    for a in range(0, itl.size, _SLICE):
-        g, x = grp[a : a + _SLICE], itl[a : a + _SLICE]
-        heads = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        rg = g[heads]
-        s = slo_s[rg]
-        over = x > np.repeat(np.where(np.isfinite(s), s, np.inf), np.diff(np.r_[heads, g.size]))
-        np.add.at(cnt, rg, np.diff(np.r_[heads, g.size]))
-        np.add.at(c, rg, np.add.reduceat(over, heads, dtype=np.int64))
-        np.maximum.at(lo, rg, np.maximum.reduceat(np.where(over, -np.inf, x), heads))
-        np.minimum.at(hi, rg, np.minimum.reduceat(np.where(over, x, np.inf), heads))
+    # counts (exact in any order) reduced over each run of one request's samples and folded
+    # per request: a grouped view's samples come in one run per request, so few updates
+    for a, b, rg, lens in pieces:
+        over = x_all[a:b] > np.repeat(s_req[rg], lens)
+        np.add.at(cnt, rg, lens)
+        np.add.at(c, rg, np.add.reduceat(over, _heads(lens), dtype=np.int64))
     h = 0.99 * (cnt - 1)
     f = np.floor(h).astype(np.int64)
     frac = h - f
     ceil_ = np.ceil(h).astype(np.int64)
     first_over = cnt - c  # index of the smallest gap above the SLO
+    pass_clear = ceil_ < first_over
+    fail_clear = f >= first_over
+    edge = (cnt > 0) & (c > 0) & ~pass_clear & ~fail_clear
+    lo = np.full(n, -np.inf)
+    hi = np.full(n, np.inf)
+    if edge.any():  # max within and min above the SLO, over the edge requests' samples
+        for a, b, rg, lens in pieces:
+            keep = edge[rg]
+            if not keep.any():
+                continue
+            m = np.repeat(keep, lens)
+            x, rk, lk = x_all[a:b][m], rg[keep], lens[keep]
+            over = x > np.repeat(s_req[rk], lk)
+            heads = _heads(lk)
+            np.maximum.at(lo, rk, np.maximum.reduceat(np.where(over, -np.inf, x), heads))
+            np.minimum.at(hi, rk, np.minimum.reduceat(np.where(over, x, np.inf), heads))
     with np.errstate(invalid="ignore"):
-        pass_clear = ceil_ < first_over
-        fail_clear = f >= first_over
         val = lo + frac * (hi - lo)
-        edge_ok = val <= np.where(np.isfinite(slo_s), slo_s, np.inf)
+        edge_ok = val <= s_req
     res = np.where(c == 0, True, np.where(pass_clear, True, np.where(fail_clear, False, edge_ok)))
     ok[cnt > 0] = res[cnt > 0]
     return ok
+
+
+def _heads(lens: np.ndarray) -> np.ndarray:
+    """Start of each run within its piece (runs of ``lens`` >= 1 samples, back to back)."""
+    return np.r_[0, np.cumsum(lens[:-1])]
+
+
+def _itl_pieces(
+    itl: tuple[np.ndarray, np.ndarray] | ItlRuns,
+) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The ITL samples as pieces of about ``_SLICE`` samples (bounded temporaries), each
+    ``(a, b, request of each run, samples in each run)`` for the samples ``[a, b)``: from
+    the runs as given, or from the per-sample request positions (a run: a stretch of one
+    request's samples; a request may have several)."""
+    out = []
+    if isinstance(itl, ItlRuns):
+        off = np.r_[0, np.cumsum(itl.lens)]
+        cuts = np.unique(np.searchsorted(off, np.arange(0, off[-1], _SLICE), side="right") - 1)
+        bounds = [*cuts.tolist(), itl.lens.size]
+        for r0, r1 in zip(bounds[:-1], bounds[1:], strict=True):
+            if r1 > r0:
+                out.append((int(off[r0]), int(off[r1]), itl.pos[r0:r1], itl.lens[r0:r1]))
+        return out
+    gaps, grp = itl
+    for a in range(0, gaps.size, _SLICE):
+        g = grp[a : a + _SLICE]
+        heads = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        out.append((a, a + g.size, g[heads], np.diff(np.r_[heads, g.size])))
+    return out
 
 
 def send_fidelity(

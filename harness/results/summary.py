@@ -186,27 +186,40 @@ def _itl_stats(
 ) -> dict[str | None, tuple[dict[str, float], float | None]]:
     """ITL statistics (:func:`metrics.latency_stats`) and largest sample of the whole run
     (key None) and of each tier (``itl_tier``: the index in ``names`` of each sample's tier).
+    ``itl`` is the last reader's: it is reordered or overwritten.
 
     Each tier's samples are copied in the pooled order (its mean and std sum in it) and
     sorted in place; when every sample has a tier, the run's percentiles are read from the
     union of the tiers' sorted samples (no sort of the 15M-sample pool), else the pool is
-    sorted in place after its mean and std (``itl`` is reordered: the last reader).
-    A tier holding every sample shares the run's figures (the same samples, same order)."""
+    sorted in place. A tier holding every sample shares the run's figures (the same
+    samples, same order). Memory: the pool's mean and std come first; then the largest
+    tier's deviations are written over the pool (read for the last time by its copy)."""
+    m_all = [itl_tier == code for code in range(len(names))]
+    counts = [int(np.count_nonzero(m)) for m in m_all]
+    whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
+    split = [j for j in range(len(names)) if names[j] not in whole_tiers]
+    covered = itl.size > 0 and not whole_tiers and sum(counts) == itl.size
+    whole_mean_std = M.mean_std(itl) if itl.size else None
     out: dict[str | None, tuple[dict[str, float], float | None]] = {}
     parts: list[np.ndarray] = []
-    whole_tiers = []
-    for code, name in enumerate(names):
-        m = itl_tier == code
-        if itl.size and int(np.count_nonzero(m)) == itl.size:
-            whole_tiers.append(name)
-            continue
-        sub = itl[m]
-        del m
-        stats = M.latency_stats(sub, "itl", overwrite=True)  # ``sub`` is sorted after
-        out[name] = (stats, sub[-1] if sub.size else None)
+    split.sort(key=lambda j: counts[j])  # the largest last: its scratch is the pool
+    scratch = np.empty(counts[split[-2]]) if len(split) > 1 else None
+    for i, j in enumerate(split):
+        sub = itl[m_all[j]]
+        m_all[j] = None  # type: ignore[call-overload]
+        last = i == len(split) - 1
+        use = itl if last and covered else scratch
+        stats = M.latency_stats(sub, "itl", overwrite=True, scratch=use)  # sorts ``sub``
+        out[names[j]] = (stats, sub[-1] if sub.size else None)
         parts.append(sub)
-    covered = sum(p.size for p in parts) == itl.size and itl.size > 0 and not whole_tiers
-    stats = M.latency_stats(itl, "itl", overwrite=True, sorted_parts=parts if covered else None)
+    del m_all, scratch
+    stats = M.latency_stats(
+        itl,
+        "itl",
+        overwrite=True,
+        sorted_parts=parts if covered else None,
+        moments=whole_mean_std,
+    )
     if not itl.size:
         top = None
     elif covered:
@@ -262,25 +275,32 @@ class SloMasks:
     has_slo: np.ndarray  # its tier has at least one SLO
 
 
-def slo_masks(
-    rm: pd.DataFrame,
-    cv: M.ChunkView,
-    tiers_meta: Mapping[str, Mapping[str, Any]],
-    itl: tuple[np.ndarray, np.ndarray] | None = None,
-) -> SloMasks:
-    """Which requests attained their tier's SLOs (the rule in the module docstring); shared
-    by summary.json and the report's confidence intervals so both count the same way."""
-    n = len(rm)
+def tier_masks(
+    rm: pd.DataFrame, tiers_meta: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The tiers (run.json's, then any other the requests name, sorted) and which requests
+    (rows of ``rm``) each holds."""
     tier_col = rm["tier"].to_numpy(dtype=object)
     names = list(tiers_meta) + sorted(
         {str(t) for t in tier_col if t is not None and str(t) not in tiers_meta}
     )
+    return names, {name: tier_col == name for name in names}
+
+
+def slo_masks(
+    rm: pd.DataFrame,
+    cv: M.ChunkView,
+    tiers_meta: Mapping[str, Mapping[str, Any]],
+    itl: tuple[np.ndarray, np.ndarray] | M.ItlRuns | None = None,
+) -> SloMasks:
+    """Which requests attained their tier's SLOs (the rule in the module docstring); shared
+    by summary.json and the report's confidence intervals so both count the same way."""
+    n = len(rm)
+    names, masks = tier_masks(rm, tiers_meta)
     ttft_slo = np.full(n, np.nan)
     tbt_slo = np.full(n, np.nan)
-    masks: dict[str, np.ndarray] = {}
     for name in names:
-        m = tier_col == name
-        masks[name] = m
+        m = masks[name]
         tm = tiers_meta.get(name, {})
         if tm.get("ttft_slo_s") is not None:
             ttft_slo[m] = float(tm["ttft_slo_s"])
@@ -334,22 +354,21 @@ def compute_summary(
     stab = _stability(full_run, chunks, grid, bins) if stability else None
     rm, cv = M.request_metrics(run.requests, chunks)
     chunks.release()  # the view holds what the metrics need; the rest may go (memory, issue 13)
-    itl, itl_grp = cv.itl()
     duration = _duration(run, rm, cv)
     tiers_meta = tiers_from_meta(meta)
-    sm = slo_masks(rm, cv, tiers_meta, itl=(itl, itl_grp))
-    # from here the ITL samples are only split by tier: one byte a sample instead of the
-    # request position (memory, issue 13)
-    tier_code = np.full(len(rm), -1, dtype=np.int8 if len(sm.names) < 127 else np.int32)
-    for code, name in enumerate(sm.names):
-        tier_code[sm.masks[name]] = code
-    itl_tier = tier_code[itl_grp]
-    del itl_grp
-    peaks = _chunk_peaks(rm, cv, sm.masks)
+    peaks = _chunk_peaks(rm, cv, tier_masks(rm, tiers_meta)[1])
+    runs = cv.itl_runs()  # the samples with their requests as runs (memory: its peak)
     if peaks is not None:  # every later read of the chunk times is done: let them go (memory)
         cv = M.ChunkView(
             np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), cv.start, cv.end
         )
+    sm = slo_masks(rm, cv, tiers_meta, itl=runs)
+    # from here the ITL samples are only split by tier: one byte a sample (memory, issue 13)
+    tier_code = np.full(len(rm), -1, dtype=np.int8 if len(sm.names) < 127 else np.int32)
+    for code, name in enumerate(sm.names):
+        tier_code[sm.masks[name]] = code
+    itl, itl_tier = runs.gaps, runs.sample_values(tier_code)
+    del runs
     if warm and warm["excluded"] and len(run.requests):
         # the measured window starts at the first measured request's scheduled arrival
         t_first = float(np.nanmin(run.requests["target_s"].to_numpy(dtype=float)))

@@ -418,3 +418,40 @@ def test_own_p99_itl_with_samples_in_any_order():
     want = M.itl_p99_within(cv, n, slo)
     perm = rng.permutation(itl.size)
     assert np.array_equal(M.itl_p99_within(cv, n, slo, itl=(itl[perm], ig[perm])), want)
+
+
+def test_itl_runs_are_the_itl_samples():
+    """itl_runs gives itl()'s samples in the same order, each request's as one run (groups
+    in any order, one-chunk and chunkless requests), and the p99 check reads them alike."""
+    rng = np.random.default_rng(4)
+    n = 200
+    lens = rng.integers(0, 60, n)
+    layout = rng.permutation(n)  # the groups need not ascend
+    t = np.concatenate([np.cumsum(rng.exponential(0.05, lens[g])) for g in layout])
+    grp = np.concatenate([np.full(lens[g], g) for g in layout])
+    start = np.zeros(n, dtype=np.int64)
+    at = 0
+    for g in layout:
+        start[g] = at
+        at += lens[g]
+    cv = M.ChunkView(t, np.ones(t.size, dtype=np.int64), grp, start, start + lens)
+    gaps, ig = cv.itl()
+    runs = cv.itl_runs()
+    assert np.array_equal(runs.gaps, gaps)
+    assert np.array_equal(runs.sample_values(np.arange(n)), ig)
+    assert (runs.lens >= 1).all() and runs.lens.sum() == gaps.size
+    slo = rng.choice([0.05, 0.1, np.nan], n)
+    assert np.array_equal(
+        M.itl_p99_within(cv, n, slo, itl=runs), M.itl_p99_within(cv, n, slo, itl=(gaps, ig))
+    )
+
+
+def test_mean_std_are_numpys():
+    """mean_std (one mean sum, deviations in a scratch) gives np.mean and np.std's bits."""
+    rng = np.random.default_rng(8)
+    scratch = np.empty(200_000)
+    for it in range(60):
+        n = int(rng.integers(1, 200_000))
+        x = [rng.exponential(size=n), rng.normal(5, 1e-3, n), rng.integers(0, 7, n) * 0.1][it % 3]
+        for s in (None, scratch):
+            assert M.mean_std(x, s) == (np.mean(x), np.std(x))
