@@ -464,7 +464,7 @@ def _buckets(t: np.ndarray, t0: float) -> np.ndarray:
     return d.astype(np.int64)  # truncation == floor for d >= 0
 
 
-def _kept_times(cv: ChunkView, rows: np.ndarray | None) -> Iterator[np.ndarray]:
+def kept_times(cv: ChunkView, rows: np.ndarray | None) -> Iterator[np.ndarray]:
     """``cv.t`` slice by slice, only the chunks of requests where ``rows`` is True (all when
     None): the chunk times of a subset without an N-row copy."""
     for a in range(0, cv.t.size, _SLICE):
@@ -472,10 +472,13 @@ def _kept_times(cv: ChunkView, rows: np.ndarray | None) -> Iterator[np.ndarray]:
         yield t if rows is None else t[rows[cv.grp[a : a + _SLICE]]]
 
 
-def _bucket_counts(cv: ChunkView, t0: float, rows: np.ndarray | None) -> np.ndarray:
-    """Chunks per 1-s bucket (:func:`_buckets`), counted slice by slice."""
+def bucket_counts(
+    cv: ChunkView, t0: float, rows: np.ndarray | None, times: Iterable[np.ndarray] | None = None
+) -> np.ndarray:
+    """Chunks per 1-s bucket (:func:`_buckets`), counted slice by slice (of ``times`` when
+    given: the kept times already taken out)."""
     total = np.zeros(0, dtype=np.int64)
-    for t in _kept_times(cv, rows):
+    for t in kept_times(cv, rows) if times is None else times:
         c = np.bincount(_buckets(t, t0))
         if c.size > total.size:
             c[: total.size] += total
@@ -485,24 +488,40 @@ def _bucket_counts(cv: ChunkView, t0: float, rows: np.ndarray | None) -> np.ndar
     return total
 
 
+def bucket_origin(
+    cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None
+) -> float | None:
+    """:func:`max_output_tokens_per_s`'s bucket origin: the earliest successful start of
+    ``rm``'s requests, else their earliest chunk (None: no chunk to count)."""
+    if rows is None and cv.t.size == 0:
+        return None
+    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
+    start = start[np.isfinite(start)]
+    if start.size:
+        return float(start.min())
+    # vLLM's min_start_time falls back to the earliest chunk (_first_start)
+    mins = [float(t.min()) for t in kept_times(cv, rows) if t.size]
+    return min(mins) if mins else None
+
+
+def output_buckets(
+    cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None
+) -> tuple[float | None, np.ndarray]:
+    """:func:`max_output_tokens_per_s`'s origin and chunks per 1-s bucket (origin None:
+    no chunk to count)."""
+    t0 = bucket_origin(cv, rm, rows)
+    if t0 is None:
+        return None, np.zeros(0, dtype=np.int64)
+    return t0, bucket_counts(cv, t0, rows)
+
+
 def max_output_tokens_per_s(
     cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None
 ) -> float:
     """vLLM: max over 1-s buckets (from the earliest successful start) of chunk arrivals.
     It counts chunks, not tokens (§6.2). ``rows``: per request position of ``cv``, whose
     chunks count (``rm`` then holds those requests); None: every chunk."""
-    if rows is None and cv.t.size == 0:
-        return 0.0
-    start = rm["start_s"].to_numpy()[rm["success"].to_numpy(dtype=bool)]
-    start = start[np.isfinite(start)]
-    if start.size:
-        t0 = float(start.min())
-    else:  # vLLM's min_start_time falls back to the earliest chunk (_first_start)
-        mins = [float(t.min()) for t in _kept_times(cv, rows) if t.size]
-        if not mins:
-            return 0.0
-        t0 = min(mins)
-    c = _bucket_counts(cv, t0, rows)
+    c = output_buckets(cv, rm, rows)[1]
     return float(c.max()) if c.size else 0.0
 
 

@@ -214,3 +214,41 @@ def test_server_and_gpu_blocks_from_samples(tmp_path):
 def test_no_samples_no_server_block(make_run):
     s = compute_summary(read_run(make_run([])), stability=False)
     assert s["server"] is None and s["gpu"] is None
+
+
+@pytest.mark.parametrize("case", ["partition", "untiered", "other_origin", "one_tier"])
+def test_chunk_peaks_shortcut_is_per_tier_counting(case):
+    """The largest tier's chunk peak from the run's buckets minus the other tiers' (same
+    origin, whole counts) equals counting its own chunks; untiered requests with chunks or
+    another origin take the plain path."""
+    import numpy as np
+    import pandas as pd
+
+    from harness.results import metrics as M
+    from harness.results.summary import _chunk_peak, _chunk_peaks
+
+    rng = np.random.default_rng(2)
+    n = 300
+    lens = rng.integers(0, 40, n)
+    start_s = np.sort(rng.random(n) * 20)
+    t = np.concatenate(
+        [s + np.cumsum(rng.exponential(0.05, k)) for s, k in zip(start_s, lens, strict=True)]
+    )
+    grp = np.repeat(np.arange(n), lens)
+    starts = np.r_[0, np.cumsum(lens)[:-1]]
+    cv = M.ChunkView(t, np.ones(t.size, dtype=np.int64), grp, starts, starts + lens)
+    cv._single = True
+    tier = np.where(rng.random(n) < 0.2, "paid", "free").astype(object)
+    if case == "untiered":
+        tier[int(np.flatnonzero(lens > 0)[3])] = None  # a request with chunks and no tier
+    if case == "one_tier":
+        tier[:] = "free"
+    success = lens > 0
+    if case == "other_origin":
+        tier[0], tier[1] = "paid", "paid"  # the run's first start is a small tier's
+    rm = pd.DataFrame({"start_s": start_s, "success": success, "tier": tier})
+    masks = {x: tier == x for x in ("paid", "free") if (tier == x).any()}
+    got = _chunk_peaks(rm, cv, masks)
+    want = {None: _chunk_peak(rm, cv, np.ones(n, dtype=bool))}
+    want.update({x: _chunk_peak(rm, cv, m) for x, m in masks.items()})
+    assert got == want
