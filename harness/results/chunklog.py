@@ -296,7 +296,7 @@ def _ascend_in_runs(key: np.ndarray, t: np.ndarray) -> bool:
 
 
 def bin_token_sums(
-    chunks: ChunkArrays, grid: np.ndarray, max_runs: int = 4096
+    chunks: ChunkArrays, grid: np.ndarray, max_runs: int | None = None
 ) -> np.ndarray | None:
     """Chunk tokens per bin of the ascending ``grid``: entry k sums the rows whose
     ``searchsorted(grid, t, "left")`` is k (k = 0..len(grid)), as int64; the sums
@@ -305,10 +305,13 @@ def bin_token_sums(
     Why: a simulator writes each engine's rows in time order, so the log is a few
     time-ordered stretches, and a binary search of each grid point in each stretch bins
     every row (no per-row search of 15M times). None when the log has more than
-    ``max_runs`` stretches (a replay writes request by request): bin row by row then.
+    ``max_runs`` stretches (default: one per 4096 rows, at least 64; a replay writes
+    request by request): binning row by row costs less then.
     A NaN time (numpy sorts it last) never continues a stretch and falls in the last bin,
     as ``searchsorted`` puts it."""
     t = chunks.t
+    if max_runs is None:
+        max_runs = max(64, t.size // 4096)
     bounds = [0]
     for a in range(0, t.size, _BATCH):
         s = t[a : a + _BATCH + 1]
