@@ -317,7 +317,7 @@ def replay(
         restore()
     signum = received[0] if received else int(signal.SIGINT)
     if warmup_spec is not None and not interrupted and (run_dir / "run.json").is_file():
-        from harness.results.warmup import apply_warmup
+        from harness.results.summary import apply_warmup
 
         apply_warmup(run_dir, warmup_spec)
     _print_result(run_dir, cfg.goodput, interrupted, signum)
@@ -504,7 +504,7 @@ def _replay_repeats(
             raise typer.Exit(130) from None
         mark_run(run_dir, group=group, seed=s, index=i, of=repeats)
         if warmup_spec is not None:
-            from harness.results.warmup import apply_warmup
+            from harness.results.summary import apply_warmup
 
             apply_warmup(run_dir, warmup_spec)
         _print_result(run_dir, cfg.goodput, False, int(signal.SIGINT))

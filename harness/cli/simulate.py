@@ -344,7 +344,7 @@ def simulate(
             group = f"{label}-{pol}" if label else pol
             mark_run(d, group=group, seed=s, index=i, of=repeats)
             if warmup_spec is not None:
-                from harness.results.warmup import apply_warmup
+                from harness.results.summary import apply_warmup
 
                 apply_warmup(d, warmup_spec)
             runs.append((d, group, s))

@@ -488,9 +488,7 @@ def bucket_counts(
     return total
 
 
-def bucket_origin(
-    cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None
-) -> float | None:
+def bucket_origin(cv: ChunkView, rm: pd.DataFrame, rows: np.ndarray | None = None) -> float | None:
     """:func:`max_output_tokens_per_s`'s bucket origin: the earliest successful start of
     ``rm``'s requests, else their earliest chunk (None: no chunk to count)."""
     if rows is None and cv.t.size == 0:

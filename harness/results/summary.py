@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import inspect
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -654,3 +655,12 @@ def write_summary(
     )
     write_json(Path(run_dir) / schema.SUMMARY_JSON, summary)
     return summary
+
+
+def apply_warmup(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Record ``spec`` in run.json and rewrite summary.json with it applied."""
+    path = Path(run_dir) / schema.RUN_JSON
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta["warmup"] = dict(spec)
+    write_json(path, meta)
+    return write_summary(run_dir)

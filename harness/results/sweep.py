@@ -483,7 +483,7 @@ def run_sweep(
         rate, seed = _rate_seed(item)
         for pol, run_dir in pairs:
             if cfg.warmup:
-                from harness.results.warmup import apply_warmup
+                from harness.results.summary import apply_warmup
 
                 apply_warmup(run_dir, cfg.warmup)
             p = sweep_point(run_dir, pol, rate, cfg.min_attainment)

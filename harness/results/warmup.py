@@ -13,16 +13,13 @@ The stability verdict keeps its own warm-up cut (MSER-5) over every request.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.results import schema
-from harness.results.rundir import Run, write_json
+from harness.results.rundir import Run
 
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min)\s*$")
 
@@ -87,14 +84,3 @@ def without_warmup(run: Run) -> tuple[Run, dict[str, Any] | None]:
     if len(chunks):
         chunks = chunks[~chunks["req"].isin(gone)].reset_index(drop=True)
     return dataclasses.replace(run, requests=reqs, chunks=chunks), info
-
-
-def apply_warmup(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """Record ``spec`` in run.json and rewrite summary.json with it applied."""
-    from harness.results.summary import write_summary
-
-    path = Path(run_dir) / schema.RUN_JSON
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    meta["warmup"] = dict(spec)
-    write_json(path, meta)
-    return write_summary(run_dir)
