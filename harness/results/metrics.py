@@ -238,35 +238,37 @@ class ChunkView:
         same = np.ones(self.t.size - 1, dtype=bool)
         heads = self.start[cnt > 0]
         same[heads[heads > 0] - 1] = False
-        m = int(lens.sum())
-        gaps = np.empty(m)
-        at = 0
-        for a in range(0, same.size, _SLICE):  # filled slice by slice: no N-row temporaries
-            s = same[a : a + _SLICE]
-            k = int(np.count_nonzero(s))
-            b = a + s.size
-            gaps[at : at + k] = (self.t[a + 1 : b + 1] - self.t[a:b])[s]
-            at += k
-        assert at == m  # the stretches cover the rows (a view of group_chunks)
+        gaps, _ = _gaps_where(self.t, same)
+        assert gaps.size == int(lens.sum())  # the stretches cover the rows (group_chunks')
         return ItlRuns(gaps, g, lens)
 
     def itl(self) -> tuple[np.ndarray, np.ndarray]:
         """All ITL samples (s) and the request position of each (vLLM §6.1)."""
         if self.t.size < 2:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
-        same = self.grp[1:] == self.grp[:-1]
-        m = int(np.count_nonzero(same))
-        gaps = np.empty(m)
-        grp = np.empty(m, dtype=self.grp.dtype)
-        at = 0
-        for a in range(0, same.size, _SLICE):  # filled slice by slice: no N-row temporaries
-            s = same[a : a + _SLICE]
-            k = int(np.count_nonzero(s))
-            b = a + s.size
-            gaps[at : at + k] = (self.t[a + 1 : b + 1] - self.t[a:b])[s]
-            grp[at : at + k] = self.grp[a + 1 : b + 1][s]
-            at += k
+        gaps, grp = _gaps_where(self.t, self.grp[1:] == self.grp[:-1], self.grp)
+        assert grp is not None
         return gaps, grp
+
+
+def _gaps_where(
+    t: np.ndarray, same: np.ndarray, grp: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``t[i + 1] - t[i]`` where ``same[i]`` (and ``grp[i + 1]`` there, when given), filled
+    slice by slice: no N-row temporaries at the summary's memory peak."""
+    m = int(np.count_nonzero(same))
+    gaps = np.empty(m)
+    out = None if grp is None else np.empty(m, dtype=grp.dtype)
+    at = 0
+    for a in range(0, same.size, _SLICE):
+        s = same[a : a + _SLICE]
+        k = int(np.count_nonzero(s))
+        b = a + s.size
+        gaps[at : at + k] = (t[a + 1 : b + 1] - t[a:b])[s]
+        if out is not None:
+            out[at : at + k] = grp[a + 1 : b + 1][s]
+        at += k
+    return gaps, out
 
 
 @dataclass
