@@ -107,7 +107,7 @@ def scan_openai_py(seg: bytes, t: float, res: Any, st: Any) -> bool:
         if keys != nu and keys != nu + seg.count(b'"usage":null'):
             return False
     cts: list[bytes] = []
-    prompt = -1
+    prompt = final = -1
     if nu:
         cts = _COMPLETION.findall(seg)
         if len(cts) != nu:
@@ -117,7 +117,10 @@ def scan_openai_py(seg: bytes, t: float, res: Any, st: Any) -> bool:
         m = _PROMPT.match(seg, at) if at > seg.rfind(b'"usage":{') else None
         if m is None:
             return False
-        prompt = int(m.group(1))
+        try:  # a count past Python's int-string digit limit: json.loads fails it too
+            prompt, final = int(m.group(1)), int(cts[-1])
+        except ValueError:
+            return False
     if nu == n and full:
         # Rule 1 (continuous usage stats): a chunk's tokens are the rise of the cumulative
         # count; the assigned total is the running maximum, as in interpret_openai.
@@ -151,7 +154,7 @@ def scan_openai_py(seg: bytes, t: float, res: Any, st: Any) -> bool:
     if running != nf:
         st.finished_choices = True
     if nu:
-        st.final_completion = int(cts[-1])
+        st.final_completion = final
         st.prompt_tokens = prompt
     if done:
         st.done = True
