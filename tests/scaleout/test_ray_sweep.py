@@ -1,5 +1,7 @@
 """Simulated sweeps fanned out as Ray tasks on a local Ray instance (2 CPUs): the same runs,
-bit for bit, as without Ray, in less wall time; and the one-line error without the extra."""
+bit for bit, as without Ray; and the one-line error without the extra. How much wall time Ray
+saves is a benchmark's figure (benchmarks/bench_ray_sweep.py), not a timed test: runs this
+small are dominated by Ray's start-up and its workers' imports, and a shared CI box's load."""
 
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ def ray_sweep(root: Path) -> float:
 
 
 @pytest.mark.slow
-def test_ray_sweep_matches_serial_bit_for_bit_and_is_faster(tmp_path: Path) -> None:
+def test_ray_sweep_matches_serial_bit_for_bit(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     serial_s = sweep_all(tmp_path / "serial")
     ray_s = ray_sweep(tmp_path / "ray")
@@ -107,7 +109,6 @@ def test_ray_sweep_matches_serial_bit_for_bit_and_is_faster(tmp_path: Path) -> N
         assert a[key]["requests"].equals(b[key]["requests"]), key
         assert a[key]["chunks"].equals(b[key]["chunks"]), key
     print(f"\n36 simulated runs: serial {serial_s:.1f} s, Ray (2 CPUs) {ray_s:.1f} s")
-    assert ray_s < serial_s
 
 
 def test_ray_flag_without_the_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
