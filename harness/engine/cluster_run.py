@@ -10,7 +10,6 @@ names every engine (policy, parameters, cost model, KV) and the router.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,10 +108,9 @@ def write_cluster_run(
             full["cluster"]["split"] = True  # routed up front, engines simulated alone (exact)
         else:
             full["cluster"]["array_engines"] = True  # the event loop on array engines (exact)
-        # streamed chunk row groups (no merge of parts on close), and no flush on a wall-clock
-        # interval: the row groups then follow the token-time batches alone, so a run's files
-        # are the same bytes however fast (or in how many processes) it was simulated
-        with RunWriter(run_dir, full, stream_chunks=True, flush_interval_s=math.inf) as w:
+        # streamed chunk row groups: no merge of parts on close, and the same bytes however
+        # fast (or in how many processes) the engines were simulated (RunWriter)
+        with RunWriter(run_dir, full, stream_chunks=True) as w:
 
             def sink(req: np.ndarray, t: np.ndarray) -> None:
                 w.add_chunks_table(chunks_table(req, t))

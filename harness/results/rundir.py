@@ -335,7 +335,9 @@ class RunWriter:
     renamed on close, instead of part files merged on close. Why: the merge decodes and
     re-encodes every row (~15M for a 100k-request simulation, over a second); the price is
     that a SIGKILLed writer leaves no readable chunk rows (an exception or Ctrl-C still
-    closes the file). For reproducible producers (the simulator), not for live replays.
+    closes the file). For reproducible producers (the simulator), not for live replays. The
+    chunk stream flushes on ``flush_rows`` (or :meth:`flush`), never on the wall-clock
+    interval, so a run's chunk file is the same bytes however fast it was produced.
     """
 
     def __init__(
@@ -404,7 +406,14 @@ class RunWriter:
         if sink.buffered >= self.flush_rows:
             sink.flush()
         elif clock.now() - self._last_flush >= self.flush_interval_s:
-            self.flush()
+            # The interval bounds what a SIGKILL loses, which closed parts keep; a stream sink
+            # keeps nothing readable until closed, so it flushes on size (or an explicit
+            # flush) alone, and its row groups follow the producer's batches, not the clock.
+            with self._lock:
+                for s in self._sinks:
+                    if not s.stream:
+                        s.flush()
+                self._last_flush = clock.now()
 
     def add_request(self, row: dict[str, Any]) -> None:
         """One REQUESTS row (missing nullable keys = null; unknown keys raise)."""

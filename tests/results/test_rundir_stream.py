@@ -76,3 +76,19 @@ def test_a_failed_background_write_keeps_its_rows(tmp_path, monkeypatch):
     assert run.status == schema.STATUS_COMPLETE
     assert np.array_equal(run.chunks["t_s"].to_numpy(), np.arange(600) * 0.01)
     assert json.loads((d / schema.RUN_JSON).read_text())["rows"]["chunks"] == 600
+
+
+def test_the_chunk_stream_ignores_the_flush_interval(tmp_path):
+    """The wall-clock interval flushes closed parts (what a SIGKILL keeps); a stream keeps
+    nothing readable until closed, so its row groups follow flush_rows alone: the same bytes
+    however fast the run was produced."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "run"
+    with RunWriter(d, {}, flush_rows=1000, flush_interval_s=0.0, stream_chunks=True) as w:
+        for a in range(0, 900, 300):
+            w.add_chunks_table(_chunks(a, a + 300))  # every add is past the interval
+            w.add_sample({"t_s": a * 0.01, "source": "engine"})
+        assert (d / (schema.SAMPLES_FILE + ".parts")).is_dir()  # parts still flush on time
+    assert pq.ParquetFile(d / schema.CHUNKS_FILE).metadata.num_row_groups == 1
+    assert len(read_run(d).chunks) == 900
