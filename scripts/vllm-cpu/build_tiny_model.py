@@ -9,7 +9,9 @@ Usage: python build_tiny_model.py OUT_DIR
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -71,9 +73,25 @@ def build(out: Path, seed: int = 0) -> None:
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    fast.save_pretrained(out)
+    # Written beside ``out`` and renamed into place, so two setups building it at once (CI
+    # installs the vLLM and SGLang tiers concurrently) never leave a half-written model: the
+    # first rename wins and the other build is dropped (same seed, same files).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        fast.save_pretrained(tmp)
+        if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+            return
+        if out.exists():
+            shutil.rmtree(out, ignore_errors=True)  # an incomplete model from an interrupted older build
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").exists():  # not a concurrent build that won
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
