@@ -84,7 +84,8 @@ def build(out: Path, seed: int = 0) -> None:
         if (out / "config.json").exists() and (out / "tokenizer.json").exists():
             return
         if out.exists():
-            shutil.rmtree(out, ignore_errors=True)  # an incomplete model from an interrupted older build
+            # an incomplete model from an interrupted older build
+            shutil.rmtree(out, ignore_errors=True)
         try:
             tmp.rename(out)
         except OSError:
