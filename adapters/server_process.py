@@ -64,13 +64,18 @@ class EngineServer:
         self.command = cfg.command(self.port)
         self.log_path = cfg.log_path or Path(f"/tmp/{self.engine.lower()}-{self.port}.log")
         self._log = self.log_path.open("wb")
+        # own_session: the engine in a scheduling group of its own, shielded from the client
+        # and everything else on the box: steadier engine steps for engine-side measurements
+        # (scripts/vllm-cpu/fidelity.py), at the cost of the starved client described above
+        own_session = bool(getattr(cfg, "own_session", False))
         self.proc = subprocess.Popen(
             self.command,
             cwd=str(Path(__file__).resolve().parents[1]),
             env=cfg.environment(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            process_group=0,
+            start_new_session=own_session,
+            process_group=None if own_session else 0,
         )
 
     def log_text(self) -> str:

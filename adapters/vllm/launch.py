@@ -71,6 +71,8 @@ class VllmServerConfig:
     port: int | None = None
     extra_args: Sequence[str] = ()
     ready_timeout_s: float = 300.0
+    # a session (CFS autogroup) of its own: see adapters/server_process.py
+    own_session: bool = False
 
     @property
     def effective_max_model_len(self) -> int:
@@ -168,6 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="start vLLM with --no-enable-prefix-caching (default: on, as vLLM)",
     )
     ap.add_argument("--step-log", type=Path, default=None, help="per-step JSONL (adapter only)")
+    ap.add_argument(
+        "--own-session",
+        action="store_true",
+        help="run vLLM in a session (scheduling group) of its own: steadier engine steps on a "
+        "small box, but clients on the same cores can wait seconds for the CPU",
+    )
     add_process_args(ap)
     args = ap.parse_args(argv)
     try:
@@ -187,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         step_log=args.step_log,
         log_path=args.log,
         ready_timeout_s=args.ready_timeout,
+        own_session=args.own_session,
     )
     return serve(lambda: VllmServer(cfg), args)
 

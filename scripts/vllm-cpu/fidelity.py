@@ -80,6 +80,31 @@ def build(path: Path, seed: int, n: int, rate: float) -> Path:
     return save_trace(trace, path)
 
 
+def replay_plan(
+    out: Path, n: int, rate: float, interleave: int, bracket: bool
+) -> list[tuple[str, Path]]:
+    """The replays in order. One piece each (``interleave`` 1): calibration (seed 11),
+    evaluation (12) and, with ``bracket``, a second calibration (13). ``interleave`` K: K
+    calibration / evaluation pairs of ``n // K`` requests (seeds 21, 22, 23, ...), then with
+    ``bracket`` one more calibration piece."""
+    if interleave == 1:
+        plan = [
+            ("calibration", build(out / "calibration.parquet", seed=11, n=n, rate=rate)),
+            ("evaluation", build(out / "evaluation.parquet", seed=12, n=n, rate=rate)),
+        ]
+        if bracket:
+            plan.append(
+                ("calibration", build(out / "calibration2.parquet", seed=13, n=n, rate=rate))
+            )
+        return plan
+    m = max(1, n // interleave)
+    kinds = ["calibration", "evaluation"] * interleave + (["calibration"] if bracket else [])
+    return [
+        (kind, build(out / f"{kind}-{i:02d}.parquet", seed=21 + i, n=m, rate=rate))
+        for i, kind in enumerate(kinds)
+    ]
+
+
 def replay(url: str, trace: Path, out: Path) -> Path:
     harness = Path(sys.executable).parent / "harness"
     cmd = [str(harness), "replay", "--trace", str(trace), "--arrival", "trace", "--target", url]
@@ -112,9 +137,12 @@ def engine_trace_frame(req: pd.DataFrame) -> pd.DataFrame:
     """The simulator's trace: each finished request at its ready time, with its lengths."""
     df = req.sort_values("ready_s", kind="stable")
     ready = df["ready_s"].to_numpy()
+    ids = df["request_id"].astype(str)
+    if ids.duplicated().any():  # pieces of an interleaved run may reuse a client's ids
+        ids = ids + "#" + ids.groupby(ids).cumcount().astype(str)
     return pd.DataFrame(
         {
-            "request_id": df["request_id"].astype(str),
+            "request_id": ids,
             "arrival_s": ready - float(ready.min()),
             "prompt_len": df["prompt_tokens"].astype(int),
             "output_len": df["output_tokens"].astype(int),
@@ -194,15 +222,13 @@ QUIET_LOAD = 3.0
 def serve_policy(
     name: str,
     params: dict[str, Any],
-    cal: Path,
-    ev: Path,
+    plan: list[tuple[str, Path]],
     out: Path,
     common: dict[str, Any],
-    cal2: Path | None = None,
 ) -> None:
-    """Serve ``name`` on real vLLM with the step log on; replay calibration, evaluation and
-    (``cal2``) a second calibration trace after it. Writes ``steps-{name}.jsonl`` and
-    ``split-{name}.json`` (where the evaluation lines start and end)."""
+    """Serve ``name`` on real vLLM with the step log on; replay the ``plan``'s traces in order
+    (each a ``("calibration" | "evaluation", trace)``). Writes ``steps-{name}.jsonl`` and
+    ``split-{name}.json`` (which step-log lines each replay wrote)."""
     step_log = out / f"steps-{name}.jsonl"
     step_log.unlink(missing_ok=True)
     cfg = VllmServerConfig(
@@ -210,25 +236,38 @@ def serve_policy(
         policy_params=params,
         step_log=step_log,
         log_path=out / f"adapter-{name}.log",
+        # engine-side comparison: keep the engine's steps from depending on the client's and
+        # the API server's CPU use (adapters/server_process.py); the simulator is given the
+        # real ready times, so the client's own delays do not enter it
+        own_session=True,
         **common,
     )
     load = [os.getloadavg()]
+    segments: list[tuple[str, int, int]] = []
     with running_vllm(cfg) as srv:
-        replay(srv.url, cal, out / f"{name}-calibration")
-        n_cal = len(read_step_log(step_log))
-        load.append(os.getloadavg())
-        replay(srv.url, ev, out / f"{name}-evaluation")
-        n_eval_end = len(read_step_log(step_log))
-        load.append(os.getloadavg())
-        if cal2 is not None:
-            replay(srv.url, cal2, out / f"{name}-calibration2")
+        start = 0
+        for kind, trace in plan:
+            replay(srv.url, trace, out / f"{name}-{trace.stem}")
+            end = len(read_step_log(step_log))
+            segments.append((kind, start, end))
+            start = end
             load.append(os.getloadavg())
-    split = {
-        "n_calibration_lines": n_cal,
-        "n_evaluation_end": n_eval_end,
-        "loadavg_1m": [round(x[0], 2) for x in load],
-    }
+    split = {"segments": segments, "loadavg_1m": [round(x[0], 2) for x in load]}
     (out / f"split-{name}.json").write_text(json.dumps(split))
+
+
+def split_rows(
+    rows: list[dict[str, Any]], split: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The step-log lines of the calibration replays and of the evaluation replays."""
+    if "segments" not in split:  # logs written before segments (one calibration first)
+        n_cal = int(split["n_calibration_lines"])
+        n_end = int(split.get("n_evaluation_end", len(rows)))
+        return rows[:n_cal] + rows[n_end:], rows[n_cal:n_end]
+    parts: dict[str, list[dict[str, Any]]] = {"calibration": [], "evaluation": []}
+    for kind, a, b in split["segments"]:
+        parts[kind].extend(rows[a:b])
+    return parts["calibration"], parts["evaluation"]
 
 
 def step_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -279,10 +318,7 @@ def analyse(
 
     all_rows = read_step_log(out / f"steps-{name}.jsonl")
     split = json.loads((out / f"split-{name}.json").read_text())
-    n_cal = int(split["n_calibration_lines"])
-    n_end = int(split.get("n_evaluation_end", len(all_rows)))
-    # calibration: the replay before the evaluation and, when run, the one after it
-    cal_rows, eval_rows = all_rows[:n_cal] + all_rows[n_end:], all_rows[n_cal:n_end]
+    cal_rows, eval_rows = split_rows(all_rows, split)
     fit_rows = {"calibration": cal_rows, "evaluation": eval_rows, "both": all_rows}[fit_on]
     samples = step_log_samples(fit_rows)
     fit = fit_cost_model(
@@ -415,6 +451,16 @@ def main() -> int:
         "evaluation averages the drift instead of extrapolating it",
     )
     ap.add_argument(
+        "--interleave",
+        type=int,
+        default=1,
+        metavar="K",
+        help="split the calibration and the evaluation into K traces each (NUM_REQUESTS / K "
+        "requests, other seeds, same shape) replayed in turn, calibration first (with "
+        "--bracket, one more calibration piece last): drift of the engine's speed lands on "
+        "both sides alike instead of on whichever replay ran during a slow spell",
+    )
+    ap.add_argument(
         "--trim-stalls",
         action="store_true",
         help="fit without the steps other processes stalled (a loaded box only: on a quiet "
@@ -439,14 +485,13 @@ def main() -> int:
         prefix_caching=False,
         ready_timeout_s=600,
     )
+    if args.interleave < 1:
+        print("error: --interleave must be at least 1", file=sys.stderr)
+        return 2
     if not args.from_logs:
-        cal = build(out / "calibration.parquet", seed=11, n=args.num_requests, rate=args.rate)
-        ev = build(out / "evaluation.parquet", seed=12, n=args.num_requests, rate=args.rate)
-        cal2 = None
-        if args.bracket:
-            cal2 = build(out / "calibration2.parquet", seed=13, n=args.num_requests, rate=args.rate)
+        plan = replay_plan(out, args.num_requests, args.rate, args.interleave, args.bracket)
         for name in names:
-            serve_policy(name, POLICIES[name], cal, ev, out, common, cal2)
+            serve_policy(name, POLICIES[name], plan, out, common)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
     for name in names:
         result[name] = analyse(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ class FakeConfig:
     port: int | None = None
     log_path: Path | None = None
     ready_timeout_s: float = 30.0
-    extra: list[str] = field(default_factory=list)
+    own_session: bool = False
 
     def command(self, port: int) -> list[str]:
         return [sys.executable, "-c", self.script, str(port), str(self.tmp / "child.pid")]
@@ -69,6 +69,15 @@ def test_server_has_its_own_group_in_the_callers_session(tmp_path: Path) -> None
         if time.monotonic() > deadline:
             pytest.fail("the server's child outlived stop()")
         time.sleep(0.01)
+
+
+def test_own_session_puts_the_server_in_a_session_of_its_own(tmp_path: Path) -> None:
+    server = EngineServer(FakeConfig(tmp_path, log_path=tmp_path / "log", own_session=True))
+    with running(server):
+        pid = server.proc.pid
+        assert os.getsid(pid) == pid != os.getsid(0)
+        assert os.getpgid(pid) == pid
+    assert server.proc.poll() is not None
 
 
 def test_a_server_that_exits_early_is_one_error_with_its_log(tmp_path: Path) -> None:

@@ -114,3 +114,41 @@ def test_a_bracketing_calibration_replay_is_fitted_and_not_evaluated(tmp_path: P
     n_steps = sum(r.get("kind") != "request" for r in cal + cal2)
     assert got["fit"]["n_steps"] == n_steps
     assert got["within_target"], pd.DataFrame(got["engine_vs_sim"])
+
+
+def test_interleaved_segments_fit_every_calibration_piece_and_evaluate_every_other(
+    tmp_path: Path,
+) -> None:
+    """--interleave: calibration and evaluation pieces alternate (split-{name}.json's
+    ``segments``); the fit uses the steps of every calibration piece, the comparison the
+    requests of every evaluation piece, and the two halves never mix."""
+    pieces = [("calibration", 21), ("evaluation", 22), ("calibration", 23), ("evaluation", 24)]
+    pieces.append(("calibration", 25))
+    rows_of, t0 = {}, 0.0
+    for _, seed in pieces:  # one after another on the engine's clock, as replays run
+        rows = _engine_rows(seed)
+        for r in rows:
+            for key in ("t_s", "arrival_s", "engine_arrival_s", "first_token_s", "last_token_s"):
+                if key in r:
+                    r[key] += t0
+        rows_of[seed] = rows
+        t0 = max(r.get("last_token_s", r.get("t_s", 0.0)) for r in rows) + 1.0
+    segments, start = [], 0
+    with (tmp_path / "steps-vllm.jsonl").open("w") as fh:
+        for kind, seed in pieces:
+            for r in rows_of[seed]:
+                fh.write(json.dumps(r) + "\n")
+            segments.append((kind, start, start + len(rows_of[seed])))
+            start += len(rows_of[seed])
+    split = {"segments": segments}
+    (tmp_path / "split-vllm.json").write_text(json.dumps(split))
+    all_rows = [r for _, seed in pieces for r in rows_of[seed]]
+    cal, ev = fidelity.split_rows(all_rows, split)
+    assert cal == rows_of[21] + rows_of[23] + rows_of[25]
+    assert ev == rows_of[22] + rows_of[24]
+    got = fidelity.analyse("vllm", {}, tmp_path, COMMON, "context", "calibration")
+    assert got["fit"]["n_steps"] == sum(r.get("kind") != "request" for r in cal)
+    n_eval = sum(r.get("kind") == "request" for r in ev)
+    assert got["engine_vs_sim"]["ttft"]["n_real"] == n_eval
+    assert got["engine_vs_sim"]["ttft"]["n_sim"] == n_eval
+    assert got["within_target"], pd.DataFrame(got["engine_vs_sim"])
