@@ -152,3 +152,18 @@ def test_interleaved_segments_fit_every_calibration_piece_and_evaluate_every_oth
     assert got["engine_vs_sim"]["ttft"]["n_real"] == n_eval
     assert got["engine_vs_sim"]["ttft"]["n_sim"] == n_eval
     assert got["within_target"], pd.DataFrame(got["engine_vs_sim"])
+
+
+def test_replay_plan_interleaves_pieces_and_adds_bursts_after_calibrations(
+    tmp_path: Path,
+) -> None:
+    if not (fidelity.DEFAULT_MODEL / "tokenizer.json").exists():
+        pytest.skip("the tiny model's tokenizer is built by scripts/vllm-cpu/setup.sh")
+    plan = fidelity.replay_plan(tmp_path, 16, 5.0, 2, True, bursts=[3, 6])
+    kinds = [k for k, _ in plan]
+    assert kinds == ["calibration", "calibration", "evaluation"] * 2 + ["calibration"] * 2
+    sizes = [len(pd.read_parquet(p)) for _, p in plan]
+    assert sizes == [8, 3, 8, 8, 6, 8, 8, 3]
+    bursts = [pd.read_parquet(p) for _, p in plan if "burst" in p.name]
+    assert all((b["arrival_s"] == 0).all() for b in bursts)  # sent at once
+    assert len({p for _, p in plan}) == len(plan)  # every piece its own trace
