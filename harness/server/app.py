@@ -166,9 +166,11 @@ async def _stream(
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     if request.version >= (1, 1):
         resp.enable_chunked_encoding()
-    await resp.prepare(request)
     write = resp.write
     try:
+        # inside the try: a client that has already gone (Ctrl-C of the load generator)
+        # makes the header write raise, which is that client's abort, not a server error
+        await resp.prepare(request)
         await write(b"")  # send the headers now, as vLLM does, before the first token
         st.transport = request.transport
         st.framed = resp.chunked

@@ -58,7 +58,11 @@ async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
             ready_timeout_s=30,
             trace_options={"min_turns": 3, "max_turns": 5},
             sessions=SessionOptions(
-                session_rate=50.0, num_sessions=6, max_active_sessions=3, think_time="0.2"
+                # one call at a time: hit_counts attributes counter deltas by time window
+                session_rate=50.0,
+                num_sessions=6,
+                max_active_sessions=1,
+                think_time="0.2",
             ),
         )
         poller = MetricsPoller(url, POLL_S)
