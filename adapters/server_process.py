@@ -45,6 +45,7 @@ class ServerConfig(Protocol):
     port: int | None
     log_path: Path | None
     ready_timeout_s: float
+    own_session: bool  # a session (CFS autogroup) of its own; see the module docstring
 
     def command(self, port: int) -> list[str]: ...
 
@@ -67,7 +68,7 @@ class EngineServer:
         # own_session: the engine in a scheduling group of its own, shielded from the client
         # and everything else on the box: steadier engine steps for engine-side measurements
         # (scripts/vllm-cpu/fidelity.py), at the cost of the starved client described above
-        own_session = bool(getattr(cfg, "own_session", False))
+        own_session = cfg.own_session
         self.proc = subprocess.Popen(
             self.command,
             cwd=str(Path(__file__).resolve().parents[1]),

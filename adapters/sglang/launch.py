@@ -86,6 +86,8 @@ class SglangServerConfig:
     port: int | None = None
     extra_args: Sequence[str] = ()
     ready_timeout_s: float = 300.0
+    # a session (CFS autogroup) of its own: see adapters/server_process.py
+    own_session: bool = False
 
     def command(self, port: int) -> list[str]:
         """The SGLang command line (exactly what is run)."""

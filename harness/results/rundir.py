@@ -409,11 +409,7 @@ class RunWriter:
             # The interval bounds what a SIGKILL loses, which closed parts keep; a stream sink
             # keeps nothing readable until closed, so it flushes on size (or an explicit
             # flush) alone, and its row groups follow the producer's batches, not the clock.
-            with self._lock:
-                for s in self._sinks:
-                    if not s.stream:
-                        s.flush()
-                self._last_flush = clock.now()
+            self._flush(s for s in self._sinks if not s.stream)
 
     def add_request(self, row: dict[str, Any]) -> None:
         """One REQUESTS row (missing nullable keys = null; unknown keys raise)."""
@@ -466,8 +462,11 @@ class RunWriter:
 
     def flush(self) -> None:
         """Write every buffered row of every table as closed part files."""
+        self._flush(self._sinks)
+
+    def _flush(self, sinks: Iterable[_TableSink]) -> None:
         with self._lock:
-            for s in self._sinks:
+            for s in sinks:
                 s.flush()
             self._last_flush = clock.now()
 

@@ -95,22 +95,16 @@ def replay_plan(
     rarely puts several prompts in one step, so a fit on it alone extrapolates the cost of the
     multi-request prefill steps that make the evaluation's TTFT tail (a 1,010-token step ran
     48.8 ms against 38.2 ms predicted in one sitting)."""
-    if interleave == 1:
-        plan = [
-            ("calibration", build(out / "calibration.parquet", seed=11, n=n, rate=rate)),
-            ("evaluation", build(out / "evaluation.parquet", seed=12, n=n, rate=rate)),
-        ]
-        if bracket:
-            plan.append(
-                ("calibration", build(out / "calibration2.parquet", seed=13, n=n, rate=rate))
-            )
+    kinds = ["calibration", "evaluation"] * interleave + (["calibration"] if bracket else [])
+    if interleave == 1:  # the one-piece names three_hosts.py and the README use
+        names, m, seed0 = ["calibration", "evaluation", "calibration2"], n, 11
     else:
-        m = max(1, n // interleave)
-        kinds = ["calibration", "evaluation"] * interleave + (["calibration"] if bracket else [])
-        plan = [
-            (kind, build(out / f"{kind}-{i:02d}.parquet", seed=21 + i, n=m, rate=rate))
-            for i, kind in enumerate(kinds)
-        ]
+        names = [f"{kind}-{i:02d}" for i, kind in enumerate(kinds)]
+        m, seed0 = max(1, n // interleave), 21
+    plan = [
+        (kind, build(out / f"{name}.parquet", seed=seed0 + i, n=m, rate=rate))
+        for i, (kind, name) in enumerate(zip(kinds, names, strict=False))
+    ]
     if not bursts:
         return plan
     with_bursts: list[tuple[str, Path]] = []
