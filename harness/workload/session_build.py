@@ -44,11 +44,23 @@ def build_session_trace(
     meta: dict[str, Any] = {"source": source, "sessions": True, "seed": seed}
     n = num_sessions
     if source == "sharegpt-conv":
-        opts = take_options(options, {"path": None, "min_turns": 1, "max_turns": None}, source)
+        opts = take_options(
+            options,
+            {"path": None, "min_turns": 1, "max_turns": None, "max_output_len": None},
+            source,
+        )
         items, info = conv.load_sharegpt_conversations(opts["path"])
         df = conv.conversation_rows(items, min_turns=int(opts["min_turns"]))
         if opts["max_turns"] is not None:
             df = df[df["call_index"] < int(opts["max_turns"])]
+        if opts["max_output_len"] is not None:
+            # vLLM bench's --sharegpt-output-len, as a cap: a call asks for at most N tokens;
+            # the history still carries the recorded reply, so prompts are unchanged
+            cap = int(opts["max_output_len"])
+            if cap < 1:
+                raise TraceError(f"{source}: max_output_len must be >= 1, got {cap}")
+            df = df.assign(output_len=df["output_len"].clip(upper=cap))
+            meta["max_output_len"] = cap
         df = conv.sample_sessions(df, n or DEFAULT_NUM_SESSIONS, seed)
         meta["sharegpt"] = info
         if info.get("truncated") and not quiet:

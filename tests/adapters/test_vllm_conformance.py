@@ -1,9 +1,10 @@
 """The host conformance suite (harness.engine.conformance) against the vLLM adapter.
 
 Runs in the vLLM venv (vLLM is not installed in the harness's own environment): one
-subprocess drives a real ``HarnessScheduler`` built from vLLM 0.32's own config, KV-cache
-manager and request classes, with a fake model runner (``adapters.vllm.inproc``), through
-every scenario, and reports each one.
+subprocess (every snippet of this module: vllm_testlib.run_snippets_in_vllm_venv) drives a
+real ``HarnessScheduler`` built from vLLM 0.32's own config, KV-cache manager and request
+classes, with a fake model runner (``adapters.vllm.inproc``), through every scenario, and
+reports each one.
 """
 
 from __future__ import annotations
@@ -11,33 +12,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_testlib import requires_vllm, run_in_vllm_venv
+from vllm_testlib import requires_vllm, run_snippets_in_vllm_venv
 
 from harness.engine.conformance import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, requires_vllm, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, str]:
-    proc = run_in_vllm_venv(
-        "import json, adapters.vllm.inproc as m; "
-        "print('CONFORMANCE-JSON ' + json.dumps(m.run_conformance()))"
-    )
-    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("CONFORMANCE-JSON ")]
-    assert marker, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(marker[-1].removeprefix("CONFORMANCE-JSON "))
-
-
-@pytest.mark.parametrize("scenario", [s.__name__ for s in SCENARIOS])
-def test_vllm_adapter_conforms(results: dict[str, str], scenario: str) -> None:
-    assert scenario in results, f"scenario {scenario} did not run"
-    assert results[scenario] == "ok", results[scenario]
-
-
-def test_adapter_view_reads_vllm_xargs() -> None:
-    """Tier, SLOs and priority reach the policy from the request's vllm_xargs / priority."""
-    code = """
+XARGS = """
 import json, time
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
@@ -63,21 +45,8 @@ s.add_request(Request("n", [1] * 4, SamplingParams(max_tokens=2), None, arrival_
 s.schedule()
 print("VIEW-JSON " + json.dumps(seen))
 """
-    proc = run_in_vllm_venv(code)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("VIEW-JSON ")]
-    assert line, proc.stderr[-3000:]
-    seen = json.loads(line[-1].removeprefix("VIEW-JSON "))
-    assert seen["p"] == ["paid", 0, 1.5, 0.08, 9, 5, None]
-    # no SLOs in the request: the project's default tier table (tiers.py) fills them in
-    assert seen["f"] == ["free", 1, 10.0, 0.5, 3, 2, None]
-    assert seen["n"] == ["default", 0, None, None, 4, 2, None]
 
-
-def test_a_policy_holding_every_request_waits_instead_of_spinning() -> None:
-    """vLLM's engine loop never blocks while it has requests, so an empty plan (a WAIT-style
-    hold) must cost a bounded wait, one step's worth of time, not a spinning core; a step
-    that runs something never waits."""
-    code = """
+IDLE = """
 import json
 from adapters.vllm.inproc import VllmDriver, make_scheduler
 from harness.policies.base import Plan
@@ -109,21 +78,8 @@ print("IDLE-JSON " + json.dumps({"held": held, "after": waits[len(held):], "step
                                  "left": len(s.requests), "idle_waits": s.idle_waits,
                                  "last_step_s": s._last_step_s}))
 """
-    proc = run_in_vllm_venv(code)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("IDLE-JSON ")]
-    assert line, proc.stderr[-3000:]
-    got = json.loads(line[-1].removeprefix("IDLE-JSON "))
-    assert got["held"] == [0.001, 0.001, 0.001]  # no step measured yet: the 1 ms floor
-    assert got["after"] == [] and got["left"] == 0 and got["idle_waits"] == 3
-    assert 1 <= got["steps"] <= 4
 
-
-def test_prefix_cache_hit_counts_as_computed_in_the_view() -> None:
-    """With prefix caching on, a waiting request whose prompt starts with a cached prefix shows
-    that prefix as computed (vLLM's own count once it schedules it), so a policy plans only
-    the tokens vLLM will compute: the plan asks for exactly the uncached rest, and vLLM
-    schedules exactly that."""
-    code = """
+PREFIX_HIT = """
 import json
 from adapters.vllm.inproc import make_request, make_scheduler
 from harness.policies.base import Plan
@@ -160,9 +116,68 @@ a = run(make_request(s, "a", shared + [1, 2, 3, 4, 5], 2))
 b = run(make_request(s, "b", shared + [9] * 20, 2))   # same 4 blocks, another tail
 print("PFX-JSON " + json.dumps({"seen": seen, "a": a, "b": b}))
 """
-    proc = run_in_vllm_venv(code)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PFX-JSON ")]
-    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+CONFORMANCE = """
+import json, adapters.vllm.inproc as m
+print("CONFORMANCE-JSON " + json.dumps(m.run_conformance()))
+"""
+
+
+@pytest.fixture(scope="module")
+def outputs() -> dict[str, str]:
+    """Every snippet of this module, run in one vLLM-venv process (one vLLM import)."""
+    return run_snippets_in_vllm_venv(
+        {"CONFORMANCE": CONFORMANCE, "XARGS": XARGS, "IDLE": IDLE, "PREFIX_HIT": PREFIX_HIT}
+    )
+
+
+@pytest.fixture(scope="module")
+def results(outputs: dict[str, str]) -> dict[str, str]:
+    out = outputs["CONFORMANCE"]
+    marker = [ln for ln in out.splitlines() if ln.startswith("CONFORMANCE-JSON ")]
+    assert marker, out
+    return json.loads(marker[-1].removeprefix("CONFORMANCE-JSON "))
+
+
+@pytest.mark.parametrize("scenario", [s.__name__ for s in SCENARIOS])
+def test_vllm_adapter_conforms(results: dict[str, str], scenario: str) -> None:
+    assert scenario in results, f"scenario {scenario} did not run"
+    assert results[scenario] == "ok", results[scenario]
+
+
+def test_adapter_view_reads_vllm_xargs(outputs: dict[str, str]) -> None:
+    """Tier, SLOs and priority reach the policy from the request's vllm_xargs / priority."""
+    out = outputs["XARGS"]
+    line = [ln for ln in out.splitlines() if ln.startswith("VIEW-JSON ")]
+    assert line, out
+    seen = json.loads(line[-1].removeprefix("VIEW-JSON "))
+    assert seen["p"] == ["paid", 0, 1.5, 0.08, 9, 5, None]
+    # no SLOs in the request: the project's default tier table (tiers.py) fills them in
+    assert seen["f"] == ["free", 1, 10.0, 0.5, 3, 2, None]
+    assert seen["n"] == ["default", 0, None, None, 4, 2, None]
+
+
+def test_a_policy_holding_every_request_waits_instead_of_spinning(outputs: dict[str, str]) -> None:
+    """vLLM's engine loop never blocks while it has requests, so an empty plan (a WAIT-style
+    hold) must cost a bounded wait, one step's worth of time, not a spinning core; a step
+    that runs something never waits."""
+    out = outputs["IDLE"]
+    line = [ln for ln in out.splitlines() if ln.startswith("IDLE-JSON ")]
+    assert line, out
+    got = json.loads(line[-1].removeprefix("IDLE-JSON "))
+    assert got["held"] == [0.001, 0.001, 0.001]  # no step measured yet: the 1 ms floor
+    assert got["after"] == [] and got["left"] == 0 and got["idle_waits"] == 3
+    assert 1 <= got["steps"] <= 4
+
+
+def test_prefix_cache_hit_counts_as_computed_in_the_view(outputs: dict[str, str]) -> None:
+    """With prefix caching on, a waiting request whose prompt starts with a cached prefix shows
+    that prefix as computed (vLLM's own count once it schedules it), so a policy plans only
+    the tokens vLLM will compute: the plan asks for exactly the uncached rest, and vLLM
+    schedules exactly that."""
+    out = outputs["PREFIX_HIT"]
+    line = [ln for ln in out.splitlines() if ln.startswith("PFX-JSON ")]
+    assert line, out
     got = json.loads(line[-1].removeprefix("PFX-JSON "))
     assert got["seen"] == {"a": 0, "b": 64}
     assert got["a"] == [[69, 1], 0]  # whole prompt, then one decode

@@ -63,6 +63,7 @@ def _serve_and_replay(
         step_log=step_log if policy else None,
         log_path=tmp / "vllm.log",
         ready_timeout_s=600,
+        enforce_eager=True,  # a faster start: the tests check scheduling, not speed
     )
     run_dir = tmp / "run"
     with running_vllm(cfg) as server:

@@ -79,6 +79,7 @@ def test_multi_turn_replay_hits_vllm_prefix_cache_under_a_harness_policy(
         step_log=step_log,
         log_path=tmp_path / "vllm.log",
         ready_timeout_s=600,
+        enforce_eager=True,  # a faster start: the tests check scheduling, not speed
     )
     run_dir = tmp_path / "run"
     with running_vllm(cfg) as server:

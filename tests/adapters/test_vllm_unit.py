@@ -137,6 +137,8 @@ def test_launch_command_adapter_vs_stock(tmp_path: Path) -> None:
     stock = VllmServerConfig(policy=None, venv=venv).command(8123)
     assert "--scheduler-cls" not in stock and "--no-async-scheduling" not in stock
     assert "HARNESS_POLICY" not in VllmServerConfig(policy=None, venv=venv).environment()
+    assert "--enforce-eager" not in cmd  # vLLM's default: compiled
+    assert "--enforce-eager" in VllmServerConfig(venv=venv, enforce_eager=True).command(8123)
 
 
 def test_launch_without_setup_says_what_to_run(tmp_path: Path) -> None:

@@ -105,6 +105,16 @@ def test_sharegpt_conv_recovers_the_truncated_file(tmp_path: Path) -> None:
     assert info["truncated"] and info["conversations_recovered"] == 17671
     assert "not the full dataset" in info["note"]
     assert t.meta["num_sessions"] == 5
+    capped = build_session_trace(
+        "sharegpt-conv", num_sessions=5, session_rate=1.0, quiet=True, max_output_len=16
+    )
+    # the cap shortens what each call asks for, never what the history carries
+    assert (capped.df["output_len"] == t.df["output_len"].clip(upper=16)).all()
+    assert (capped.df["output_len"] < t.df["output_len"]).any()
+    assert capped.df["reply"].tolist() == t.df["reply"].tolist()
+    assert capped.meta["max_output_len"] == 16
+    with pytest.raises(TraceError, match="max_output_len"):
+        build_session_trace("sharegpt-conv", num_sessions=1, quiet=True, max_output_len=0)
 
 
 def test_agent_graphs_of_seed_004() -> None:

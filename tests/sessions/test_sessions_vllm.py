@@ -34,7 +34,9 @@ def stock_vllm(tmp_path: Path) -> Iterator[str]:
         return
     from adapters.vllm.launch import VllmServerConfig, running_vllm
 
-    cfg = VllmServerConfig(policy=None, log_path=tmp_path / "vllm.log", ready_timeout_s=600)
+    cfg = VllmServerConfig(
+        policy=None, log_path=tmp_path / "vllm.log", ready_timeout_s=600, enforce_eager=True
+    )
     with running_vllm(cfg) as server:
         yield server.url
 
@@ -56,7 +58,7 @@ async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
             out=tmp_path / "run",
             seed=int(time.time()) % 100_000,  # fresh conversations on a reused server
             ready_timeout_s=30,
-            trace_options={"min_turns": 3, "max_turns": 5},
+            trace_options={"min_turns": 3, "max_turns": 5, "max_output_len": 32},
             sessions=SessionOptions(
                 # one call at a time: hit_counts attributes counter deltas by time window
                 session_rate=50.0,
