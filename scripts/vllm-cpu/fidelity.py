@@ -62,6 +62,8 @@ from adapters.vllm.steplog import (  # noqa: E402
     steps_only,
 )
 
+# --pin engine: the CPU that vLLM's engine loop shares with its model worker (main sets it)
+PIN_ENGINE_CPU: int | None = None
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
 
 
@@ -259,6 +261,10 @@ def serve_policy(
     load = [os.getloadavg()]
     segments: list[tuple[str, int, int]] = []
     with running_vllm(cfg) as srv:
+        if PIN_ENGINE_CPU is not None:
+            moved = pin_engine_loop(srv.proc.pid, PIN_ENGINE_CPU)
+            if not moved:
+                raise SystemExit("error: --pin engine: no vLLM engine-core process found")
         start = 0
         for kind, trace in plan:
             replay(srv.url, trace, out / f"{name}-{trace.stem}")
@@ -427,6 +433,44 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
     return all_ok
 
 
+def pin_worker_cpu() -> str:
+    """Give vLLM-CPU's model worker the first allowed CPU to itself (``--pin``).
+
+    vLLM binds the worker's OpenMP threads to CPU 0 and leaves the other CPUs to everything
+    else, but nothing keeps everything else off CPU 0: on 2 cores the client, vLLM's API
+    server and its engine loop run on the worker's core part of the time, and the engine's
+    step times move with them. This process and its children (servers, replays) move to the
+    other CPUs; the worker sets its own affinity to the CPU named here."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("error: --pin needs at least 2 CPUs")
+    worker, rest = cpus[0], cpus[1:]
+    os.sched_setaffinity(0, rest)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(worker)
+    return f"pinned: vLLM's model worker on CPU {worker}, everything else on CPUs {rest}"
+
+
+def pin_engine_loop(server_pid: int, cpu: int) -> list[int]:
+    """Move vLLM's engine-core process (every thread of it) of the server started as
+    ``server_pid`` onto ``cpu`` (``--pin engine``); the pids moved."""
+    group = os.getpgid(server_pid)
+    moved = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(d.name)) != group:
+                continue
+            if not (d / "comm").read_text().startswith("VLLM::EngineCor"):
+                continue
+            for t in (d / "task").iterdir():
+                os.sched_setaffinity(int(t.name), {cpu})
+            moved.append(int(d.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return moved
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="vLLM-CPU vs simulator fidelity, per policy")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "fidelity")
@@ -483,6 +527,15 @@ def main() -> int:
         "the list), so the fit sees multi-request prefill steps",
     )
     ap.add_argument(
+        "--pin",
+        choices=("worker", "engine"),
+        default=None,
+        help="worker: vLLM's model worker alone on the first CPU (VLLM_CPU_OMP_THREADS_BIND), "
+        "this script, the replay client and vLLM's API server and engine loop on the others; "
+        "engine: the engine loop (scheduler and policy) on the worker's CPU too. Either way "
+        "the engine's steps no longer share a core with the client",
+    )
+    ap.add_argument(
         "--trim-stalls",
         action="store_true",
         help="fit without the steps other processes stalled (a loaded box only: on a quiet "
@@ -511,6 +564,11 @@ def main() -> int:
         print("error: --interleave must be at least 1", file=sys.stderr)
         return 2
     if not args.from_logs:
+        if args.pin:
+            global PIN_ENGINE_CPU
+            print(pin_worker_cpu(), file=sys.stderr)
+            if args.pin == "engine":
+                PIN_ENGINE_CPU = int(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
         plan = replay_plan(
             out, args.num_requests, args.rate, args.interleave, args.bracket, args.bursts
         )
