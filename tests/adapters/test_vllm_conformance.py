@@ -9,10 +9,8 @@ reports each one.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from vllm_testlib import requires_vllm, run_snippets_in_vllm_venv
+from vllm_testlib import marked_json, requires_vllm, run_snippets_in_vllm_venv
 
 from harness.engine.conformance import SCENARIOS
 
@@ -134,9 +132,7 @@ def outputs() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def results(outputs: dict[str, str]) -> dict[str, str]:
     out = outputs["CONFORMANCE"]
-    marker = [ln for ln in out.splitlines() if ln.startswith("CONFORMANCE-JSON ")]
-    assert marker, out
-    return json.loads(marker[-1].removeprefix("CONFORMANCE-JSON "))
+    return marked_json(out, "CONFORMANCE-JSON ")
 
 
 @pytest.mark.parametrize("scenario", [s.__name__ for s in SCENARIOS])
@@ -148,9 +144,7 @@ def test_vllm_adapter_conforms(results: dict[str, str], scenario: str) -> None:
 def test_adapter_view_reads_vllm_xargs(outputs: dict[str, str]) -> None:
     """Tier, SLOs and priority reach the policy from the request's vllm_xargs / priority."""
     out = outputs["XARGS"]
-    line = [ln for ln in out.splitlines() if ln.startswith("VIEW-JSON ")]
-    assert line, out
-    seen = json.loads(line[-1].removeprefix("VIEW-JSON "))
+    seen = marked_json(out, "VIEW-JSON ")
     assert seen["p"] == ["paid", 0, 1.5, 0.08, 9, 5, None]
     # no SLOs in the request: the project's default tier table (tiers.py) fills them in
     assert seen["f"] == ["free", 1, 10.0, 0.5, 3, 2, None]
@@ -162,9 +156,7 @@ def test_a_policy_holding_every_request_waits_instead_of_spinning(outputs: dict[
     hold) must cost a bounded wait, one step's worth of time, not a spinning core; a step
     that runs something never waits."""
     out = outputs["IDLE"]
-    line = [ln for ln in out.splitlines() if ln.startswith("IDLE-JSON ")]
-    assert line, out
-    got = json.loads(line[-1].removeprefix("IDLE-JSON "))
+    got = marked_json(out, "IDLE-JSON ")
     assert got["held"] == [0.001, 0.001, 0.001]  # no step measured yet: the 1 ms floor
     assert got["after"] == [] and got["left"] == 0 and got["idle_waits"] == 3
     assert 1 <= got["steps"] <= 4
@@ -176,9 +168,7 @@ def test_prefix_cache_hit_counts_as_computed_in_the_view(outputs: dict[str, str]
     the tokens vLLM will compute: the plan asks for exactly the uncached rest, and vLLM
     schedules exactly that."""
     out = outputs["PREFIX_HIT"]
-    line = [ln for ln in out.splitlines() if ln.startswith("PFX-JSON ")]
-    assert line, out
-    got = json.loads(line[-1].removeprefix("PFX-JSON "))
+    got = marked_json(out, "PFX-JSON ")
     assert got["seen"] == {"a": 0, "b": 64}
     assert got["a"] == [[69, 1], 0]  # whole prompt, then one decode
     assert got["b"] == [[20, 1], 64]  # only the uncached tail; vLLM counted 64 as computed

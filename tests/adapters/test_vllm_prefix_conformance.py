@@ -8,10 +8,8 @@ model runner; prompts are given as token ids, hashed by vLLM's own block hasher.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from vllm_testlib import requires_vllm, run_in_vllm_venv
+from vllm_testlib import marked_json, requires_vllm, run_in_vllm_venv
 
 from harness.engine.conformance import PREFIX_SCENARIOS
 
@@ -46,9 +44,7 @@ print("PREFIX-JSON " + json.dumps(res))
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
     proc = run_in_vllm_venv(CODE)
-    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("PREFIX-JSON ")]
-    assert marker, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(marker[-1].removeprefix("PREFIX-JSON "))
+    return marked_json(proc.stdout, "PREFIX-JSON ", proc.stdout[-2000:] + proc.stderr[-3000:])
 
 
 @pytest.mark.parametrize("scenario", [s.__name__ for s in PREFIX_SCENARIOS])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,17 +75,21 @@ print(MARKER + json.dumps(out))
 """
 
 
+def marked_json(text: str, marker: str, context: str | None = None) -> Any:
+    """The JSON after the last line of ``text`` that starts with ``marker`` (the snippets'
+    way of reporting); asserts there is one, showing ``context`` (default: ``text``)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith(marker)]
+    assert lines, text if context is None else context
+    return json.loads(lines[-1].removeprefix(marker))
+
+
 def run_snippets_in_vllm_venv(snippets: dict[str, str], timeout: float = 600) -> dict[str, str]:
     """Run several independent snippets in one vLLM-venv interpreter, each in a namespace of
     its own, and return each one's stdout. One process, because importing vLLM costs 7-15 s
     on 2 cores; a snippet that raises fails with its own traceback and the others still run."""
-    import json
-
     code = f"SNIPPETS = {json.dumps(json.dumps(snippets))}\nMARKER = {SNIPPETS_MARKER!r}\n"
     proc = run_in_vllm_venv(code + _SNIPPETS_RUNNER, timeout=timeout)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(SNIPPETS_MARKER)]
-    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    got = json.loads(line[-1].removeprefix(SNIPPETS_MARKER))
+    got = marked_json(proc.stdout, SNIPPETS_MARKER, proc.stdout[-2000:] + proc.stderr[-3000:])
     out: dict[str, str] = {}
     for name in snippets:
         res = got[name]
