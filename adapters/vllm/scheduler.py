@@ -164,6 +164,9 @@ class HarnessScheduler(Scheduler):
         self._preempted_now: list[str] = []  # this step's preemptions, in order
         self._last_step_s: float | None = None
         self._steplog = StepLog(os.environ.get("HARNESS_STEP_LOG"))
+        # the log's times are seconds since this origin; the epoch time lets other clocks'
+        # records (a host monitor's) be laid beside them (steplog.log_origin)
+        self._steplog.write({"kind": "origin", "time_s": self._origin})
         stamp_ready_times()
         self._idle_sleep = time.sleep  # replaced in tests to observe the idle wait
         self.idle_waits = 0

@@ -19,7 +19,8 @@ API-server stamp; ``ready_s``, when the engine core's input thread handed it to 
 loop, null when not stamped; ``engine_arrival_s``, when the loop took it in, between steps,
 so ``arrival_s <= ready_s <= engine_arrival_s``; first and last token
 times, token counts, tier): latencies as the engine saw them, free of HTTP and client-side
-delays. Step lines carry ``"kind": "step"``.
+delays. Step lines carry ``"kind": "step"``. The first line, ``{"kind": "origin", "time_s":
+...}``, is the origin's epoch time (``time.time()``), so records on other clocks can be aligned.
 
 Written line-buffered so a killed server leaves every finished step on disk.
 """
@@ -81,6 +82,15 @@ def steps_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def requests_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The finished-request lines of a log."""
     return [r for r in rows if r.get("kind") == "request"]
+
+
+def log_origin(rows: list[dict[str, Any]]) -> float | None:
+    """The epoch time (``time.time()``) that the log's seconds count from; None in logs
+    written before the origin line."""
+    for r in rows:
+        if r.get("kind") == "origin":
+            return float(r["time_s"])
+    return None
 
 
 def read_step_log(path: str | Path) -> list[dict[str, Any]]:

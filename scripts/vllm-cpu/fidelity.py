@@ -56,11 +56,13 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.vllm.launch import DEFAULT_MODEL, VllmServerConfig, running_vllm  # noqa: E402
 from adapters.vllm.steplog import (  # noqa: E402
+    log_origin,
     read_step_log,
     requests_only,
     step_log_samples,
     steps_only,
 )
+from harness.results.hostpause import HostMonitor  # noqa: E402
 
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
 
@@ -260,7 +262,7 @@ def serve_policy(
     )
     load = [os.getloadavg()]
     segments: list[tuple[str, int, int]] = []
-    with running_vllm(cfg) as srv:
+    with running_vllm(cfg) as srv, HostMonitor() as host:
         if engine_cpu is not None:
             moved = pin_engine_loop(srv.proc.pid, engine_cpu)
             if not moved:
@@ -272,6 +274,7 @@ def serve_policy(
             segments.append((kind, start, end))
             start = end
             load.append(os.getloadavg())
+    host.write(out / f"host-{name}.json")
     split = {"segments": segments, "loadavg_1m": [round(x[0], 2) for x in load]}
     (out / f"split-{name}.json").write_text(json.dumps(split))
 
@@ -350,16 +353,19 @@ def analyse(
     fit_steps = step_frame(fit_rows)
     emit = 0.0 if receipt else loop_overhead_s(fit_steps["t_s"], fit_steps["end_s"])
     req, align = aligned_requests(eval_rows, receipt)
+    # the simulator's order (engine_trace_frame), so a request is one row on both sides
+    req = req.sort_values("ready_s", kind="stable").reset_index(drop=True)
     shape = (common["kv_blocks"], common["max_num_batched_tokens"], common["max_num_seqs"])
     real = engine_metrics(req)
     sim = sim_metrics(req, fit.model, *shape, name, params, emit_lag_s=emit)
     cmp = compare(real, sim)
-    verdicts = {
-        f"{m}_{q}": abs(cmp[m][f"{q}_rel_err"]) <= TARGET[q]
-        for m in ("ttft", "tpot")
-        for q in ("p50", "p99")
-        if cmp[m][f"{q}_rel_err"] is not None
-    }
+    verdicts = target_verdicts(cmp)
+    host = host_pauses(out / f"host-{name}.json", log_origin(all_rows), req)
+    if host is not None and all(len(sim[m]) == len(real[m]) for m in real):
+        keep = host.pop("keep")
+        quiet = compare({m: real[m][keep[m]] for m in real}, {m: sim[m][keep[m]] for m in sim})
+        host |= {"engine_vs_sim": quiet, "verdicts": target_verdicts(quiet)}
+        host["within_target"] = all(host["verdicts"].values())
     return {
         "params": params,
         "fit_on": fit_on,
@@ -381,7 +387,50 @@ def analyse(
         "within_target": all(verdicts.values()),
         "front_end_ms": front_end_ms(eval_rows),
         "loadavg_1m": split.get("loadavg_1m"),
+        "host_quiet": host,
     }
+
+
+def target_verdicts(cmp: dict[str, Any]) -> dict[str, bool]:
+    """Each metric's p50 and p99 error against TARGET."""
+    return {
+        f"{m}_{q}": abs(cmp[m][f"{q}_rel_err"]) <= TARGET[q]
+        for m in ("ttft", "tpot")
+        for q in ("p50", "p99")
+        if cmp[m][f"{q}_rel_err"] is not None
+    }
+
+
+# A request is left out of the host-quiet comparison when the hypervisor stole at least this
+# share of its measured interval (TTFT: ready to first token; TPOT: first to last token).
+HOST_PAUSE_SHARE = 0.10
+
+
+def host_pauses(path: Path, origin: float | None, req: pd.DataFrame) -> dict[str, Any] | None:
+    """Which evaluation requests a host pause touched (``harness.results.hostpause``): the
+    monitor's steal windows laid on each request's TTFT and TPOT interval. ``keep`` masks
+    (TPOT's over the requests with more than one token, as :func:`engine_metrics`). None
+    without a monitor file or a log origin (older sittings)."""
+    from harness.results.hostpause import steal_within
+
+    if origin is None or not path.exists():
+        return None
+    mon = json.loads(path.read_text())
+    if not mon.get("available"):
+        return None
+    ready, first, last = (
+        req[c].to_numpy(dtype=float) + origin for c in ("ready_s", "first_token_s", "last_token_s")
+    )
+    multi = req["output_tokens"].to_numpy() > 1
+    out: dict[str, Any] = {"steal_total_s": mon["steal_total_s"], "keep": {}}
+    for m, a, b, rows in (("ttft", ready, first, slice(None)), ("tpot", first, last, multi)):
+        a, b = a[rows], b[rows]
+        stolen = steal_within(a, b, mon["windows"])
+        keep = stolen < HOST_PAUSE_SHARE * np.maximum(b - a, 1e-9)
+        out["keep"][m] = keep
+        out[f"{m}_left_out"] = int((~keep).sum())
+        out[f"{m}_n"] = len(keep)
+    return out
 
 
 def print_table(result: dict[str, Any], names: list[str]) -> bool:
@@ -391,21 +440,20 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
         f"(cost model {result['config']['kind']}, fit on {result['config']['fit_on']}; "
         "target |err| p50 <= 10%, p99 <= 20%)"
     )
-    print("| policy | metric | p50 real / sim ms (err) | p99 real / sim ms (err) | verdict |")
-    print("|---|---|---|---|---|")
-    all_ok = True
-    for name in names:
-        r = result[name]
-        for key in ("ttft", "tpot"):
-            c = r["engine_vs_sim"][key]
-            cells = [
-                f"{c[f'{q}_real_ms']:.2f} / {c[f'{q}_sim_ms']:.2f} ({c[f'{q}_rel_err']:+.0%})"
-                for q in ("p50", "p99")
-            ]
-            ok = r["verdicts"][f"{key}_p50"] and r["verdicts"][f"{key}_p99"]
-            all_ok &= ok
-            verdict = "met" if ok else "NOT met"
-            print(f"| {name} | {key} | " + " | ".join(cells) + f" | {verdict} |")
+    all_ok = print_rows({n: result[n] for n in names})
+    quiet = {n: result[n]["host_quiet"] for n in names if result[n].get("host_quiet")}
+    if quiet:
+        print(
+            "the same, without the requests a host pause touched (hypervisor steal >= "
+            f"{HOST_PAUSE_SHARE:.0%} of the request's interval, harness.results.hostpause):"
+        )
+        print_rows(quiet)
+        for name, h in quiet.items():
+            print(
+                f"{name}: steal {h['steal_total_s']:.2f} s over the sitting; left out "
+                f"{h['ttft_left_out']} of {h['ttft_n']} TTFTs, "
+                f"{h['tpot_left_out']} of {h['tpot_n']} TPOTs"
+            )
     for name in names:
         r = result[name]
         print(
@@ -430,6 +478,24 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
         f"up to {peak:.1f} during the replays: "
         + ("quiet machine" if quiet else f"NOT a quiet machine (> {QUIET_LOAD}), not a verdict")
     )
+    return all_ok
+
+
+def print_rows(parts: dict[str, dict[str, Any]]) -> bool:
+    """One markdown table of ``engine_vs_sim`` per policy; True when every cell met."""
+    print("| policy | metric | p50 real / sim ms (err) | p99 real / sim ms (err) | verdict |")
+    print("|---|---|---|---|---|")
+    all_ok = True
+    for name, r in parts.items():
+        for key in ("ttft", "tpot"):
+            c = r["engine_vs_sim"][key]
+            cells = [
+                f"{c[f'{q}_real_ms']:.2f} / {c[f'{q}_sim_ms']:.2f} ({c[f'{q}_rel_err']:+.0%})"
+                for q in ("p50", "p99")
+            ]
+            ok = r["verdicts"][f"{key}_p50"] and r["verdicts"][f"{key}_p99"]
+            all_ok &= ok
+            print(f"| {name} | {key} | " + " | ".join(cells) + f" | {'met' if ok else 'NOT met'} |")
     return all_ok
 
 

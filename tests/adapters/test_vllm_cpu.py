@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def _serve_and_replay(
     tmp: Path, harness_cli: list[str], trace: Path, policy: str | None, params: dict[str, Any]
 ) -> tuple[Path, list[dict[str, Any]], str]:
     from adapters.vllm.launch import VllmServerConfig, running_vllm
-    from adapters.vllm.steplog import read_step_log, requests_only, steps_only
+    from adapters.vllm.steplog import log_origin, read_step_log, requests_only, steps_only
 
     step_log = tmp / "steps.jsonl"
     cfg = VllmServerConfig(
@@ -66,6 +67,7 @@ def _serve_and_replay(
         enforce_eager=True,  # a faster start: the tests check scheduling, not speed
     )
     run_dir = tmp / "run"
+    started = time.time()
     with running_vllm(cfg) as server:
         proc = subprocess.run(
             [
@@ -95,6 +97,9 @@ def _serve_and_replay(
         log_text = server.log_path.read_text(errors="replace")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = read_step_log(step_log) if step_log.exists() else []
+    if rows:  # the log's times count from an epoch origin it records first (host monitors)
+        assert rows[0]["kind"] == "origin"
+        assert started <= log_origin(rows) <= time.time()
     _check_ready_stamps(requests_only(rows))
     return run_dir, steps_only(rows), log_text
 
