@@ -1,4 +1,4 @@
-"""Host pauses: when the hypervisor took this machine's CPUs away, sampled beside a measurement.
+"""What else the machine did during a measurement: hypervisor pauses, other processes' CPU.
 
 Why: on a shared virtual machine a neighbour can stop the guest's CPUs for tens of
 milliseconds. A latency measured across such a pause measures the host, not the engine, and
@@ -12,6 +12,12 @@ then says how much steal overlapped each request's interval, so a comparison can
 requests a pause touched and leave them out on both sides.
 
 The monitor reads one small file per period (~50 µs): nothing on the measured processes.
+
+:func:`busy_cpu_s`, :func:`own_cpu_s` and :func:`group_cpu_s` measure the other half of
+"a quiet machine": the CPU time that processes outside the measurement used meanwhile
+(all busy time, less this process, its reaped children and a server's process group). A
+load average cannot say it: a measurement that pins its own threads onto one core raises
+the load by itself.
 """
 
 from __future__ import annotations
@@ -109,6 +115,40 @@ class HostMonitor:
         path.write_text(json.dumps(self.to_dict()))
 
 
+def busy_cpu_s(path: str = "/proc/stat") -> float | None:
+    """CPU seconds all CPUs spent running processes since boot (``/proc/stat``'s ``cpu`` line:
+    user + nice + system; interrupts, idle and steal left out); None where unreadable."""
+    try:
+        with open(path) as fh:
+            f = fh.readline().split()
+        return (int(f[1]) + int(f[2]) + int(f[3])) * _TICK_S
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of the children it has reaped."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds of the live processes in process group ``pgid`` (each with the children
+    it reaped): a server started in its own session, measured before it is stopped."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+        if int(f[2]) == pgid:  # 5th field: process group
+            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # utime..cstime
+    return total * _TICK_S
+
+
 def steal_within(
     starts: np.ndarray, ends: np.ndarray, windows: list[list[float]] | np.ndarray
 ) -> np.ndarray:
@@ -133,4 +173,11 @@ def steal_within(
     return out
 
 
-__all__ = ["HostMonitor", "read_steal", "steal_within"]
+__all__ = [
+    "HostMonitor",
+    "busy_cpu_s",
+    "group_cpu_s",
+    "own_cpu_s",
+    "read_steal",
+    "steal_within",
+]

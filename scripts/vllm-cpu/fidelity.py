@@ -44,6 +44,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,12 @@ from adapters.vllm.steplog import (  # noqa: E402
     step_log_samples,
     steps_only,
 )
-from harness.results.hostpause import HostMonitor  # noqa: E402
+from harness.results.hostpause import (  # noqa: E402
+    HostMonitor,
+    busy_cpu_s,
+    group_cpu_s,
+    own_cpu_s,
+)
 
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
 
@@ -229,9 +235,11 @@ POLICIES: dict[str, dict[str, Any]] = {
     "slai": {"token_budget": 256},
 }
 TARGET = {"p50": 0.10, "p99": 0.20}  # |sim - real| / real, engine side
-# The target is judged on a quiet machine (issue 17). This run alone (vLLM's API server and
-# engine core, the load generator) keeps a 2-core box's 1-minute load near 2; above this,
-# other processes share the cores and the real latencies measure them too.
+# The target is judged on a quiet machine (issue 17): processes outside the sitting used at
+# most this much CPU per second of it (harness.results.hostpause; a load average cannot say
+# it: this run alone, pinned, keeps a 2-core box's 1-minute load at 3-4). Sittings before
+# the measure existed fall back on the load: near 2 for the run alone, unpinned.
+QUIET_FOREIGN_SHARE = 0.05
 QUIET_LOAD = 3.0
 
 
@@ -262,6 +270,7 @@ def serve_policy(
     )
     load = [os.getloadavg()]
     segments: list[tuple[str, int, int]] = []
+    wall0, busy0, own0 = time.time(), busy_cpu_s(), own_cpu_s()
     with running_vllm(cfg) as srv, HostMonitor() as host:
         if engine_cpu is not None:
             moved = pin_engine_loop(srv.proc.pid, engine_cpu)
@@ -274,8 +283,14 @@ def serve_policy(
             segments.append((kind, start, end))
             start = end
             load.append(os.getloadavg())
+        busy1, own1, server = busy_cpu_s(), own_cpu_s(), group_cpu_s(os.getpgid(srv.proc.pid))
     host.write(out / f"host-{name}.json")
     split = {"segments": segments, "loadavg_1m": [round(x[0], 2) for x in load]}
+    if busy0 is not None and busy1 is not None:
+        # CPU that processes outside this sitting used meanwhile, per second of it
+        split["foreign_cpu_share"] = round(
+            ((busy1 - busy0) - (own1 - own0) - server) / (time.time() - wall0), 4
+        )
     (out / f"split-{name}.json").write_text(json.dumps(split))
 
 
@@ -387,6 +402,7 @@ def analyse(
         "within_target": all(verdicts.values()),
         "front_end_ms": front_end_ms(eval_rows),
         "loadavg_1m": split.get("loadavg_1m"),
+        "foreign_cpu_share": split.get("foreign_cpu_share"),
         "host_quiet": host,
     }
 
@@ -469,14 +485,26 @@ def print_table(result: dict[str, Any], names: list[str]) -> bool:
                 else ""
             )
             + f"; load (1 min) {r['loadavg_1m']}"
+            + (
+                f"; other processes {f:.1%} of a CPU"
+                if (f := r.get("foreign_cpu_share")) is not None
+                else ""
+            )
         )
-    loads = [x for n in names for x in (result[n].get("loadavg_1m") or [])]
-    peak = max(loads) if loads else float("nan")
-    quiet = peak <= QUIET_LOAD
+    foreign = [result[n].get("foreign_cpu_share") for n in names]
+    if all(f is not None for f in foreign):
+        peak = max(foreign)
+        quiet = peak <= QUIET_FOREIGN_SHARE
+        why = f"other processes used up to {peak:.1%} of a CPU during a policy's replays"
+        limit = f"{QUIET_FOREIGN_SHARE:.0%}"
+    else:
+        loads = [x for n in names for x in (result[n].get("loadavg_1m") or [])]
+        peak = max(loads) if loads else float("nan")
+        quiet = peak <= QUIET_LOAD
+        why, limit = f"load average (1 min) up to {peak:.1f} during the replays", QUIET_LOAD
     print(
-        f"target {'met' if all_ok else 'NOT met'} for {', '.join(names)}; load average (1 min) "
-        f"up to {peak:.1f} during the replays: "
-        + ("quiet machine" if quiet else f"NOT a quiet machine (> {QUIET_LOAD}), not a verdict")
+        f"target {'met' if all_ok else 'NOT met'} for {', '.join(names)}; {why}: "
+        + ("quiet machine" if quiet else f"NOT a quiet machine (> {limit}), not a verdict")
     )
     return all_ok
 

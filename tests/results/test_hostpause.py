@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from harness.results.hostpause import HostMonitor, read_steal, steal_within
+from harness.results.hostpause import (
+    HostMonitor,
+    busy_cpu_s,
+    group_cpu_s,
+    own_cpu_s,
+    read_steal,
+    steal_within,
+)
 
 STAT = """cpu  10 0 10 100 0 0 0 {total} 0 0
 cpu0 5 0 5 50 0 0 0 {a} 0 0
@@ -58,3 +68,44 @@ def test_steal_within_counts_overlapping_windows() -> None:
     # [10.2, 10.6] the second; [9, 13] all three; [12.01, 12.5] none (touches the end only)
     np.testing.assert_allclose(got, [0, 0.01, 0, 0.02, 0.04, 0, 0])
     assert steal_within(starts, ends, []).tolist() == [0.0] * len(starts)
+
+
+def test_busy_cpu_reads_user_nice_system(tmp_path: Path) -> None:
+    p = tmp_path / "stat"
+    p.write_text("cpu  100 20 30 5000 40 7 8 9 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    tick = busy_cpu_s(str(p)) / 150
+    assert tick > 0 and busy_cpu_s(str(tmp_path / "missing")) is None
+    real = busy_cpu_s()
+    assert real is not None and real > 0
+
+
+def test_own_cpu_counts_reaped_children() -> None:
+    before = own_cpu_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+    subprocess.run([sys.executable, "-c", burn], check=True, timeout=60)
+    assert own_cpu_s() - before >= 0.2
+
+
+def test_group_cpu_counts_a_server_in_its_own_session() -> None:
+    """A child in its own session that burns CPU: its group's CPU seconds see it (the
+    fidelity sitting subtracts a server's group from the machine's busy time)."""
+    burn = (
+        "import time, sys\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: pass\n"
+        "print('done', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", burn],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+        used = group_cpu_s(os.getpgid(proc.pid))
+        assert 0.3 <= used < 30
+    finally:
+        proc.communicate("", timeout=30)
