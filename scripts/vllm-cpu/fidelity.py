@@ -68,6 +68,7 @@ from harness.results.hostpause import (  # noqa: E402
     busy_cpu_s,
     group_cpu_s,
     own_cpu_s,
+    steal_within,
 )
 
 TIERS = "paid:0.2:ttft=2s:tbt=100ms,free:0.8:ttft=10s:tbt=500ms"
@@ -427,8 +428,6 @@ def host_pauses(path: Path, origin: float | None, req: pd.DataFrame) -> dict[str
     monitor's steal windows laid on each request's TTFT and TPOT interval. ``keep`` masks
     (TPOT's over the requests with more than one token, as :func:`engine_metrics`). None
     without a monitor file or a log origin (older sittings)."""
-    from harness.results.hostpause import steal_within
-
     if origin is None or not path.exists():
         return None
     mon = json.loads(path.read_text())
