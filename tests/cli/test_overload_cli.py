@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,13 +96,14 @@ def _wait_for_rows(proc: subprocess.Popen[str], out: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_and_sighup_leave_partial_run(tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigterm_and_sighup_leave_partial_run(
+    tmp_path: Path, sig: signal.Signals, signal_and_wait: Any
+) -> None:
     out = tmp_path / "run"
     proc = _start_long_replay(out)
     try:
         _wait_for_rows(proc, out)
-        proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = signal_and_wait(proc, sig, 60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -121,7 +122,7 @@ def test_replay_against_builtin_engine(tmp_path: Path) -> None:
     assert summary["completed"] == 20 and summary["request_goodput"] is not None
 
 
-def test_sigint_leaves_partial_run(tmp_path: Path) -> None:
+def test_sigint_leaves_partial_run(tmp_path: Path, signal_and_wait: Any) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
         _harness(
@@ -153,8 +154,7 @@ def test_sigint_leaves_partial_run(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no flushed requests within 40 s"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=40)
+        stdout, stderr = signal_and_wait(proc, signal.SIGINT, 40)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

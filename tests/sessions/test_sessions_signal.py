@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.results import schema
 
 
-def test_sigterm_keeps_the_session_summary(tmp_path: Path) -> None:
+def test_sigterm_keeps_the_session_summary(tmp_path: Path, signal_and_wait: Any) -> None:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harness.cli.main", "replay", "--trace", "synthetic-conv"]
     cmd += ["--session-rate", "20", "--num-sessions", "2000", "--out", str(out)]
@@ -26,8 +27,7 @@ def test_sigterm_keeps_the_session_summary(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no flushed requests within 40 s"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=40)
+        _, stderr = signal_and_wait(proc, signal.SIGTERM, 40)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

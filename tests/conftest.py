@@ -1,0 +1,41 @@
+"""Fixtures shared by every test folder.
+
+Child processes started by tests inherit ``PYTHONFAULTHANDLER=1``: a harness process that
+hangs can then be made to print every thread's stack (SIGABRT), so a test that times out
+says where the child was stuck, not only that it was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+
+def _stop(proc: subprocess.Popen[str], sig: int, timeout_s: float) -> tuple[str, str]:
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler dumps every thread, then it dies
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        pytest.fail(
+            f"still running {timeout_s:.0f} s after {signal.Signals(sig).name}; its threads:\n"
+            + (err or "")[-8000:]
+        )
+
+
+@pytest.fixture
+def signal_and_wait() -> Callable[[subprocess.Popen[str], int, float], tuple[str, str]]:
+    """``signal_and_wait(proc, sig, timeout_s)``: send ``sig``, return (stdout, stderr); a
+    child still alive after ``timeout_s`` fails the test with its threads' stacks."""
+    return _stop
