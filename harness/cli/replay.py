@@ -344,6 +344,13 @@ def _stop_signals_like_sigint(received: list[int]) -> Callable[[], None]:
             raise KeyboardInterrupt
 
     old: dict[int, Any] = {}
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started as a shell's background job, the process inherits SIGINT ignored:
+        # asyncio.Runner then installs no handler, SIGINT is lost and SIGTERM's KeyboardInterrupt
+        # lands inside the event loop, which swallows it: the replay cannot be stopped. Take
+        # Ctrl-C's default back for the run (as CPython's own test runner does, gh-154167).
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     for name in ("SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
         if sig is not None:

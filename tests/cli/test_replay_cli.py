@@ -122,7 +122,14 @@ def test_replay_against_builtin_engine(tmp_path: Path) -> None:
     assert summary["completed"] == 20 and summary["request_goodput"] is not None
 
 
-def test_sigint_leaves_partial_run(tmp_path: Path, signal_and_wait: Any) -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_sigint_leaves_partial_run(tmp_path: Path, signal_and_wait: Any, inherited: str) -> None:
+    """``ignored``: started as a shell's background job does, with SIGINT ignored; the replay
+    still stops on it (else asyncio.Runner installs no handler and it runs to the end)."""
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     out = tmp_path / "run"
     proc = subprocess.Popen(
         _harness(
@@ -146,6 +153,7 @@ def test_sigint_leaves_partial_run(tmp_path: Path, signal_and_wait: Any) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if inherited == "ignored" else None,
     )
     try:
         parts = out / (schema.REQUESTS_FILE + ".parts")
