@@ -132,10 +132,10 @@ def own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds of the live processes in process group ``pgid`` (each with the children
-    it reaped): a server started in its own session, measured before it is stopped."""
-    total = 0
+def group_procs(pgid: int) -> list[tuple[Path, list[str]]]:
+    """The live processes of process group ``pgid``: each one's ``/proc/PID`` and its
+    ``stat`` fields from the 3rd (state) on (the command name, which may hold spaces, cut)."""
+    out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -143,10 +143,17 @@ def group_cpu_s(pgid: int) -> float:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        f = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+        f = stat[stat.rindex(")") + 2 :].split()
         if int(f[2]) == pgid:  # 5th field: process group
-            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # utime..cstime
-    return total * _TICK_S
+            out.append((d, f))
+    return out
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds of the live processes in process group ``pgid`` (each with the children
+    it reaped): a server started in its own session, measured before it is stopped."""
+    ticks = sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for _, f in group_procs(pgid))
+    return ticks * _TICK_S  # utime, stime, cutime, cstime
 
 
 def steal_within(
@@ -177,6 +184,7 @@ __all__ = [
     "HostMonitor",
     "busy_cpu_s",
     "group_cpu_s",
+    "group_procs",
     "own_cpu_s",
     "read_steal",
     "steal_within",

@@ -67,6 +67,7 @@ from harness.results.hostpause import (  # noqa: E402
     HostMonitor,
     busy_cpu_s,
     group_cpu_s,
+    group_procs,
     own_cpu_s,
     steal_within,
 )
@@ -550,14 +551,9 @@ def pin_worker_cpu() -> int:
 def pin_engine_loop(server_pid: int, cpu: int) -> list[int]:
     """Move vLLM's engine-core process (every thread of it) of the server started as
     ``server_pid`` onto ``cpu`` (``--pin engine``); the pids moved."""
-    group = os.getpgid(server_pid)
     moved = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for d, _ in group_procs(os.getpgid(server_pid)):
         try:
-            if os.getpgid(int(d.name)) != group:
-                continue
             if not (d / "comm").read_text().startswith("VLLM::EngineCor"):
                 continue
             for t in (d / "task").iterdir():

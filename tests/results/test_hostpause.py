@@ -73,8 +73,8 @@ def test_steal_within_counts_overlapping_windows() -> None:
 def test_busy_cpu_reads_user_nice_system(tmp_path: Path) -> None:
     p = tmp_path / "stat"
     p.write_text("cpu  100 20 30 5000 40 7 8 9 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
-    tick = busy_cpu_s(str(p)) / 150
-    assert tick > 0 and busy_cpu_s(str(tmp_path / "missing")) is None
+    assert busy_cpu_s(str(p)) == pytest.approx(150 / os.sysconf("SC_CLK_TCK"))  # 100+20+30
+    assert busy_cpu_s(str(tmp_path / "missing")) is None
     real = busy_cpu_s()
     assert real is not None and real > 0
 
