@@ -239,6 +239,127 @@ class PiecewiseCostModel(_Base):
         return self.c_s + self.a_s * np.maximum(0, beta - self.b0)
 
 
+JITTER_LEVELS = 401
+"""Quantile levels a jittered model keeps per step class (0, 0.25%, ..., 100%)."""
+
+
+class JitteredCostModel:
+    """A model's step time times a random factor per step: the measured machine's own spread.
+
+    Why (issue 17): a fitted model gives the *mean* step time for a composition; a real CPU's
+    steps scatter around it, right-skewed (on vLLM CPU a lone prompt's step has its median
+    ~0.5 ms below its mean, and a few steps stall for several times their cost). A first token
+    that takes one prefill step then has its median at the steps' median, and a P99 made of
+    stalls, neither of which a deterministic simulator reproduces. The factors are the ratios
+    measured / fitted on the steps the model was fitted on (:func:`fit_step_jitter`), kept as
+    quantiles for prompt-bearing and decode-only steps apart (their spreads differ) and drawn
+    by inverse CDF from a seeded generator: the same model and seed give the same run. Out of
+    sample for whatever is compared with it later: the ratios come from the fitting steps.
+
+    ``reseeded(k)`` is the same model with an independent stream (pool several simulations).
+    """
+
+    kind = "jittered"
+
+    def __init__(
+        self,
+        base: CostModel,
+        prefill_ratios: Any,
+        decode_ratios: Any,
+        seed: int = 0,
+        name: str | None = None,
+        source: str = "",
+    ) -> None:
+        self.base = base
+        self.prefill_ratios = [float(x) for x in prefill_ratios]
+        self.decode_ratios = [float(x) for x in decode_ratios]
+        for label, q in (("prefill", self.prefill_ratios), ("decode", self.decode_ratios)):
+            if len(q) < 2 or any(b < a for a, b in zip(q, q[1:], strict=False)) or q[0] < 0:
+                raise CostModelError(
+                    f"jittered cost model: {label}_ratios must be >= 2 non-negative quantiles "
+                    "in ascending order"
+                )
+        self.seed = int(seed)
+        self.name = name or f"{base.name}+jitter"
+        self.source = source
+        self.uses_prefill_attn = bool(getattr(base, "uses_prefill_attn", False))
+        self._rng = np.random.default_rng(self.seed)
+        self._buf: list[float] = []
+
+    def reseeded(self, seed: int) -> JitteredCostModel:
+        return JitteredCostModel(
+            self.base, self.prefill_ratios, self.decode_ratios, seed, self.name, self.source
+        )
+
+    @staticmethod
+    def _at(q: list[float], u: float) -> float:
+        x = u * (len(q) - 1)
+        i = min(int(x), len(q) - 2)
+        return q[i] + (x - i) * (q[i + 1] - q[i])
+
+    def _uniform(self) -> float:
+        if not self._buf:  # one generator call per 4,096 steps: the scalar path stays cheap
+            self._buf = self._rng.random(4096).tolist()
+        return self._buf.pop()
+
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: float = 0.0
+    ) -> float:
+        t = self.base.step_time(prefill_tokens, decode_seqs, kv_tokens, prefill_attn)
+        q = self.prefill_ratios if prefill_tokens > 0 else self.decode_ratios
+        return t * self._at(q, self._uniform())
+
+    def step_times(
+        self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        t = self.base.step_times(prefill_tokens, decode_seqs, kv_tokens)
+        u = np.array([self._uniform() for _ in range(len(t))])
+        grid = np.linspace(0.0, 1.0, len(self.prefill_ratios))
+        rp = np.interp(u, grid, self.prefill_ratios)
+        rd = np.interp(u, np.linspace(0.0, 1.0, len(self.decode_ratios)), self.decode_ratios)
+        return t * np.where(np.asarray(prefill_tokens) > 0, rp, rd)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "source": self.source,
+            "seed": self.seed,
+            "base": self.base.to_dict(),
+            "prefill_ratios": self.prefill_ratios,
+            "decode_ratios": self.decode_ratios,
+        }
+
+
+def fit_step_jitter(
+    model: CostModel, samples: Any, *, seed: int = 0, levels: int = JITTER_LEVELS
+) -> JitteredCostModel:
+    """``model`` with the spread of the measured steps around it (:class:`JitteredCostModel`).
+
+    Every step counts, the stalls a trimmed fit left out too: they are how the machine runs.
+    A class with fewer than 20 steps borrows the other's ratios."""
+    f = step_features(samples)
+    if len(f) < 4:
+        raise CostModelError(f"need at least 4 measured steps to fit jitter, got {len(f)}")
+    t, p, d, kv, attn = (f[c].to_numpy() for c in ("t", "p", "d", "kv", "attn"))
+    # the scalar form: the vector one has no prefill-attention term (decode runs only)
+    pred = np.array([model.step_time(*row) for row in zip(p, d, kv, attn, strict=True)])
+    ok = pred > 0
+    ratio, prompt = t[ok] / pred[ok], p[ok] > 0
+    pools = [ratio[prompt], ratio[~prompt]]
+    pools = [x if len(x) >= 20 else ratio for x in pools]
+    grid = np.linspace(0.0, 1.0, levels)
+    qp, qd = (np.quantile(x, grid) for x in pools)
+    return JitteredCostModel(
+        model,
+        qp,
+        qd,
+        seed=seed,
+        source=f"fit_step_jitter over {len(ratio)} measured steps "
+        f"({int(prompt.sum())} with a prompt chunk)",
+    )
+
+
 KINDS: dict[str, type[_Base]] = {
     "affine": AffineCostModel,
     "linear": AffineCostModel,
@@ -354,8 +475,23 @@ def from_dict(d: dict[str, Any], name: str = "custom") -> _Base:
         raise CostModelError("cost model file must hold a mapping with 'kind' and coefficients")
     d = dict(d)
     kind = str(d.pop("kind", "affine"))
+    if kind == JitteredCostModel.kind:
+        try:
+            return JitteredCostModel(  # type: ignore[return-value]
+                from_dict(d["base"]),
+                d["prefill_ratios"],
+                d["decode_ratios"],
+                seed=int(d.get("seed", 0)),
+                name=str(d.get("name", name)),
+                source=str(d.get("source", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, CostModelError):
+                raise
+            raise CostModelError(f"jittered cost model: bad or missing field ({e})") from None
     if kind not in KINDS:
-        raise CostModelError(f"unknown cost model kind {kind!r}; choose from {sorted(KINDS)}")
+        kinds = sorted([*KINDS, JitteredCostModel.kind])
+        raise CostModelError(f"unknown cost model kind {kind!r}; choose from {kinds}")
     cls = KINDS[kind]
     kw: dict[str, Any] = {"name": str(d.pop("name", name)), "source": str(d.pop("source", ""))}
     for k, v in d.items():

@@ -11,7 +11,9 @@ import pytest
 from harness.engine.costmodel import (
     PRESETS,
     CostModelError,
+    JitteredCostModel,
     fit_cost_model,
+    fit_step_jitter,
     get_cost_model,
 )
 
@@ -187,3 +189,103 @@ def test_prefill_step_cost_fitted_and_charged_once_per_prefill_step() -> None:
     assert only.model.per_prefill_step_s == 0.0
     for m in PRESETS.values():
         assert getattr(m, "per_prefill_step_s", 0.0) == 0.0
+
+
+def _steps(rng: np.random.Generator, model, n: int, prefill_share: float, factor) -> pd.DataFrame:
+    """Measured steps: ``model``'s time times ``factor(prompt, size)`` per step."""
+    prompt = rng.random(n) < prefill_share
+    p = np.where(prompt, rng.integers(50, 400, n), 0)
+    d = rng.integers(1, 32, n)
+    kv = d * rng.integers(100, 600, n)
+    t = np.array(
+        [model.step_time(int(a), int(b), int(c)) for a, b, c in zip(p, d, kv, strict=True)]
+    )
+    return pd.DataFrame(
+        {
+            "source": "engine",
+            "step_duration_s": t * factor(prompt, n),
+            "prefill_tokens": p,
+            "decode_tokens": d,
+            "kv_used_tokens": kv,
+        }
+    )
+
+
+def test_step_jitter_draws_the_measured_spread_per_step_class() -> None:
+    """Prompt-bearing steps scatter 0.9-1.5x (right-skewed), decode-only ones 0.95-1.05x:
+    the jittered model's draws at one composition have each class's quantiles."""
+    rng = np.random.default_rng(5)
+    base = get_cost_model("a100-llama2-7b:per_prefill_attn_s=0")
+
+    def factor(prompt: np.ndarray, n: int) -> np.ndarray:
+        return np.where(prompt, 0.9 + 0.6 * rng.random(n) ** 3, rng.uniform(0.95, 1.05, n))
+
+    df = _steps(rng, base, 20000, 0.3, factor)
+    jit = fit_step_jitter(base, df, seed=3)
+    assert isinstance(jit, JitteredCostModel) and jit.uses_prefill_attn
+    pre = np.array([jit.step_time(200, 4, 2000) for _ in range(20000)])
+    dec = np.array([jit.step_time(0, 4, 2000) for _ in range(20000)])
+    pre /= base.step_time(200, 4, 2000)
+    dec /= base.step_time(0, 4, 2000)
+    # 0.9 + 0.6 u^3: median 0.9 + 0.6/8 = 0.975, 99th percentile ~1.49
+    assert np.median(pre) == pytest.approx(0.975, abs=0.01)
+    assert np.percentile(pre, 99) == pytest.approx(0.9 + 0.6 * 0.99**3, abs=0.02)
+    assert dec.min() >= 0.95 - 1e-9 and dec.max() <= 1.05 + 1e-9
+    assert np.median(dec) == pytest.approx(1.0, abs=0.005)
+    # the vector form draws per element from the same classes
+    v = jit.step_times(np.array([0, 200] * 5000), np.full(10000, 4), np.full(10000, 2000))
+    assert np.median(v[1::2]) / base.step_time(200, 4, 2000) == pytest.approx(0.975, abs=0.015)
+    assert v[::2].max() <= base.step_time(0, 4, 2000) * 1.05 + 1e-12
+
+
+def test_step_jitter_is_seeded_and_survives_a_file(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    base = get_cost_model("h100-llama2-7b")
+    df = _steps(rng, base, 2000, 0.2, lambda prompt, n: rng.lognormal(0.0, 0.2, n))
+    jit = fit_step_jitter(base, df, seed=7)
+    draws = [jit.step_time(100, 2, 500, 5000.0) for _ in range(50)]
+    again = jit.reseeded(7)
+    assert [again.step_time(100, 2, 500, 5000.0) for _ in range(50)] == draws
+    other = jit.reseeded(8)
+    assert [other.step_time(100, 2, 500, 5000.0) for _ in range(50)] != draws
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(jit.to_dict()))
+    loaded = get_cost_model(str(path))
+    assert isinstance(loaded, JitteredCostModel) and loaded.base == base
+    assert [loaded.step_time(100, 2, 500, 5000.0) for _ in range(50)] == draws
+    broken = jit.to_dict()
+    del broken["base"]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(CostModelError, match="jittered"):
+        get_cost_model(str(tmp_path / "broken.json"))
+    unsorted = jit.to_dict() | {"decode_ratios": [1.2, 0.9]}
+    (tmp_path / "unsorted.json").write_text(json.dumps(unsorted))
+    with pytest.raises(CostModelError, match="ascending"):
+        get_cost_model(str(tmp_path / "unsorted.json"))
+
+
+def test_a_simulation_with_a_jittered_model_is_reproducible_per_seed() -> None:
+    """Same model and seed, same token times; another seed, others; the lone requests' first
+    tokens land around the base model's time times the measured median factor."""
+    from harness.engine.config import EngineConfig
+    from harness.engine.simulate import simulate
+    from harness.policies.registry import make_policy
+    from harness.workload import build_trace
+
+    base = get_cost_model("h100-llama2-7b")
+    q = np.linspace(0.8, 1.6, 401)  # median factor 1.2
+    jit = JitteredCostModel(base, q, q, seed=0)
+    trace = build_trace(
+        "synthetic", num_requests=300, rate=0.2, seed=4, input_len=256, output_len=32, quiet=True
+    )
+    cfg = EngineConfig(block_size=16, num_blocks=4096, token_budget=2048, max_num_seqs=64)
+
+    def run(model) -> np.ndarray:
+        res = simulate(trace, make_policy("vllm"), model, cfg)
+        assert (res.status == 1).all()
+        return res.first_s - trace.df["arrival_s"].to_numpy()
+
+    a, b, c = run(jit.reseeded(0)), run(jit.reseeded(0)), run(jit.reseeded(1))
+    flat = run(base)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert np.median(a) / np.median(flat) == pytest.approx(1.2, abs=0.05)

@@ -31,7 +31,7 @@ FRONT_S = 3e-3
 COMMON = {"kv_blocks": 256, "max_num_batched_tokens": 2048, "max_num_seqs": 64}
 
 
-def _engine_rows(seed: int) -> list[dict]:
+def _engine_rows(seed: int, stall: tuple[float, float] = (0.0, 1.0)) -> list[dict]:
     trace = build_trace(
         "synthetic", num_requests=200, rate=25.0, tiers=fidelity.TIERS, seed=seed,
         input_len=192, output_len=48, range_ratio=0.66,
@@ -40,7 +40,7 @@ def _engine_rows(seed: int) -> list[dict]:
     res = simulate(
         trace,
         make_policy("vllm"),
-        JitteryCost(COST, seed, 0.85, 1.15, GAP_S),
+        JitteryCost(COST, seed, 0.85, 1.15, GAP_S, stall),
         cfg,
         fast_forward=False,
     )
@@ -101,6 +101,27 @@ def test_fidelity_analysis_meets_the_target_on_a_known_engine(tmp_path: Path) ->
     assert old["engine_vs_sim"]["ttft"]["p50_rel_err"] > 0.15
 
 
+def test_jitter_gives_the_median_and_the_tail_of_an_engine_that_stalls(tmp_path: Path) -> None:
+    """An engine whose steps are right-skewed (8% of them take 4x): a fitted model gives each
+    composition its *mean* step, so a first token that takes one step comes out at the mean,
+    above the real median; the fitted steps' spread, drawn per simulated step, gives both the
+    median and the stalls' tail."""
+    stall = (0.08, 4.0)
+    cal, ev = _engine_rows(11, stall), _engine_rows(12, stall)
+    with (tmp_path / "steps-vllm.jsonl").open("w") as fh:
+        for r in cal + ev:
+            fh.write(json.dumps(r) + "\n")
+    (tmp_path / "split-vllm.json").write_text(json.dumps({"n_calibration_lines": len(cal)}))
+    flat = fidelity.analyse("vllm", {}, tmp_path, COMMON, "context", "calibration", jitter=False)
+    jit = fidelity.analyse("vllm", {}, tmp_path, COMMON, "context", "calibration")
+    f, j = flat["engine_vs_sim"]["ttft"], jit["engine_vs_sim"]["ttft"]
+    assert not flat["jitter"]["on"] and jit["jitter"]["on"]
+    assert jit["jitter"]["prefill"]["p99"] > 2.5  # the stalls are in the fitted spread
+    # here: TTFT p50 +17% -> +4%, p99 -64% -> -31% (a P99 of 200 requests: the 2nd largest)
+    assert f["p50_rel_err"] > 0.10 and abs(j["p50_rel_err"]) < 0.10, (j, f)
+    assert abs(j["p99_rel_err"]) < abs(f["p99_rel_err"]) - 0.15, (j, f)
+
+
 def test_a_bracketing_calibration_replay_is_fitted_and_not_evaluated(tmp_path: Path) -> None:
     """--bracket: calibration replays before and after the evaluation; the fit uses both,
     the comparison only the evaluation's requests (split-{name}.json's line range)."""
@@ -150,7 +171,9 @@ def test_interleaved_segments_fit_every_calibration_piece_and_evaluate_every_oth
     assert got["fit"]["n_steps"] == sum(r.get("kind") != "request" for r in cal)
     n_eval = sum(r.get("kind") == "request" for r in ev)
     assert got["engine_vs_sim"]["ttft"]["n_real"] == n_eval
-    assert got["engine_vs_sim"]["ttft"]["n_sim"] == n_eval
+    # the simulated side pools SIM_REPS seeds of the jittered model, each with every request
+    assert got["jitter"]["sim_reps"] == fidelity.SIM_REPS
+    assert got["engine_vs_sim"]["ttft"]["n_sim"] == fidelity.SIM_REPS * n_eval
     assert got["within_target"], pd.DataFrame(got["engine_vs_sim"])
 
 
