@@ -297,6 +297,10 @@ class JitteredCostModel:
         i = min(int(x), len(q) - 2)
         return q[i] + (x - i) * (q[i + 1] - q[i])
 
+    def factor_at(self, prompt: bool, level: float) -> float:
+        """The factor at quantile ``level`` (0-1) for a prompt-bearing or a decode-only step."""
+        return self._at(self.prefill_ratios if prompt else self.decode_ratios, level)
+
     def _uniform(self) -> float:
         if not self._buf:  # one generator call per 4,096 steps: the scalar path stays cheap
             self._buf = self._rng.random(4096).tolist()

@@ -434,13 +434,11 @@ def analyse(
 
 def _jitter_summary(cost: Any) -> dict[str, Any]:
     """The simulated steps' spread: quantiles of measured / fitted per step class."""
-    if not hasattr(cost, "prefill_ratios"):
+    if not hasattr(cost, "factor_at"):
         return {"on": False}
     out: dict[str, Any] = {"on": True}
-    for label in ("prefill", "decode"):
-        q = np.asarray(getattr(cost, f"{label}_ratios"))
-        grid = np.linspace(0.0, 1.0, len(q))
-        out[label] = {f"p{p}": round(float(np.interp(p / 100, grid, q)), 3) for p in (50, 99)}
+    for label, prompt in (("prefill", True), ("decode", False)):
+        out[label] = {f"p{p}": round(cost.factor_at(prompt, p / 100), 3) for p in (50, 99)}
     return out
 
 

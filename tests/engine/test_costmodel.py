@@ -229,6 +229,8 @@ def test_step_jitter_draws_the_measured_spread_per_step_class() -> None:
     dec /= base.step_time(0, 4, 2000)
     # 0.9 + 0.6 u^3: median 0.9 + 0.6/8 = 0.975, 99th percentile ~1.49
     assert np.median(pre) == pytest.approx(0.975, abs=0.01)
+    assert jit.factor_at(True, 0.5) == pytest.approx(0.975, abs=0.01)
+    assert jit.factor_at(False, 0.0) >= 0.95 - 1e-9
     assert np.percentile(pre, 99) == pytest.approx(0.9 + 0.6 * 0.99**3, abs=0.02)
     assert dec.min() >= 0.95 - 1e-9 and dec.max() <= 1.05 + 1e-9
     assert np.median(dec) == pytest.approx(1.0, abs=0.005)
