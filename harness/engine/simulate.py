@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
-from harness.engine.costmodel import DEFAULT_COST_MODEL, HARDWARE, CostModel, get_cost_model
+from harness.engine.costmodel import (
+    DEFAULT_COST_MODEL,
+    HARDWARE,
+    CostModel,
+    JitteredCostModel,
+    get_cost_model,
+)
 from harness.engine.fastsim import fast_budget, fast_simulate
 from harness.engine.reference_core import ReferenceCore
 from harness.engine.simresult import (
@@ -534,6 +540,9 @@ def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path
     out: list[Path] = []
     for name in cfg.policies:
         policy = make_policy(name, **cfg.policy_params.get(name, {}))
+        # a cost model with a step-time spread starts its stream afresh for every policy: the
+        # policies of one run see the same draws, and each run as it would alone
+        model = cost.reseeded(cost.seed) if isinstance(cost, JitteredCostModel) else cost
         meta = {
             "seed": cfg.seed,
             "rate": cfg.rate,
@@ -544,7 +553,7 @@ def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path
             "label": f"{cfg.label or 'sim'}-{name}",
         }
         run_dir, _ = write_run(
-            _run_dir(cfg, name), trace, policy, cost, econf, meta, stop_at_s=cfg.stop_at_s
+            _run_dir(cfg, name), trace, policy, model, econf, meta, stop_at_s=cfg.stop_at_s
         )
         pa.default_memory_pool().release_unused()  # the writer's freed Arrow pages (peak RSS)
         write_summary(run_dir)

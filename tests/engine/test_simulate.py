@@ -187,3 +187,33 @@ def test_ctrl_c_leaves_a_partial_but_complete_run_dir(tmp_path) -> None:
     assert (run.requests["error_kind"] == schema.ERROR_CANCELLED).all()
     assert (run.requests["num_chunks"] == 4).all()  # 4 steps ran: a token each
     assert len(run.chunks) == 12
+
+
+def test_a_jittered_cost_model_gives_each_policy_of_a_run_the_same_draws(tmp_path) -> None:
+    """Several policies in one run each start the spread's stream afresh: a policy's run is the
+    one it would have alone, and the policies are compared on the same draws."""
+    from harness.engine.costmodel import JitteredCostModel
+
+    q = np.linspace(0.7, 1.9, 101).tolist()
+    model = JitteredCostModel(get_cost_model("a100-llama2-7b"), q, q, seed=5)
+    path = tmp_path / "jittered.json"
+    path.write_text(json.dumps(model.to_dict()))
+    tr = make_trace([0.0, 0.1, 0.2, 1.5, 1.6], [40, 300, 60, 80, 20], [30, 12, 20, 8, 16])
+
+    def first_tokens(policies: list[str], out: str) -> list[list[float]]:
+        """Per policy, in order: each request's first token time."""
+        cfg = SimulateConfig(
+            trace="t", policies=policies, cost_model=str(path), out_dir=tmp_path / out
+        )
+        runs = [read_run(d).requests.sort_values("req") for d in run_simulation(cfg, trace=tr)]
+        return [r["first_chunk_s"].tolist() for r in runs]
+
+    vllm_then_sarathi = first_tokens(["vllm", "sarathi"], "both")
+    assert vllm_then_sarathi[1] == first_tokens(["sarathi"], "alone")[0]
+    assert vllm_then_sarathi[0] == first_tokens(["vllm"], "again")[0]
+    # and the draws are really there: the preset alone gives other times
+    plain = SimulateConfig(trace="t", cost_model="a100-llama2-7b", out_dir=tmp_path / "plain")
+    (d,) = run_simulation(plain, trace=tr)
+    assert (
+        read_run(d).requests.sort_values("req")["first_chunk_s"].tolist() != (vllm_then_sarathi[0])
+    )
