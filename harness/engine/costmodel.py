@@ -489,9 +489,9 @@ def from_dict(d: dict[str, Any], name: str = "custom") -> _Base:
                 name=str(d.get("name", name)),
                 source=str(d.get("source", "")),
             )
+        except CostModelError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, CostModelError):
-                raise
             raise CostModelError(f"jittered cost model: bad or missing field ({e})") from None
     if kind not in KINDS:
         kinds = sorted([*KINDS, JitteredCostModel.kind])

@@ -191,9 +191,10 @@ def sim_metrics(
     """Simulate these requests (from their ready times) with the fitted cost model and the
     same policy (and parameters) the real server hosted.
 
-    ``reps``: with a jittered model (random step times), the pooled metrics of that many
-    simulations, seeds 0..reps-1: one run's P99 of a few hundred requests moves with its draws
-    (±10-30% between seeds on the recorded logs); the pool estimates the model's distribution.
+    ``reps``: for a jittered model (random step times; a deterministic one runs once), the
+    pooled metrics of that many simulations, seeds 0..reps-1: one run's P99 of a few hundred
+    requests moves with its draws (±10-30% between seeds on the recorded logs); the pool
+    estimates the model's distribution.
 
     ``emit_lag_s``: the fitted step is a period (step start to the next step's start), so a
     simulated token appears at the period's end; a real one leaves at the forward's end, this
@@ -212,8 +213,11 @@ def sim_metrics(
     )
     arr = trace.df["arrival_s"].to_numpy()
     runs: list[dict[str, np.ndarray]] = []
-    for k in range(reps if hasattr(cost, "reseeded") else 1):
-        model = cost.reseeded(k) if hasattr(cost, "reseeded") else cost
+    from harness.engine.costmodel import JitteredCostModel
+
+    jittered = isinstance(cost, JitteredCostModel)
+    for k in range(reps if jittered else 1):
+        model = cost.reseeded(k) if jittered else cost
         res = simulate(trace, make_policy(policy, **(params or {})), model, cfg)
         n = res.out_tokens
         tpot = ((res.last_s - res.first_s) / np.maximum(n - 1, 1))[n > 1]
@@ -382,6 +386,7 @@ def analyse(
         samples, name=f"vllm-cpu-tiny-{name}", with_floor=True, kind=kind, trim_stalls=trim_stalls
     )
     cost = fit_step_jitter(fit.model, samples) if jitter else fit.model
+    reps = sim_reps if jitter else 1  # a deterministic model gives the same run every time
     (out / f"costmodel-{name}.json").write_text(json.dumps(cost.to_dict(), indent=2))
     # tokens leave at update_from_output, before the loop's own work that the fitted step
     # (a period, step_log_samples) includes
@@ -392,11 +397,10 @@ def analyse(
     req = req.sort_values("ready_s", kind="stable").reset_index(drop=True)
     shape = (common["kv_blocks"], common["max_num_batched_tokens"], common["max_num_seqs"])
     real = engine_metrics(req)
-    sim = sim_metrics(req, cost, *shape, name, params, emit_lag_s=emit, reps=sim_reps)
+    sim = sim_metrics(req, cost, *shape, name, params, emit_lag_s=emit, reps=reps)
     cmp = compare(real, sim)
     verdicts = target_verdicts(cmp)
     host = host_pauses(out / f"host-{name}.json", log_origin(all_rows), req)
-    reps = len(sim["ttft"]) // max(1, len(real["ttft"]))
     if host is not None and all(len(sim[m]) == reps * len(real[m]) for m in real):
         keep = host.pop("keep")
         # the same requests on both sides (each simulation of the pool holds every request)
@@ -434,7 +438,9 @@ def analyse(
 
 def _jitter_summary(cost: Any) -> dict[str, Any]:
     """The simulated steps' spread: quantiles of measured / fitted per step class."""
-    if not hasattr(cost, "factor_at"):
+    from harness.engine.costmodel import JitteredCostModel
+
+    if not isinstance(cost, JitteredCostModel):
         return {"on": False}
     out: dict[str, Any] = {"on": True}
     for label, prompt in (("prefill", True), ("decode", False)):
