@@ -112,7 +112,17 @@ class _AlphaProtection(BasePolicy):
             used += -(-need // bs) * bs
             tokens += chunk
             seqs += 1
-        return Plan(run=run, admit=admit, preempt=preempt)
+        # Plan.steady: with every running request decoding and nothing admitted, the plan
+        # repeats until a finish: KV use only grows, so a blocked admission stays blocked (an
+        # arrival joins behind the blocked head), and the overflow check first fails on the
+        # step whose blocks the host itself cannot give (its fast-forward stops before it),
+        # provided the policy's M is no smaller than the host's KV.
+        steady = (
+            not admit
+            and capacity >= view.kv.capacity_tokens
+            and all(n == 1 and is_decoding(r) for r, (_rid, n) in zip(running, run, strict=True))
+        )
+        return Plan(run=run, admit=admit, preempt=preempt, steady=steady)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)

@@ -161,6 +161,15 @@ class NestedWaitPolicy(ThresholdFlushing):
             if i < active:
                 take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
                 run.extend((r.request_id, 1) for r in stages[k][:take])
+        steady = (
+            flush
+            and not num_waiting
+            and not partial
+            and self.seg_caps is None
+            and self.step_cap is None
+            and len(run) == len(decoding)
+            and self._groups_fit_ahead(stages, decoding)
+        )
         run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:
@@ -171,7 +180,25 @@ class NestedWaitPolicy(ThresholdFlushing):
         cands = cands[: max(0, view.max_num_seqs - len(view.running))]
         if self.memory_guard and cands:
             cands = self._guard(view, cands)
-        return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in cands])
+        admit = [(r.request_id, remaining_tokens(r)) for r in cands]
+        return Plan(run=run, admit=admit, steady=steady)
+
+    def _groups_fit_ahead(
+        self, stages: dict[int, list[RequestView]], decoding: list[RequestView]
+    ) -> bool:
+        """Plan.steady for a flush plan that runs every request with nothing waiting: it
+        repeats until the next arrival or finish if every stage group, advancing together,
+        also fits the quota ``n_i`` of each segment it enters before the first finish (quotas
+        are per segment, §4.3; with ``seg_caps`` they move with the counts, never steady)."""
+        horizon = min(r.max_tokens - r.num_output_tokens for r in decoding)  # steps to a finish
+        n, seg, last = self.thresholds, self._seg, len(self._seg) - 1
+        for k, rs in stages.items():
+            lo = seg[k if k < last else last]
+            end = k + horizon - 1
+            hi = seg[end if end < last else last]
+            if len(rs) > min(n[lo : hi + 1]):
+                return False
+        return True
 
     def _guard(self, view: View, cands: list[RequestView]) -> list[RequestView]:
         """Admit only while every prompt's KV at the end of its current segment fits

@@ -270,7 +270,13 @@ class WaitPolicy(ThresholdFlushing):
             if eligible[j]:
                 admits.extend(waiting.head(n[j], j))
         admits.sort(key=_age_key)
-        return Plan(run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits])
+        # Plan.steady: a flush plan with nothing waiting that runs every running request
+        # repeats until an arrival or a finish: the same (type, stage) groups advance one
+        # stage each step, and a type's quota n_j does not change with the stage (§3.3).
+        steady = flush and not admits and not partial and len(run) == len(dec)
+        return Plan(
+            run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits], steady=steady
+        )
 
     def _plan_admission(
         self,

@@ -18,6 +18,7 @@ from harness.engine.simulate import (
 )
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, Plan
+from harness.policies.registry import available
 from harness.results import schema
 from harness.results.rundir import read_run
 
@@ -42,12 +43,22 @@ def test_idle_engine_jumps_to_next_arrival() -> None:
     assert res.num_steps == 2
 
 
+# Tight KV forcing preemptions; and light load with prompts chunked over several steps
+# (queues mostly empty: where a policy's steady runs are long, as on the Azure lengths).
+_FF_LOADS = {
+    "tight-kv": (dict(n=150, rate=20.0, seed=3, pmax=120, omax=400), (4096, 256, 32)),
+    "light": (dict(n=200, rate=2.0, seed=4, pmax=1500, omax=300), (60_000, 512, 64)),
+}
+
+
+@pytest.mark.parametrize("load", sorted(_FF_LOADS))
 @pytest.mark.parametrize("kernel", ["auto", "reference"])
-@pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "vllm-v0", "fastertransformer"])
-def test_fast_forward_is_exact(policy: str, kernel: str) -> None:
-    # Tight KV forces preemptions; results must be identical with and without fast-forward.
-    tr = poisson_trace(150, 8.0, seed=3, pmax=120, omax=200)
-    cfg = EngineConfig(kv_tokens=4096, token_budget=256, max_num_seqs=32, block_size=16)
+@pytest.mark.parametrize("policy", available())
+def test_fast_forward_is_exact(policy: str, kernel: str, load: str) -> None:
+    # Plan.steady is only a speed hint: every policy's results are identical without it.
+    tk, (kv, budget, seqs) = _FF_LOADS[load]
+    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
     cost = get_cost_model("a100-llama2-7b")
     a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True, kernel=kernel)
     b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False, kernel=kernel)
@@ -62,6 +73,33 @@ def test_fast_forward_is_exact(policy: str, kernel: str) -> None:
     assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
     np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], atol=1e-9)
     assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "params"),
+    [
+        ("nested-wait", {"edges": [8, 16, 64], "thresholds": [6, 3, 1]}),
+        ("wait", {"output_lens": [16, 64], "thresholds": [4, 2]}),
+    ],
+)
+def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict) -> None:
+    # Bursts of simultaneous arrivals make stage groups of several requests, which must not
+    # be fast-forwarded into a segment whose quota is smaller than the group (nested-wait).
+    rng = np.random.default_rng(11)
+    arr = np.repeat(np.arange(30) * 3.0, 5)
+    tr = make_trace(arr, rng.integers(20, 200, arr.size), rng.integers(2, 60, arr.size))
+    cfg = EngineConfig(kv_tokens=65_536, token_budget=1024, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    a = simulate(tr, make_policy(policy, **params), cost, cfg)
+    b = simulate(tr, make_policy(policy, **params), cost, cfg, fast_forward=False)
+    assert a.num_calls < b.num_calls  # steady runs were taken
+    assert a.num_steps == b.num_steps
+    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
+    oa = np.lexsort((a.chunk_t, a.chunk_req))
+    ob = np.lexsort((b.chunk_t, b.chunk_req))
+    assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
+    np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], atol=1e-9)
 
 
 def test_every_request_gets_exactly_output_len_tokens() -> None:
