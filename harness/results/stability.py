@@ -405,7 +405,11 @@ def analyze_stability(
 
     # engine queue (samples): engine rows first, else Prometheus
     if samples is not None and len(samples) and "num_waiting" in samples:
-        s = samples[samples["num_waiting"].notna()]
+        # only the columns read here: a filter of the whole frame copies every column
+        # (1M+ sample rows of a long simulation: hundreds of MB at the summary's peak)
+        cols = [c for c in ("t_s", "num_waiting", "num_running", "source") if c in samples]
+        s = samples[cols]
+        s = s[s["num_waiting"].notna()]
         for src in ("engine", "prometheus"):
             sub = s[s["source"] == src] if "source" in s else s
             if len(sub):
