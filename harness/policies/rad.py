@@ -42,6 +42,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
+from harness.policies.common import split_running
 from harness.policies.registry import register
 
 
@@ -68,6 +69,8 @@ class RADPolicy(BasePolicy):
         self._heap: list[tuple[float, str]] = []  # (arrival, id) of waiting, lazily deleted
         self._waiting: dict[str, RequestView] = {}  # the waiting requests the heap covers
         self._known: dict[str, RequestView] = {}  # every request seen and not finished
+        self._pre: dict[str, RequestView] = {}  # admitted, not yet seen decoding
+        self._num_running = 0  # admitted - preempted - finished, as the hooks reported
 
     def _oldest_waiting(self, view: View) -> RequestView | None:
         """FCFS-oldest waiting request by (arrival, id), O(log n) amortised."""
@@ -85,10 +88,10 @@ class RADPolicy(BasePolicy):
         chunk = min(self.t_lcm, view.token_budget)
         bs = view.kv.block_size
         free = view.kv.free_blocks
-        prefilling = [r for r in view.running if prefill_remaining(r) > 0]
-        decoding = [r for r in view.running if is_decoding(r)]
+        prefilling, n_decoding = self._prefilling(view)
 
         def decode_batch(queued: bool = False) -> Plan:  # lines 6-8: a DI for every request in D
+            decoding = split_running(view.running)[0]
             run = [(r.request_id, 1) for r in sorted(decoding, key=lambda r: r.arrival_s)]
             steady = not prefilling and len(run) <= view.token_budget
             # with a request already queued, an arrival (younger) changes neither the head nor
@@ -99,28 +102,45 @@ class RADPolicy(BasePolicy):
             r = min(prefilling, key=lambda r: (r.arrival_s, r.request_id))
             c = min(chunk, prefill_remaining(r))
             c0 = r.num_computed_tokens
-            if decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
+            if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
                 return decode_batch()  # no KV for the chunk yet: let decodes drain
             return Plan(run=[(r.request_id, c)])
-        if not decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
+        if not n_decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1
         head = self._oldest_waiting(view)
-        if head is None and not decoding:
+        if head is None and not n_decoding:
             return Plan()  # line 5: idle
         seq_room = len(view.running) < view.max_num_seqs
         if (
-            len(decoding) >= self.t_col
+            n_decoding >= self.t_col
             or head is None
             or self.requests_in_cycle >= self.n
             or not seq_room
         ):
             return decode_batch(queued=head is not None)
         c = min(chunk, remaining_tokens(head))
-        if decoding and blocks_for(c, bs) > free:
+        if n_decoding and blocks_for(c, bs) > free:
             return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
         # lines 11-17: FCFS prefill of one request (counted in on_step)
         return Plan(admit=[(head.request_id, c)])
+
+    def _prefilling(self, view: View) -> tuple[list[RequestView], int]:
+        """The running requests with prefill left, and how many decode. RAD's lone prefill
+        chunks are most of its steps under load, and the running set then holds up to
+        ``t_col*`` paused decodes: rather than reading them all every step, the requests it
+        admitted and has not yet seen decoding are kept by the hooks (a running request that
+        is not decoding was admitted and not yet caught up). Trusted only while the hooks'
+        count of running requests matches the view (a host that aborts one, or skips the
+        hooks, gets the full pass)."""
+        running = view.running
+        if self._num_running != len(running):
+            decoding, prefilling = split_running(running)
+            return prefilling, len(decoding)
+        pre = self._pre
+        for rid in [rid for rid, r in pre.items() if is_decoding(r)]:
+            del pre[rid]
+        return list(pre.values()), len(running) - len(pre)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id
@@ -130,15 +150,21 @@ class RADPolicy(BasePolicy):
 
     def on_step(self, report: StepReport) -> None:
         self.requests_in_cycle += len(report.admitted)  # line 18
+        self._num_running += len(report.admitted) - len(report.preempted) - len(report.finished)
         for rid in report.admitted:
             self._waiting.pop(rid, None)
+            r = self._known.get(rid)
+            if r is not None:
+                self._pre[rid] = r
         for rid in report.preempted:  # back to waiting (recompute)
+            self._pre.pop(rid, None)
             r = self._known.get(rid)
             if r is not None:
                 self._waiting[rid] = r
                 heapq.heappush(self._heap, (r.arrival_s, rid))
         for rid in report.finished:
             self._known.pop(rid, None)
+            self._pre.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "t_col": self.t_col, "t_row": self.t_row, "t_red": self.t_red}
