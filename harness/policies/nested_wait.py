@@ -45,7 +45,7 @@ from harness.policies.base import (
     prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting, split_running
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
 
@@ -116,12 +116,14 @@ class NestedWaitPolicy(ThresholdFlushing):
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
         return 0 if i == 0 else self.edges[i - 1]
 
-    def _plan(self, view: View, *, flush: bool) -> Plan:
+    def _plan(
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:
         m = len(self.edges)
         n = self.thresholds
         self._wq.sync(view)
         num_waiting = len(self._wq)
-        decoding, partial = split_running(view.running)
+        decoding, partial = running
         if not flush and not partial and self.seg_caps is None and num_waiting < n[0]:
             return Plan()  # segment 1 misses its threshold: the prefix rule runs nothing
         stages: dict[int, list[RequestView]] = {}

@@ -130,12 +130,16 @@ class ThresholdFlushing(BasePolicy):
     flushes: int
     _last_arrival: float
 
-    def _plan(self, view: View, *, flush: bool) -> Plan:  # pragma: no cover - abstract
+    def _plan(
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:  # pragma: no cover - abstract
+        """The plan for ``running`` = ``split_running(view.running)`` (read once a step)."""
         raise NotImplementedError
 
     def schedule(self, view: View) -> Plan:
         flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
-        plan = self._plan(view, flush=flush)
+        running = split_running(view.running)
+        plan = self._plan(view, running, flush=flush)
         if (
             not flush
             and self.on_idle == "flush"
@@ -143,7 +147,7 @@ class ThresholdFlushing(BasePolicy):
             and (view.waiting or view.running)
         ):
             flush = True
-            plan = self._plan(view, flush=True)
+            plan = self._plan(view, running, flush=True)
         self.flushes += int(flush)
         return plan
 
@@ -222,10 +226,12 @@ class WaitPolicy(ThresholdFlushing):
             self._type_memo.pop(rid, None)
 
     # -- planning ---------------------------------------------------------------------
-    def _plan(self, view: View, *, flush: bool) -> Plan:
+    def _plan(
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:
         self._wq.sync(view)
         waiting = _Heads(self._wq)
-        decoding, partial = split_running(view.running)
+        decoding, partial = running
         if self.gating == "admission":
             plan = self._plan_admission(view, waiting, partial, decoding, flush)
         else:
