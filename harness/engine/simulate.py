@@ -284,6 +284,7 @@ def _simulate(
             "num_finished": core.num_finished,
             "unfinished": int(n - core.num_finished - core.num_rejected),
             "interrupted": interrupted,
+            "kernel": kernel if kernel == "reference" else "core",
         },
     )
 

@@ -116,12 +116,12 @@ def test_the_kernel_is_reached_through_the_declared_rule() -> None:
     tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
     fast = simulate(tr, _DeclaredRule(), cost, cfg)
     ref = simulate(tr, _DeclaredRule(), cost, cfg, kernel="reference")
-    assert fast.counters.get("kernel") == "fast"
+    assert fast.counters.get("kernel") == "fast" and ref.counters["kernel"] == "reference"
     _same(fast, ref)
     counted = _CountsSteps()
     res = simulate(tr, counted, cost, cfg)
-    assert res.counters.get("kernel") is None and counted.steps == res.num_steps
-    assert simulate(tr, _OverridesPlanning(), cost, cfg).counters.get("kernel") is None
+    assert res.counters["kernel"] == "core" and counted.steps == res.num_steps
+    assert simulate(tr, _OverridesPlanning(), cost, cfg).counters["kernel"] == "core"
 
 
 class _AttnCost:
