@@ -108,7 +108,14 @@ class Servers:
         server.wait_healthy()
         return server
 
-    def replay(self, key: str, policy: str | None, params: dict[str, Any], endpoint: str) -> Replay:
+    def replay(
+        self,
+        key: str,
+        policy: str | None,
+        params: dict[str, Any],
+        endpoint: str,
+        arrival: tuple[str, ...] = ("--arrival", "trace"),
+    ) -> Replay:
         if (key, endpoint) in self.done:
             return self.done[(key, endpoint)]
         server = self.server(key, policy, params)
@@ -120,8 +127,7 @@ class Servers:
                 "replay",
                 "--trace",
                 str(self.trace),
-                "--arrival",
-                "trace",
+                *arrival,
                 "--target",
                 server.url,
                 "--engine",
@@ -261,7 +267,11 @@ def test_adapter_wait_admits_in_cohorts_of_n(servers: Servers) -> None:
 
 # ---------------------------------------------------------------- adapter: slai
 def test_adapter_slai_caps_admissions_and_active_requests(servers: Servers) -> None:
-    r = servers.replay("slai", "slai", SLAI, "completions")
+    # All 16 within 80 ms, so more requests are in flight than alpha admits, however fast
+    # this machine decodes (at the trace's 16 req/s a fast box finishes each before the next
+    # arrives, and no cap is ever reached).
+    burst = ("--arrival", "constant", "--rate", "200")
+    r = servers.replay("slai", "slai", SLAI, "completions", arrival=burst)
     assert _adapter_line(r.log) == "slai"
     assert sum(p["new_seq"] for p in r.prefills) == N
     # SLAI's token budget tau (seed-rad-slai.md §5.4) is below one prompt, so each step admits
@@ -269,4 +279,7 @@ def test_adapter_slai_caps_admissions_and_active_requests(servers: Servers) -> N
     assert all(p["new_seq"] == 1 for p in r.prefills), r.prefills
     assert all(p["running"] + p["new_seq"] <= SLAI["max_active"] for p in r.prefills)
     assert r.engine["num_running"].max() <= SLAI["max_active"]
-    assert r.engine["num_waiting"].max() > 0
+    # the caps kept requests in SGLang's own queue (its per-step count; the 50-ms /metrics
+    # samples can fall between the steps that had one)
+    assert max(p["queue"] for p in r.prefills) > 0, r.prefills
+    assert max(p["running"] for p in r.prefills) == SLAI["max_active"] - 1, r.prefills
