@@ -935,11 +935,13 @@ class EngineCore:
         if k_max <= 1:
             return 1, np.array([now + first])
         bs = self.block_size
-        comp = np.array([r.num_computed_tokens for r in run], dtype=np.int64)
         # Step 1's blocks (for comp + 1 tokens) are already allocated; ``free`` is what is left.
         free = self.total_blocks - self.used_blocks
-
-        k_max = decode_steps_that_fit(comp, k_max, bs, free)
+        # Steps 2..k add k - 1 tokens a request, so at most ceil((k - 1) / bs) blocks each:
+        # when even that fits (KV not tight, the common case) the exact count is not needed.
+        if len(run) * ((k_max + bs - 2) // bs) > free:
+            comp = np.array([r.num_computed_tokens for r in run], dtype=np.int64)
+            k_max = decode_steps_that_fit(comp, k_max, bs, free)
         if k_max <= 1:
             return 1, np.array([now + first])
         ends = decode_run_ends(self.cost_model, now, k_max, n_decode, kv_read, until)
