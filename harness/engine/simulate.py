@@ -19,9 +19,6 @@ after it; a fast-forwarded run is one row with ``num_steps`` > 1 and its total d
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import math
 import time
 from collections.abc import Callable
@@ -534,17 +531,6 @@ def write_run(
     return run_dir, res
 
 
-def release_freed_memory() -> None:
-    """Give the memory a finished simulation freed back to the OS before the summary reads
-    the run (its peak adds to what the process still holds): the run writer's Arrow pages,
-    the tables' reference cycles, and the C heap's free pages (glibc keeps them otherwise;
-    on Azure-conversation lengths, 100k requests, ~170 MB of peak RSS)."""
-    pa.default_memory_pool().release_unused()
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path]:
     """Simulate every policy of ``cfg`` on one trace; one run dir each, with summary.json."""
     from harness.results.summary import write_summary
@@ -570,7 +556,6 @@ def run_simulation(cfg: SimulateConfig, trace: Trace | None = None) -> list[Path
         run_dir, _ = write_run(
             _run_dir(cfg, name), trace, policy, model, econf, meta, stop_at_s=cfg.stop_at_s
         )
-        release_freed_memory()
         write_summary(run_dir)
         out.append(run_dir)
     return out
