@@ -62,17 +62,22 @@ def test_fast_forward_is_exact(policy: str, kernel: str, load: str) -> None:
     cost = get_cost_model("a100-llama2-7b")
     a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True, kernel=kernel)
     b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False, kernel=kernel)
-    assert a.num_steps == b.num_steps
     assert a.num_calls <= b.num_calls
-    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
+    _same_runs(a, b)
     assert (a.out_tokens == b.out_tokens).all()
     assert (a.status == 1).all()
+    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+
+
+def _same_runs(a, b) -> None:
+    """Same steps and the same tokens at the same times (to 1e-9 s)."""
+    assert a.num_steps == b.num_steps
+    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
     oa = np.lexsort((a.chunk_t, a.chunk_req))
     ob = np.lexsort((b.chunk_t, b.chunk_req))
     assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
     np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], atol=1e-9)
-    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
 
 
 @pytest.mark.parametrize(
@@ -93,13 +98,7 @@ def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict
     a = simulate(tr, make_policy(policy, **params), cost, cfg)
     b = simulate(tr, make_policy(policy, **params), cost, cfg, fast_forward=False)
     assert a.num_calls < b.num_calls  # steady runs were taken
-    assert a.num_steps == b.num_steps
-    np.testing.assert_allclose(a.first_s, b.first_s, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(a.last_s, b.last_s, rtol=0, atol=1e-9)
-    oa = np.lexsort((a.chunk_t, a.chunk_req))
-    ob = np.lexsort((b.chunk_t, b.chunk_req))
-    assert (a.chunk_req[oa] == b.chunk_req[ob]).all()
-    np.testing.assert_allclose(a.chunk_t[oa], b.chunk_t[ob], atol=1e-9)
+    _same_runs(a, b)
 
 
 def test_every_request_gets_exactly_output_len_tokens() -> None:
