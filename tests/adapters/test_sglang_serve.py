@@ -65,6 +65,9 @@ PREFILL = re.compile(
 )
 
 
+DECODE_QUEUE = re.compile(r"Decode batch, .*?#queue-req: (\d+)")
+
+
 def prefill_lines(log: str) -> list[dict[str, int]]:
     """SGLang's per-prefill-step log lines (``metrics_reporter.report_prefill_stats``)."""
     return [{k: int(v) for k, v in m.groupdict().items()} for m in PREFILL.finditer(log)]
@@ -249,7 +252,7 @@ def test_adapter_fastertransformer_admits_cohorts_only_when_idle(servers: Server
     assert max(p["new_seq"] for p in r.prefills) > 1, r.prefills
     # the next cohort waited in SGLang's queue while this one decoded (its per-step log
     # lines; a cohort's decode can be shorter than the 50-ms /metrics samples)
-    queued = [int(q) for q in re.findall(r"Decode batch, .*?#queue-req: (\d+)", r.log)]
+    queued = [int(q) for q in DECODE_QUEUE.findall(r.log)]
     assert max(queued, default=0) > 0
 
 
