@@ -9,7 +9,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from harness.policies.base import RequestView, StepReport, View, blocks_for
+from harness.policies.base import RequestView, StepReport, View
+from harness.policies.columns import admit_sizes
 
 
 def split_running(
@@ -66,25 +67,24 @@ def admit_list(
     ``queue``: the waiting requests already in ``order`` (a policy's :class:`SortedWaiting`),
     read lazily instead of sorting the view.
     """
-    out: list[tuple[str, int]] = []
-    bs = view.kv.block_size
-    free = view.kv.free_blocks if free_blocks is None else free_blocks
-    for r in ordered_waiting(view, order) if queue is None else queue:
-        if budget_left <= 0 or seats <= 0:
-            break
-        rem = r.num_tokens - r.num_computed_tokens
-        oversize_alone = rem > view.token_budget and budget_left == view.token_budget
-        if whole and rem > budget_left and not oversize_alone:
-            break
-        n = min(rem, budget_left)
-        need = blocks_for(rem if full_kv else n, bs)
-        if need > free:
-            break
-        out.append((r.request_id, n))
-        free -= need
-        budget_left -= n
-        seats -= 1
-    return out
+    seen: list[RequestView] = []  # the requests read, so sizes map back to their ids
+
+    def remaining() -> Iterator[int]:
+        for r in ordered_waiting(view, order) if queue is None else queue:
+            seen.append(r)
+            yield r.num_tokens - r.num_computed_tokens
+
+    sizes = admit_sizes(
+        remaining(),
+        budget_left,
+        seats,
+        token_budget=view.token_budget,
+        block_size=view.kv.block_size,
+        free_blocks=view.kv.free_blocks if free_blocks is None else free_blocks,
+        whole=whole,
+        full_kv=full_kv,
+    )
+    return [(r.request_id, n) for r, n in zip(seen, sizes, strict=False)]
 
 
 def decode_blocks_needed(decoding: Sequence[RequestView], block_size: int) -> int:

@@ -10,32 +10,40 @@ unstable below capacity (§2.5, closed form mu_FT = n / (t(n v_p) + v_d t(n))).
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, Plan, View
-from harness.policies.common import admit_list, split_running
+from harness.policies.columns import (
+    ColumnPlan,
+    ColumnPolicy,
+    ColumnView,
+    admit_sizes,
+    prefill_chunks,
+)
 from harness.policies.registry import register
 
 
 @register("fastertransformer")
-class FasterTransformerPolicy(BasePolicy):
+class FasterTransformerPolicy(ColumnPolicy):
     """Decode-only steps while anyone decodes; otherwise a prefill-only cohort admission."""
 
-    def schedule(self, view: View) -> Plan:
-        decoding, prefilling = split_running(view.running)
-        if decoding:
-            run = [(r.request_id, 1) for r in decoding[: view.token_budget]]
-            # Arrivals never change this decision, so the plan holds until a finish.
-            steady = len(run) == len(view.running)
-            return Plan(run=run, steady=steady, hold=steady)
-        budget = view.token_budget
-        run: list[tuple[str, int]] = []
-        for r in prefilling:
-            if budget <= 0:
-                break
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
-            run.append((r.request_id, n))
-            budget -= n
-        admit: list[tuple[str, int]] = []
-        seats = view.max_num_seqs - len(view.running)
-        if view.waiting and budget > 0 and seats > 0:
-            admit = admit_list(view, budget, seats, whole=True)
-        return Plan(run=run, admit=admit)
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        decoding, prefilling, rem = rc.split()
+        if len(decoding):
+            k = min(len(decoding), cv.token_budget)
+            if k == len(rc):
+                # Arrivals never change this decision, so the plan holds until a finish.
+                return ColumnPlan(None, 1, steady=True, hold=True)
+            return ColumnPlan(decoding[:k], 1)
+        run, run_tok, budget = prefill_chunks(rem, prefilling, cv.token_budget)
+        admit: list[int] = []
+        seats = cv.max_num_seqs - len(rc)
+        if cv.num_waiting and budget > 0 and seats > 0:
+            admit = admit_sizes(
+                cv.waiting_tokens(),
+                budget,
+                seats,
+                token_budget=cv.token_budget,
+                block_size=cv.kv.block_size,
+                free_blocks=cv.kv.free_blocks,
+                whole=True,
+            )
+        return ColumnPlan(run, run_tok, admit)

@@ -22,51 +22,67 @@ reserves the admissions' budget itself before giving decodes the rest.
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, Plan, View, blocks_for
-from harness.policies.common import admit_list, split_running
+import numpy as np
+
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, admit_sizes
 from harness.policies.registry import register
 
 
 @register("orca")
-class OrcaPolicy(BasePolicy):
+class OrcaPolicy(ColumnPolicy):
     """Prefill-first; decodes fill whatever budget the prefills leave."""
 
     def __init__(self, whole_prompt: bool = False):
         self.whole_prompt = bool(whole_prompt)
 
-    def schedule(self, view: View) -> Plan:
-        budget = view.token_budget
-        decoding, prefilling = split_running(view.running)
-        run: list[tuple[str, int]] = []
-        bs = view.kv.block_size
-        free = view.kv.free_blocks
-        # Every running request is listed (0 tokens when it gets none) so the whole running set
-        # stays in the run order that KV preemption takes victims from (decodes first).
-        for i, r in enumerate(prefilling):
-            c = r.num_computed_tokens
-            n = max(0, min(r.num_tokens - c, budget))
-            if i > 0:  # only what the free KV holds: a stuck prefill must not starve decodes
-                n = max(0, min(n, blocks_for(c, bs) * bs - c + free * bs))
-            free -= blocks_for(c + n, bs) - blocks_for(c, bs)
-            run.append((r.request_id, n))
-            budget -= n
-        admit: list[tuple[str, int]] = []
-        seats = view.max_num_seqs - len(view.running)
-        if view.waiting and budget > 0 and seats > 0:
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        budget = cv.token_budget
+        decoding, prefilling, rem = rc.split()
+        bs = cv.kv.block_size
+        pre_tok: list[int] = []
+        if len(prefilling):
+            free = cv.kv.free_blocks
+            comp = rc.computed[prefilling].tolist()
+            for i, (c, left) in enumerate(zip(comp, rem[prefilling].tolist(), strict=True)):
+                n = max(0, min(left, budget))
+                held = -(-c // bs)
+                if i > 0:  # only what the free KV holds: a stuck prefill must not starve decodes
+                    n = max(0, min(n, held * bs - c + free * bs))
+                free -= -(-(c + n) // bs) - held
+                pre_tok.append(n)
+                budget -= n
+        admit: list[int] = []
+        seats = cv.max_num_seqs - len(rc)
+        if cv.num_waiting and budget > 0 and seats > 0:
             # an admission must be able to finish its prompt in the KV the prefills leave
-            free = view.kv.free_blocks - sum(
-                blocks_for(r.num_tokens, bs) - blocks_for(r.num_computed_tokens, bs)
-                for r in prefilling
+            free = cv.kv.free_blocks
+            if len(prefilling):
+                whole = rc.prompt[prefilling] + rc.output[prefilling]
+                held = (rc.computed[prefilling] + (bs - 1)) // bs
+                free -= int(((whole + (bs - 1)) // bs - held).sum())
+            admit = admit_sizes(
+                cv.waiting_tokens(),
+                budget,
+                seats,
+                token_budget=cv.token_budget,
+                block_size=bs,
+                free_blocks=free,
+                whole=self.whole_prompt,
+                full_kv=True,
             )
-            admit = admit_list(
-                view, budget, seats, whole=self.whole_prompt, free_blocks=free, full_kv=True
-            )
-            budget -= sum(n for _, n in admit)
-        all_granted = True
-        for r in decoding:
-            g = 1 if budget > 0 else 0
-            run.append((r.request_id, g))
-            budget -= g
-            all_granted = all_granted and g == 1
-        steady = not prefilling and not admit and all_granted
-        return Plan(run=run, admit=admit, steady=steady)
+            budget -= sum(admit)
+        # Decodes get 1 token each while budget is left. Every running request is listed (0
+        # tokens when it gets none) so the whole running set stays in the run order that KV
+        # preemption takes victims from (decodes last in priority, so first victims).
+        granted = min(len(decoding), max(budget, 0))
+        all_granted = granted == len(decoding)
+        if not len(prefilling) and all_granted:
+            return ColumnPlan(None, 1, admit, steady=not admit)
+        dec_tok = np.zeros(len(decoding), np.int64)
+        dec_tok[:granted] = 1
+        return ColumnPlan(
+            np.concatenate((prefilling, decoding)),
+            np.concatenate((np.array(pre_tok, np.int64), dec_tok)),
+            admit,
+        )

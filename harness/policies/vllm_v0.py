@@ -15,13 +15,20 @@ requests rarely run out of blocks and get preempted. It is waived when nothing r
 
 from __future__ import annotations
 
-from harness.policies.base import BasePolicy, Plan, View
-from harness.policies.common import admit_list, split_running
+import numpy as np
+
+from harness.policies.columns import (
+    ColumnPlan,
+    ColumnPolicy,
+    ColumnView,
+    admit_sizes,
+    prefill_chunks,
+)
 from harness.policies.registry import register
 
 
 @register("vllm-v0")
-class VLLMV0Policy(BasePolicy):
+class VLLMV0Policy(ColumnPolicy):
     """Prefill-only steps whenever a prompt can be admitted, else decode-only steps."""
 
     def __init__(self, *, watermark: float = 0.01) -> None:
@@ -32,29 +39,37 @@ class VLLMV0Policy(BasePolicy):
     def params(self) -> dict[str, float]:
         return {"watermark": self.watermark}
 
-    def schedule(self, view: View) -> Plan:
-        budget = view.token_budget
-        decoding, prefilling = split_running(view.running)
-        run: list[tuple[str, int]] = []
-        for r in prefilling:  # an oversize prompt's remaining chunks (prefill-only step)
-            if budget <= 0:
-                break
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
-            run.append((r.request_id, n))
-            budget -= n
-        admit: list[tuple[str, int]] = []
-        seats = view.max_num_seqs - len(view.running)
-        if view.waiting and budget > 0 and seats > 0:
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        decoding, prefilling, rem = rc.split()
+        # an oversize prompt's remaining chunks (prefill-only step)
+        run, run_tok, budget = prefill_chunks(rem, prefilling, cv.token_budget)
+        admit: list[int] = []
+        seats = cv.max_num_seqs - len(rc)
+        if cv.num_waiting and budget > 0 and seats > 0:
             # With nothing running the watermark is waived: a prompt that fits the whole
             # cache but not cache - watermark must still run (never a stall, §7 REC 6).
-            reserve = int(self.watermark * view.kv.total_blocks) if view.running else 0
-            free = max(0, view.kv.free_blocks - reserve)
+            reserve = int(self.watermark * cv.kv.total_blocks) if len(rc) else 0
             # v0's block manager allocates a prompt's blocks whole at admission (full_kv)
-            admit = admit_list(view, budget, seats, whole=True, free_blocks=free, full_kv=True)
-        if run or admit:
+            admit = admit_sizes(
+                cv.waiting_tokens(),
+                budget,
+                seats,
+                token_budget=cv.token_budget,
+                block_size=cv.kv.block_size,
+                free_blocks=max(0, cv.kv.free_blocks - reserve),
+                whole=True,
+                full_kv=True,
+            )
+        if len(run) or admit:
             # decodes listed with 0 tokens: they stay KV victims for an oversize prompt's next
             # chunk, which would otherwise evict itself, re-enter and livelock (issue 13)
-            run.extend((r.request_id, 0) for r in decoding)
-            return Plan(run=run, admit=admit)
-        run = [(r.request_id, 1) for r in decoding[: view.token_budget]]
-        return Plan(run=run, steady=len(run) == len(view.running))
+            return ColumnPlan(
+                np.concatenate((run, decoding)),
+                np.concatenate((run_tok, np.zeros(len(decoding), np.int64))),
+                admit,
+            )
+        k = min(len(decoding), cv.token_budget)
+        if k == len(rc):
+            return ColumnPlan(None, 1, steady=True)
+        return ColumnPlan(decoding[:k], 1)

@@ -1,0 +1,221 @@
+"""Column plans: a policy that plans from arrays, so a host that keeps its running set in arrays
+(the vectorised simulator kernel) runs it without building per-request objects.
+
+Why (issue 13): planning from :class:`~harness.policies.base.View`'s request objects costs a
+few Python operations per running request per step; near capacity (hundreds running, a step per
+arrival) that, not the engine, bounds a simulation. A :class:`ColumnPolicy` writes its rule
+once, in :meth:`ColumnPolicy.plan_columns`, over :class:`RunningColumns`; its ``schedule`` (what
+every object host calls: the engine core, the reference step, the built-in server, the vLLM and
+SGLang adapters) builds the columns from the view and maps the plan back to request ids. So
+there is one implementation per policy, whatever the host.
+
+Host semantics are base.py's rules 1-5 unchanged; a :class:`ColumnPlan` is a
+:class:`~harness.policies.base.Plan` whose items name running requests by position and waiting
+requests by their place in the host's queue order (preempted first, then arrivals), which is
+the only admission order a column plan can express.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+import numpy as np
+
+from harness.policies.base import BasePolicy, KVView, Plan, View, blocks_for
+
+
+@dataclass(frozen=True, slots=True)
+class RunningColumns:
+    """The running requests, one array entry per request in running (admission) order.
+
+    Read-only: a host may hand out views of its own state."""
+
+    prompt: np.ndarray  # int64: num_prompt_tokens
+    output: np.ndarray  # int64: num_output_tokens (generated so far)
+    computed: np.ndarray  # int64: num_computed_tokens
+    max_tokens: np.ndarray  # int64
+    num_prefilling: int  # how many are not decoding (base.is_decoding), kept by the host
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+    def remaining(self) -> np.ndarray:
+        """Tokens each can be given next step (base.remaining_tokens)."""
+        return self.prompt + self.output - self.computed
+
+    def split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(decoding positions, prefilling positions, remaining)``, positions in running
+        order (common.split_running's rule: has output, and its KV covers all but the last
+        token)."""
+        rem = self.remaining()
+        n = len(rem)
+        if self.num_prefilling == 0:
+            return np.arange(n), np.empty(0, np.int64), rem
+        dec = (self.output > 0) & (rem == 1)
+        return np.flatnonzero(dec), np.flatnonzero(~dec), rem
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnView:
+    """What :meth:`ColumnPolicy.plan_columns` reads: :class:`~harness.policies.base.View` with
+    the running set as columns and the waiting queue as its requests' remaining tokens."""
+
+    now: float
+    running: RunningColumns
+    num_waiting: int
+    waiting_tokens: Callable[[], Iterator[int]]  # remaining tokens, host queue order (lazy)
+    kv: KVView
+    token_budget: int
+    max_num_seqs: int
+
+
+@dataclass(slots=True)
+class ColumnPlan:
+    """A :class:`~harness.policies.base.Plan` by position.
+
+    ``order``: running positions in run order, or None for every running request in running
+    order; ``tokens``: the tokens of each (an int: the same for all). ``admit``: first-chunk
+    sizes of the waiting queue's head, in host queue order. ``steady`` / ``hold`` as in Plan.
+    """
+
+    order: np.ndarray | None = None
+    tokens: np.ndarray | int = 0
+    admit: list[int] | tuple[int, ...] = ()
+    steady: bool = False
+    hold: bool = False
+
+    def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(positions, tokens)`` as arrays."""
+        order = np.arange(n_running) if self.order is None else self.order
+        tok = self.tokens
+        if isinstance(tok, np.ndarray):
+            return order, tok
+        return order, np.full(len(order), tok, dtype=np.int64)
+
+
+def admit_sizes(
+    remaining: Iterable[int],
+    budget_left: int,
+    seats: int,
+    *,
+    token_budget: int,
+    block_size: int,
+    free_blocks: int,
+    whole: bool = False,
+    full_kv: bool = False,
+) -> list[int]:
+    """First-chunk sizes for the waiting requests with these remaining tokens, head first,
+    while budget, seats and KV allow (the rule of :func:`harness.policies.common.admit_list`,
+    which documents ``whole`` and ``full_kv``)."""
+    out: list[int] = []
+    free = free_blocks
+    for rem in remaining:
+        if budget_left <= 0 or seats <= 0:
+            break
+        oversize_alone = rem > token_budget and budget_left == token_budget
+        if whole and rem > budget_left and not oversize_alone:
+            break
+        n = min(rem, budget_left)
+        need = blocks_for(rem if full_kv else n, block_size)
+        if need > free:
+            break
+        out.append(n)
+        free -= need
+        budget_left -= n
+        seats -= 1
+    return out
+
+
+def prefill_chunks(
+    remaining: np.ndarray, positions: np.ndarray, budget: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each position in turn gets its remaining tokens clipped to the budget left, stopping
+    once the budget is spent: ``(positions listed, their tokens, budget left)``."""
+    if len(positions) == 0 or budget <= 0:
+        return positions[:0], np.empty(0, np.int64), budget
+    want = remaining[positions]
+    before = np.cumsum(want) - want
+    k = int(np.searchsorted(before, budget, side="left"))  # listed: budget left > 0 before it
+    got = np.minimum(want[:k], budget - before[:k])
+    return positions[:k], got, budget - int(got.sum())
+
+
+def columns_of(view: View) -> ColumnView:
+    """The columns of an object host's view (what ``ColumnPolicy.schedule`` plans from)."""
+    run = view.running
+    n = len(run)
+    prompt = np.fromiter((r.num_prompt_tokens for r in run), np.int64, n)
+    output = np.fromiter((r.num_output_tokens for r in run), np.int64, n)
+    computed = np.fromiter((r.num_computed_tokens for r in run), np.int64, n)
+    max_tokens = np.fromiter((r.max_tokens for r in run), np.int64, n)
+    rem = prompt + output - computed
+    n_pre = n - int(np.count_nonzero((output > 0) & (rem == 1)))
+    waiting = view.waiting
+
+    def waiting_tokens() -> Iterator[int]:
+        return (r.num_tokens - r.num_computed_tokens for r in waiting)
+
+    return ColumnView(
+        now=view.now,
+        running=RunningColumns(prompt, output, computed, max_tokens, n_pre),
+        num_waiting=len(waiting),
+        waiting_tokens=waiting_tokens,
+        kv=view.kv,
+        token_budget=view.token_budget,
+        max_num_seqs=view.max_num_seqs,
+    )
+
+
+def plan_of(cp: ColumnPlan, view: View) -> Plan:
+    """The request-id :class:`~harness.policies.base.Plan` of a column plan over ``view``."""
+    run = view.running
+    order, tokens = cp.items(len(run))
+    items = [(run[i].request_id, t) for i, t in zip(order.tolist(), tokens.tolist(), strict=True)]
+    admit = [
+        (r.request_id, n)
+        for r, n in zip(islice(view.waiting, len(cp.admit)), cp.admit, strict=True)
+    ]
+    return Plan(run=items, admit=admit, steady=cp.steady, hold=cp.hold)
+
+
+class ColumnPolicy(BasePolicy):
+    """Base of the policies that plan from columns (module docstring).
+
+    Subclasses implement :meth:`plan_columns` only. A subclass that overrides ``schedule``,
+    ``on_arrival`` or ``on_step`` is no longer a pure function of the columns, so column hosts
+    do not take it (:func:`column_planner`)."""
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def schedule(self, view: View) -> Plan:
+        return plan_of(self.plan_columns(columns_of(view)), view)
+
+
+def column_planner(policy: object) -> Callable[[ColumnView], ColumnPlan] | None:
+    """``policy.plan_columns`` if a column host may run ``policy`` through it alone: its
+    ``schedule`` is :class:`ColumnPolicy`'s and it has no ``on_arrival`` / ``on_step`` of its
+    own (the vectorised kernel calls neither). Otherwise None."""
+    if not isinstance(policy, ColumnPolicy):
+        return None
+    cls = type(policy)
+    if cls.schedule is not ColumnPolicy.schedule:
+        return None
+    if cls.on_arrival is not BasePolicy.on_arrival or cls.on_step is not BasePolicy.on_step:
+        return None
+    return policy.plan_columns
+
+
+__all__ = [
+    "ColumnPlan",
+    "ColumnPolicy",
+    "ColumnView",
+    "RunningColumns",
+    "admit_sizes",
+    "column_planner",
+    "columns_of",
+    "plan_of",
+    "prefill_chunks",
+]
