@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,8 @@ from harness.engine.simresult import (
     SimulationStalled,
     new_samples,
 )
-from harness.policies.base import Policy, declared_rule
+from harness.policies.base import KVView, Policy, declared_rule
+from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns, column_planner
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
@@ -73,6 +75,16 @@ def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
     if rule is None or getattr(policy, "preempt_restarts", False):
         return None  # no rule, or preemption that discards output (engine core only)
     return config.token_budget if rule.budget is None else min(config.token_budget, rule.budget)
+
+
+def fast_planner(policy: Policy, config: EngineConfig) -> Callable[[ColumnView], ColumnPlan] | None:
+    """The column planner this kernel executes ``policy`` by (:meth:`ArrayEngine.execute_plan`),
+    or None: a :class:`~harness.policies.columns.ColumnPolicy` without hooks of its own
+    (columns.column_planner) and without lossy preemption; exact for traces without prefix
+    identities, as :func:`fast_budget`."""
+    if getattr(policy, "preempt_restarts", False):
+        return None
+    return column_planner(policy)
 
 
 class Rows:
@@ -108,7 +120,9 @@ class ArrayEngine:
     the cluster's event loop must; else when none was *made* (the single engine: same token
     times, a run may start one step sooner). ``max_stall``: plans in a row that preempt and
     schedule nothing before the step waits for a release (simulate_cluster's
-    max_stall_calls)."""
+    max_stall_calls). ``planner``: a column policy's ``plan_columns``
+    (:func:`fast_planner`), executed by :meth:`execute_plan`; ``budget`` is then the
+    engine's token budget."""
 
     def __init__(
         self,
@@ -123,8 +137,10 @@ class ArrayEngine:
         steady_by_plan: bool = True,
         fast_forward: bool = True,
         max_stall: float = math.inf,
+        planner: Callable[[ColumnView], ColumnPlan] | None = None,
     ) -> None:
         self.budget_cap = budget
+        self.planner = planner
         self.rows = rows
         self.chunks = chunks
         self.error_prefix = error_prefix
@@ -192,6 +208,158 @@ class ArrayEngine:
         FA[:, :k] = FA[:, idx]
         self.R = k
 
+    def _waiting_tokens(self) -> Iterator[int]:
+        """Remaining tokens of the waiting rows, host queue order (ColumnView.waiting_tokens)."""
+        P, out = self.rows.P, self.rows.Orow
+        return (P[j] + int(out[j]) for j in self.waiting)
+
+    def execute_plan(self, t: float, until: float, hold_until: float) -> float | None:
+        """One step at ``t`` under the column policy's plan (``planner``), as EngineCore.step
+        executes a Plan: rule 2 (clip to remaining tokens and budget in run order, KV shortage
+        preempts from the tail of the run order), rule 3 (the planned admissions, head of the
+        queue, only if nothing was preempted), rule 5; a steady plan's decode run is
+        fast-forwarded over the steps that start before ``until`` (``hold_until`` when the plan
+        holds), bounded by the first finish and the KV blocks (EngineCore._fast_forward_len).
+        Returns as :meth:`execute`."""
+        assert self.planner is not None
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        bs = self.bs
+        total = self.total
+        R = self.R
+        waiting = self.waiting
+        plan = self.planner(
+            ColumnView(
+                now=t,
+                running=RunningColumns(Pr[:R], Or[:R], Cr[:R], Mr[:R], self.npf),
+                num_waiting=len(waiting),
+                waiting_tokens=self._waiting_tokens,
+                kv=KVView(bs, total, self.used),
+                token_budget=self.budget_cap,
+                max_num_seqs=self.max_seqs,
+            )
+        )
+        budget = self.budget_cap
+        free = total - self.used
+        preempted_any = False
+        pure = False
+        sp: np.ndarray | None = None
+        sg: np.ndarray | None = None
+        prefill = n_prefill = n_decode = kv_read = 0
+        n_sched = 0
+        attn = 0.0
+        if R:
+            tok = plan.tokens
+            if (
+                plan.order is None
+                and self.npf == 0
+                and budget >= R
+                and not isinstance(tok, np.ndarray)
+                and tok >= 1
+            ):  # every running request decodes its one token
+                grow = Cr[:R] % bs == 0
+                need = int(np.count_nonzero(grow))
+                if need <= free:
+                    NBr[:R] += grow
+                    self.used += need
+                    free -= need
+                    budget -= R
+                    pure = True
+                    n_decode = n_sched = R
+                    kv_read = self.sum_c + R
+            if not pure and (isinstance(tok, np.ndarray) or tok > 0):
+                order, req = plan.items(R)
+                if len(order):
+                    Co = Cr[order]
+                    Oo = Or[order]
+                    rem = Pr[order] + Oo - Co
+                    want = np.minimum(np.maximum(req, 0), rem)
+                    before = np.cumsum(want) - want
+                    grant = np.minimum(want, np.maximum(budget - before, 0))
+                    need_each = (Co + grant + (bs - 1)) // bs - NBr[order]
+                    need = int(need_each.sum())
+                    if need <= free:
+                        NBr[order] += need_each
+                        self.used += need
+                        free -= need
+                        sp, sg = order, grant
+                        budget -= int(grant.sum())
+                    else:
+                        sp, sg, budget, preempted_any = self._run_preempting(
+                            order.tolist(), want.tolist(), budget
+                        )
+                        free = total - self.used
+                        R = self.R
+                        Co = Cr[sp]
+                        Oo = Or[sp]
+                        rem = Pr[sp] + Oo - Co
+                    # composition (the cost model's input): a decode is one granted token of a
+                    # request whose KV covers all but its last token (EngineCore.step)
+                    ran = sg > 0
+                    d = (rem == 1) & (Oo > 0) & ran
+                    n_sched = int(np.count_nonzero(ran))
+                    n_decode = int(np.count_nonzero(d))
+                    n_prefill = n_sched - n_decode
+                    granted = int(sg.sum())
+                    prefill = granted - n_decode
+                    if self.use_attn and n_prefill:
+                        pg = np.where(d, 0, sg)
+                        attn = float((pg * (Co + pg / 2)).sum())
+                    kv_read = int(Co[ran].sum()) + granted
+
+        # Rule 3: the planned admissions, only if nothing was preempted; head-of-line.
+        R0 = R
+        adm_g: list[int] = []
+        if not preempted_any and plan.admit:
+            P_l = self.rows.P
+            Orow = self.rows.Orow
+            for n in plan.admit:
+                if not waiting or budget <= 0 or self.max_seqs <= self.R:
+                    break
+                j = waiting[0]
+                g = max(1, min(n, P_l[j] + int(Orow[j]), budget))
+                if -(-g // bs) > free:
+                    break
+                free -= self._admit_head(g)
+                adm_g.append(g)
+                budget -= g
+                prefill += g
+                kv_read += g
+                attn += g * g / 2
+            R = self.R
+
+        if n_sched == 0 and not adm_g:  # nothing scheduled (EngineCore: idle)
+            self.stall += 1
+            self.steady = False
+            if preempted_any:
+                self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+                self.npf = R - int(np.count_nonzero((Or[:R] > 0) & (Pr[:R] + Or[:R] - Cr[:R] == 1)))
+                if self.stall < self.max_stall:
+                    return t  # the preemption changed the state: plan again
+            return None  # waits for a release
+        if self.use_attn:
+            dur = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+        else:
+            dur = self.cost_model.step_time(prefill, n_decode, kv_read)
+
+        if (
+            plan.steady
+            and self.fast_forward
+            and n_prefill == 0
+            and not preempted_any
+            and not adm_g
+            and n_sched == R
+        ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
+            k_max = self.min_left
+            if k_max > 1 and R * ((k_max + bs - 2) // bs) > free:
+                k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
+            if k_max > 1:
+                lim = hold_until if plan.hold else until
+                ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, lim)
+            else:
+                ends = np.array([t + dur])
+            return self._finish_run(t, ends, len(ends), R)
+        return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+
     def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
         IA, FA = self.IA, self.FA
@@ -220,6 +388,79 @@ class ArrayEngine:
         self._sample(end, t, k, 0, R * k)
         self.steps_total += k
         self.steady = not finished  # the plan was steady; nothing else happened
+        return end
+
+    def _advance(
+        self,
+        t: float,
+        end: float,
+        R0: int,
+        pure: bool,
+        sp: np.ndarray | None,
+        sg: np.ndarray | None,
+        adm_g: list[int],
+        prefill: int,
+        n_decode: int,
+    ) -> float:
+        """Rule 5 for one step from ``t`` to ``end``: advance what ran (``pure``: every one of
+        the first ``R0`` decoded; else positions ``sp`` got ``sg`` tokens; then the admissions
+        in slots ``R0`` on got ``adm_g``), sample, retire the finished, record the step."""
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        R = self.R
+        self.calls += 1
+        self.stall = 0
+        if pure:
+            Cr[:R0] += 1
+            Or[:R0] += 1
+            Lr[:R0] = end
+            samp_ids = IDr[:R0]  # logged below, before anything moves
+            self.sum_c += R0
+            self.min_left -= 1
+        elif sp is not None and len(sp):
+            Cr[sp] += sg
+            self.sum_c += int(sg.sum())
+            hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
+            Or[hit] += 1
+            Lr[hit] = end
+            fh = Fr[hit]
+            Fr[hit] = np.where(np.isnan(fh), end, fh)
+            samp_ids = IDr[hit]
+        else:
+            samp_ids = None
+        if samp_ids is not None and len(samp_ids):
+            self.chunks.add_step(end, samp_ids)
+        if adm_g:
+            hits: list[int] = []
+            left = self.min_left
+            for q, g in enumerate(adm_g, start=R0):
+                Cr[q] = g
+                self.sum_c += g
+                o = int(Or[q])
+                if g == Pr[q] + o:
+                    o += 1
+                    Or[q] = o
+                    Lr[q] = end
+                    if Fr[q] != Fr[q]:
+                        Fr[q] = end
+                    hits.append(int(IDr[q]))
+                m = int(Mr[q]) - o
+                if m < left:
+                    left = m
+            self.min_left = left
+            if hits:
+                self.chunks.add_step(end, hits)
+            self.npf += len(adm_g) - len(hits)
+        if not pure:
+            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        if self.min_left <= 0:
+            self._finish()
+        R = self.R
+        if not pure:
+            v = Or[:R]
+            self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
+        self.steps_total += 1
+        self._sample(end, t, 1, prefill, n_decode)
+        self.steady = False
         return end
 
     def _finish(self) -> bool:
@@ -263,6 +504,90 @@ class ArrayEngine:
         R = self.R
         self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
         return True
+
+    def _run_preempting(
+        self, order: list[int], want: list[int], budget: int
+    ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """Rule 2 item by item, for a run whose KV does not fit: each item gets its ``want``
+        (already clipped to its remaining tokens) clipped to the budget left, and KV shortage
+        preempts (recompute) from the tail of ``order`` until the allocation fits (base.py
+        rule 2; EngineCore.step's sequential pass). The running arrays are then compacted.
+        Returns ``(scheduled positions after compaction, their tokens, budget left,
+        preempted any)``; ``self.used`` is updated."""
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        rows = self.rows
+        bs = self.bs
+        total = self.total
+        used = self.used
+        free = total - used
+        waiting = self.waiting
+        preempted_any = False
+        alive = np.ones(self.R, dtype=bool)
+        sched: dict[int, int] = {}
+        for pos, rj in zip(order[:], want, strict=True):
+            if not alive[pos]:
+                continue
+            g = rj if rj < budget else budget
+            if g <= 0:
+                continue
+            nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
+            if nd > free:
+                while nd > free and order:
+                    v = order.pop()
+                    if not alive[v]:
+                        continue
+                    got = sched.pop(v, None)
+                    if got is not None:
+                        budget += got
+                    alive[v] = False
+                    used -= int(NBr[v])
+                    row = int(IDr[v])
+                    rows.Orow[row] = Or[v]
+                    rows.first[row] = Fr[v]
+                    rows.last[row] = Lr[v]
+                    rows.npre[row] += 1
+                    rows.state[row] = _WAITING
+                    self.sum_c -= int(Cr[v])
+                    waiting.appendleft(row)
+                    self.preempt_total += 1
+                    free = total - used
+                    preempted_any = True
+                    if v == pos:
+                        break
+                if not alive[pos]:
+                    continue
+            NBr[pos] += nd
+            used += nd
+            free -= nd
+            sched[pos] = g
+            budget -= g
+        newpos = np.cumsum(alive) - 1
+        sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
+        sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
+        self.used = used
+        self._retire(alive)
+        return sp, sg, budget, preempted_any
+
+    def _admit_head(self, g: int) -> int:
+        """Move the waiting head into running slot ``R`` with a first chunk of ``g`` tokens
+        (allocated, not yet computed); returns the blocks it took."""
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        rows = self.rows
+        R = self.R
+        j = self.waiting.popleft()
+        nd = -(-g // self.bs)
+        rows.state[j] = _RUNNING
+        Pr[R] = rows.P[j]
+        Or[R] = rows.Orow[j]
+        Cr[R] = 0
+        Mr[R] = rows.M[j]
+        NBr[R] = nd
+        IDr[R] = j
+        Fr[R] = rows.first[j]
+        Lr[R] = rows.last[j]
+        self.R = R + 1
+        self.used += nd
+        return nd
 
     def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
@@ -338,53 +663,11 @@ class ArrayEngine:
                     budget -= int(grant.sum())
                     sp, sg = ordp, grant
                 else:
-                    # Exact sequential semantics, preemption from the tail (base.py rule 2).
-                    alive = np.ones(R, dtype=bool)
-                    order = ordp.tolist()
-                    sched: dict[int, int] = {}
-                    budget = self.budget_cap
-                    for pos, rj in zip(order[:], remo.tolist(), strict=True):
-                        if not alive[pos]:
-                            continue
-                        g = rj if rj < budget else budget
-                        if g <= 0:
-                            continue
-                        nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
-                        if nd > free:
-                            while nd > free and order:
-                                v = order.pop()
-                                if not alive[v]:
-                                    continue
-                                got = sched.pop(v, None)
-                                if got is not None:
-                                    budget += got
-                                alive[v] = False
-                                used -= int(NBr[v])
-                                row = int(IDr[v])
-                                rows.Orow[row] = Or[v]
-                                rows.first[row] = Fr[v]
-                                rows.last[row] = Lr[v]
-                                rows.npre[row] += 1
-                                rows.state[row] = _WAITING
-                                self.sum_c -= int(Cr[v])
-                                waiting.appendleft(row)
-                                self.preempt_total += 1
-                                free = total - used
-                                preempted_any = True
-                                if v == pos:
-                                    break
-                            if not alive[pos]:
-                                continue
-                        NBr[pos] += nd
-                        used += nd
-                        free -= nd
-                        sched[pos] = g
-                        budget -= g
-                    newpos = np.cumsum(alive) - 1
-                    sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
-                    sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-                    self.used = used
-                    self._retire(alive)
+                    sp, sg, budget, preempted_any = self._run_preempting(
+                        ordp.tolist(), remo.tolist(), self.budget_cap
+                    )
+                    used = self.used
+                    free = total - used
                     R = self.R
                 if len(sp):
                     Co = Cr[sp]
@@ -411,39 +694,26 @@ class ArrayEngine:
         # ---- pass 2: FCFS admissions (head-of-line) --------------------------------------------
         R0 = R
         adm_g: list[int] = []
+        self.R = R
+        self.used = used
         if not preempted_any and waiting:
             seats = self.max_seqs - R
             P_l = rows.P
-            M_l = rows.M
+            Orow = rows.Orow
             while waiting and budget > 0 and seats > 0:
                 j = waiting[0]
-                oj = int(rows.Orow[j])
-                rj = P_l[j] + oj
+                rj = P_l[j] + int(Orow[j])
                 g = rj if rj < budget else budget
-                nd = -(-g // bs)
-                if nd > free:
+                if -(-g // bs) > free:
                     break
-                waiting.popleft()
-                rows.state[j] = _RUNNING
-                used += nd
-                free -= nd
-                Pr[R] = P_l[j]
-                Or[R] = oj
-                Cr[R] = 0
-                Mr[R] = M_l[j]
-                NBr[R] = nd
-                IDr[R] = j
-                Fr[R] = rows.first[j]
-                Lr[R] = rows.last[j]
-                R += 1
+                free -= self._admit_head(g)
                 adm_g.append(g)
                 budget -= g
                 seats -= 1
                 prefill += g
                 kv_read += g
                 attn += g * g / 2
-        self.R = R
-        self.used = used
+            R = self.R
 
         if n_decode == 0 and prefill == 0:  # nothing scheduled (cluster._execute's idle)
             self.stall += 1
@@ -472,62 +742,7 @@ class ArrayEngine:
             elif by_plan:
                 return self._finish_run(t, np.array([t + dur]), 1, R)
 
-        self.calls += 1
-        self.stall = 0
-        end = t + dur
-        if pure:
-            Cr[:R0] += 1
-            Or[:R0] += 1
-            Lr[:R0] = end
-            samp_ids = IDr[:R0]  # logged below, before anything moves
-            self.sum_c += R0
-            self.min_left -= 1
-        elif sp is not None and len(sp):
-            Cr[sp] += sg
-            self.sum_c += int(sg.sum())
-            hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
-            Or[hit] += 1
-            Lr[hit] = end
-            fh = Fr[hit]
-            Fr[hit] = np.where(np.isnan(fh), end, fh)
-            samp_ids = IDr[hit]
-        else:
-            samp_ids = None
-        if samp_ids is not None and len(samp_ids):
-            self.chunks.add_step(end, samp_ids)
-        if adm_g:
-            hits: list[int] = []
-            left = self.min_left
-            for q, g in enumerate(adm_g, start=R0):
-                Cr[q] = g
-                self.sum_c += g
-                o = int(Or[q])
-                if g == Pr[q] + o:
-                    o += 1
-                    Or[q] = o
-                    Lr[q] = end
-                    if Fr[q] != Fr[q]:
-                        Fr[q] = end
-                    hits.append(int(IDr[q]))
-                m = int(Mr[q]) - o
-                if m < left:
-                    left = m
-            self.min_left = left
-            if hits:
-                self.chunks.add_step(end, hits)
-            self.npf += len(adm_g) - len(hits)
-        if not pure:
-            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
-        if self.min_left <= 0:
-            self._finish()
-        R = self.R
-        if not pure:
-            v = Or[:R]
-            self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
-        self.steps_total += 1
-        self._sample(end, t, 1, prefill, n_decode)
-        self.steady = False
-        return end
+        return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
 
 
 def fast_simulate(
@@ -540,13 +755,19 @@ def fast_simulate(
     chunk_sink: Any = None,
     chunk_flush_rows: int = 2_000_000,
     fast_forward: bool = True,
+    max_stall_calls: int = 1000,
     on_interrupt: str = "raise",
 ) -> Any:
     """Same contract and result as :func:`harness.engine.simulate.simulate`: one
-    :class:`ArrayEngine` driven over the trace, releases at their arrival times."""
+    :class:`ArrayEngine` driven over the trace, releases at their arrival times; the budget
+    rule (:func:`fast_budget`) or a column policy's plans (:func:`fast_planner`)."""
     budget_cap = fast_budget(policy, config)
+    planner = None
     if budget_cap is None:
-        raise ValueError(f"no fast kernel for policy {getattr(policy, 'name', policy)!r}")
+        planner = fast_planner(policy, config)
+        if planner is None:
+            raise ValueError(f"no fast kernel for policy {getattr(policy, 'name', policy)!r}")
+        budget_cap = config.token_budget
     wall0 = time.perf_counter()
     df = trace.df
     n = len(df)
@@ -565,8 +786,20 @@ def fast_simulate(
         n,
         steady_by_plan=False,
         fast_forward=fast_forward,
+        # the engine core's loop retries preempting plans that schedule nothing this often
+        max_stall=max_stall_calls if planner is not None else math.inf,
+        planner=planner,
     )
-    add, execute, waiting = eng.add, eng.execute, eng.waiting
+    add, waiting = eng.add, eng.waiting
+    if planner is None:
+
+        def execute(t: float, until: float) -> float | None:
+            return eng.execute(t, until)
+    else:
+
+        def execute(t: float, until: float) -> float | None:
+            return eng.execute_plan(t, until, stop)
+
     stop = math.inf if stop_at_s is None else float(stop_at_s)
     calls = 0  # plans, including those that scheduled nothing
     i = 0
@@ -637,4 +870,4 @@ def fast_simulate(
     )
 
 
-__all__ = ["ArrayEngine", "Rows", "fast_budget", "fast_simulate"]
+__all__ = ["ArrayEngine", "Rows", "fast_budget", "fast_planner", "fast_simulate"]

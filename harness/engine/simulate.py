@@ -39,7 +39,7 @@ from harness.engine.costmodel import (
     JitteredCostModel,
     get_cost_model,
 )
-from harness.engine.fastsim import fast_budget, fast_simulate
+from harness.engine.fastsim import fast_budget, fast_planner, fast_simulate
 from harness.engine.reference_core import ReferenceCore
 from harness.engine.simresult import (
     SAMPLE_COLS,
@@ -119,7 +119,9 @@ def _simulate(
     kernel: str,
     on_interrupt: str,
 ) -> SimResult:
-    if kernel == "auto" and fast_budget(policy, config) is not None:
+    if kernel == "auto" and (
+        fast_budget(policy, config) is not None or fast_planner(policy, config) is not None
+    ):
         return fast_simulate(
             trace,
             policy,
@@ -129,6 +131,7 @@ def _simulate(
             chunk_sink=chunk_sink,
             chunk_flush_rows=chunk_flush_rows,
             fast_forward=fast_forward,
+            max_stall_calls=max_stall_calls,
             on_interrupt=on_interrupt,
         )
     wall0 = time.perf_counter()

@@ -20,17 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 
 from harness.policies.base import BasePolicy, KVView, Plan, View, blocks_for
 
 
-@dataclass(frozen=True, slots=True)
-class RunningColumns:
+class RunningColumns(NamedTuple):
     """The running requests, one array entry per request in running (admission) order.
 
-    Read-only: a host may hand out views of its own state."""
+    Read-only: a host may hand out views of its own state. (A NamedTuple: built every step.)"""
 
     prompt: np.ndarray  # int64: num_prompt_tokens
     output: np.ndarray  # int64: num_output_tokens (generated so far)
@@ -45,20 +45,19 @@ class RunningColumns:
         """Tokens each can be given next step (base.remaining_tokens)."""
         return self.prompt + self.output - self.computed
 
-    def split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(decoding positions, prefilling positions, remaining)``, positions in running
-        order (common.split_running's rule: has output, and its KV covers all but the last
-        token)."""
-        rem = self.remaining()
-        n = len(rem)
+    def split(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(decoding positions, prefilling positions)`` in running order
+        (common.split_running's rule: has output, and its KV covers all but the last token)."""
         if self.num_prefilling == 0:
-            return np.arange(n), np.empty(0, np.int64), rem
-        dec = (self.output > 0) & (rem == 1)
-        return np.flatnonzero(dec), np.flatnonzero(~dec), rem
+            return np.arange(len(self.prompt)), _NONE
+        dec = (self.output > 0) & (self.prompt + self.output - self.computed == 1)
+        return np.flatnonzero(dec), np.flatnonzero(~dec)
 
 
-@dataclass(frozen=True, slots=True)
-class ColumnView:
+_NONE = np.empty(0, np.int64)  # no positions (shared, never written)
+
+
+class ColumnView(NamedTuple):
     """What :meth:`ColumnPolicy.plan_columns` reads: :class:`~harness.policies.base.View` with
     the running set as columns and the waiting queue as its requests' remaining tokens."""
 
@@ -129,13 +128,13 @@ def admit_sizes(
 
 
 def prefill_chunks(
-    remaining: np.ndarray, positions: np.ndarray, budget: int
+    running: RunningColumns, positions: np.ndarray, budget: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Each position in turn gets its remaining tokens clipped to the budget left, stopping
     once the budget is spent: ``(positions listed, their tokens, budget left)``."""
     if len(positions) == 0 or budget <= 0:
-        return positions[:0], np.empty(0, np.int64), budget
-    want = remaining[positions]
+        return _NONE, _NONE, budget
+    want = running.prompt[positions] + running.output[positions] - running.computed[positions]
     before = np.cumsum(want) - want
     k = int(np.searchsorted(before, budget, side="left"))  # listed: budget left > 0 before it
     got = np.minimum(want[:k], budget - before[:k])

@@ -26,14 +26,14 @@ class FasterTransformerPolicy(ColumnPolicy):
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         rc = cv.running
-        decoding, prefilling, rem = rc.split()
+        decoding, prefilling = rc.split()
         if len(decoding):
             k = min(len(decoding), cv.token_budget)
             if k == len(rc):
                 # Arrivals never change this decision, so the plan holds until a finish.
                 return ColumnPlan(None, 1, steady=True, hold=True)
             return ColumnPlan(decoding[:k], 1)
-        run, run_tok, budget = prefill_chunks(rem, prefilling, cv.token_budget)
+        run, run_tok, budget = prefill_chunks(rc, prefilling, cv.token_budget)
         admit: list[int] = []
         seats = cv.max_num_seqs - len(rc)
         if cv.num_waiting and budget > 0 and seats > 0:

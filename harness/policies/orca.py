@@ -38,13 +38,14 @@ class OrcaPolicy(ColumnPolicy):
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         rc = cv.running
         budget = cv.token_budget
-        decoding, prefilling, rem = rc.split()
+        decoding, prefilling = rc.split()
         bs = cv.kv.block_size
         pre_tok: list[int] = []
         if len(prefilling):
             free = cv.kv.free_blocks
-            comp = rc.computed[prefilling].tolist()
-            for i, (c, left) in enumerate(zip(comp, rem[prefilling].tolist(), strict=True)):
+            comp = rc.computed[prefilling]
+            rem = rc.prompt[prefilling] + rc.output[prefilling] - comp
+            for i, (c, left) in enumerate(zip(comp.tolist(), rem.tolist(), strict=True)):
                 n = max(0, min(left, budget))
                 held = -(-c // bs)
                 if i > 0:  # only what the free KV holds: a stuck prefill must not starve decodes

@@ -41,9 +41,9 @@ class VLLMV0Policy(ColumnPolicy):
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         rc = cv.running
-        decoding, prefilling, rem = rc.split()
+        decoding, prefilling = rc.split()
         # an oversize prompt's remaining chunks (prefill-only step)
-        run, run_tok, budget = prefill_chunks(rem, prefilling, cv.token_budget)
+        run, run_tok, budget = prefill_chunks(rc, prefilling, cv.token_budget)
         admit: list[int] = []
         seats = cv.max_num_seqs - len(rc)
         if cv.num_waiting and budget > 0 and seats > 0:
@@ -64,6 +64,8 @@ class VLLMV0Policy(ColumnPolicy):
         if len(run) or admit:
             # decodes listed with 0 tokens: they stay KV victims for an oversize prompt's next
             # chunk, which would otherwise evict itself, re-enter and livelock (issue 13)
+            if not len(run):
+                return ColumnPlan(decoding, 0, admit)
             return ColumnPlan(
                 np.concatenate((run, decoding)),
                 np.concatenate((run_tok, np.zeros(len(decoding), np.int64))),
