@@ -82,13 +82,14 @@ def simulate(
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
     (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for policies that declare the
-    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``; a trace of lengths has
-    no prefix identities) and the engine core otherwise; ``reference``
-    always uses the reference step (:mod:`harness.engine.reference_core`), the yardstick of
-    the identity tests.
+    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``) or plan from columns
+    (policies.columns: ``orca``, ``vllm-v0``, ``fastertransformer``) (a trace of lengths has
+    no prefix identities), and the engine core otherwise; ``core`` always uses the engine
+    core (the host the server and the adapters share); ``reference`` always uses the reference
+    step (:mod:`harness.engine.reference_core`), the yardstick of the identity tests.
     """
-    if kernel not in ("auto", "reference"):
-        raise ValueError(f"kernel must be 'auto' or 'reference', not {kernel!r}")
+    if kernel not in ("auto", "core", "reference"):
+        raise ValueError(f"kernel must be 'auto', 'core' or 'reference', not {kernel!r}")
     with no_cyclic_gc():
         return _simulate(
             trace,

@@ -39,7 +39,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from harness.policies.base import BasePolicy, Plan, RequestView, StepReport, View, blocks_for
+from harness.policies.base import (
+    BasePolicy,
+    BudgetRule,
+    Plan,
+    RequestView,
+    StepReport,
+    View,
+    blocks_for,
+)
 from harness.policies.common import split_running
 from harness.policies.registry import register
 
@@ -180,6 +188,13 @@ class ClassPriorityPolicy(BasePolicy):
     def on_step(self, report: StepReport) -> None:
         for rid in report.finished:
             self._cache.pop(rid, None)
+
+    def budget_rule(self) -> BudgetRule | None:
+        """With one class (no ``classes``) the rules above are decode-priority FCFS with
+        token-granular chunks: exactly the FCFS token-budget rule (base.BudgetRule; its
+        admission KV check is the host's), so a host may execute it by its own path. The
+        rank cache ``on_step`` keeps is only a memo; skipping it changes no plan."""
+        return None if self._rank else BudgetRule()
 
     def params(self) -> dict[str, Any]:
         return {"classes": self.classes, "class_by": self.class_by}

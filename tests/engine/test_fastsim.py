@@ -8,10 +8,11 @@ from engine_traces import make_trace, poisson_trace
 
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import get_cost_model
-from harness.engine.fastsim import fast_budget
+from harness.engine.fastsim import fast_budget, fast_planner
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, BudgetRule, Plan, View
+from harness.policies.orca import OrcaPolicy
 from harness.policies.sarathi import SarathiPolicy
 from harness.policies.vllm_v1 import VLLMV1Policy
 
@@ -183,3 +184,89 @@ def test_single_engine_and_routed_cluster_share_one_kernel(policy: str) -> None:
     assert budgets is not None
     merged, _, _ = cluster_fast.simulate_routed(tr, spec, None, budgets)
     _same(single, merged)  # to 1e-9 s: a run fast-forwarded from another step sums in another order
+
+
+# ---- column policies (policies/columns.py): the kernel executes their plans ------------------
+
+COLUMN_POLICIES = ["orca", "vllm-v0", "fastertransformer"]
+
+
+@pytest.mark.parametrize("policy", COLUMN_POLICIES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"kv{c[0]}-b{c[1]}-s{c[2]}-r{c[3]}")
+def test_column_plans_match_the_engine_core_and_the_reference(policy: str, case) -> None:
+    kv, budget, seqs, rate = case
+    tr = poisson_trace(250, rate, seed=int(rate * 10), pmax=300, omax=250)
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    fast = simulate(tr, make_policy(policy), cost, cfg)
+    core = simulate(tr, make_policy(policy), cost, cfg, kernel="core")
+    ref = simulate(tr, make_policy(policy), cost, cfg, kernel="reference")
+    assert (fast.counters["kernel"], core.counters["kernel"]) == ("fast", "core")
+    _same(fast, core)
+    _same(fast, ref)
+
+
+@pytest.mark.parametrize("policy", COLUMN_POLICIES)
+def test_column_plans_under_preemption_stop_and_no_fast_forward(policy: str) -> None:
+    # long prompts in a small KV: the run's KV shortage preempts (the sequential pass)
+    tr = poisson_trace(300, 25.0, seed=3, pmax=1500, omax=500)
+    cfg = EngineConfig(kv_tokens=4096, token_budget=512, max_num_seqs=32, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    for kw in ({}, {"stop_at_s": 20.0}, {"fast_forward": False}):
+        fast = simulate(tr, make_policy(policy), cost, cfg, **kw)
+        core = simulate(tr, make_policy(policy), cost, cfg, kernel="core", **kw)
+        assert fast.counters["kernel"] == "fast"
+        _same(fast, core)
+    if policy != "fastertransformer":  # FT admits a cohort only when nobody decodes
+        assert fast.counters["preemptions_total"] > 0
+
+
+def test_prefill_attention_cost_matches_on_column_plans() -> None:
+    tr = poisson_trace(200, 15.0, seed=5, pmax=800, omax=200)
+    cfg = EngineConfig(kv_tokens=8192, token_budget=256, max_num_seqs=32, block_size=16)
+    fast = simulate(tr, make_policy("orca"), _AttnCost(), cfg)
+    core = simulate(tr, make_policy("orca"), _AttnCost(), cfg, kernel="core")
+    assert fast.counters["kernel"] == "fast"
+    _same(fast, core)
+
+
+class _OrcaWithHook(OrcaPolicy):
+    """Orca's plans, plus an on_step hook that must run: not for the column host."""
+
+    def on_step(self, report) -> None:
+        self.steps = getattr(self, "steps", 0) + report.num_steps
+
+
+class _OrcaPlansOtherwise(OrcaPolicy):
+    def schedule(self, view: View) -> Plan:
+        plan = super().schedule(view)
+        plan.admit = plan.admit[:1]
+        return plan
+
+
+def test_the_column_host_is_reached_only_by_pure_column_policies() -> None:
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
+    cost = get_cost_model("a100-llama2-7b")
+    for name in COLUMN_POLICIES:
+        assert fast_planner(make_policy(name), cfg) is not None
+    for name in ("vllm", "sarathi", "wait", "slai", "rad", "mcsf"):
+        assert fast_planner(make_policy(name), cfg) is None
+    assert fast_planner(_OrcaWithHook(), cfg) is None
+    assert fast_planner(_OrcaPlansOtherwise(), cfg) is None
+    tr = poisson_trace(200, 8.0, seed=8, pmax=300, omax=250)
+    hooked = _OrcaWithHook()
+    res = simulate(tr, hooked, cost, cfg)
+    assert res.counters["kernel"] == "core" and hooked.steps == res.num_steps
+    assert simulate(tr, _OrcaPlansOtherwise(), cost, cfg).counters["kernel"] == "core"
+
+
+def test_class_priority_declares_the_budget_rule_only_with_one_class() -> None:
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
+    assert fast_budget(make_policy("class-priority"), cfg) == 256
+    assert fast_budget(make_policy("class-priority", classes="paid,free"), cfg) is None
+    cost = get_cost_model("a100-llama2-7b")
+    tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
+    fast = simulate(tr, make_policy("class-priority"), cost, cfg)
+    ref = simulate(tr, make_policy("class-priority"), cost, cfg, kernel="reference")
+    assert fast.counters["kernel"] == "fast"
+    _same(fast, ref)
