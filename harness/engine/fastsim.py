@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.core import decode_run_ends, decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
+from harness.engine.row_requests import RowMeta, RowQueue, RowRequest, WaitingRows
 from harness.engine.simresult import (
     SAMPLE_COLS,
     ChunkLog,
@@ -55,8 +56,14 @@ from harness.engine.simresult import (
     SimulationStalled,
     new_samples,
 )
-from harness.policies.base import KVView, Policy, declared_rule
-from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns, column_planner
+from harness.policies.base import KVView, Policy, StepReport, declared_rule
+from harness.policies.columns import (
+    ColumnPlan,
+    ColumnView,
+    RunningColumns,
+    column_planner,
+    has_hooks,
+)
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
@@ -90,12 +97,13 @@ def fast_planner(policy: Policy, config: EngineConfig) -> Callable[[ColumnView],
 class Rows:
     """Per trace row state shared by the engines of a run (each row lives in one engine)."""
 
-    __slots__ = ("P", "M", "Orow", "first", "last", "state", "npre", "errors")
+    __slots__ = ("P", "M", "Orow", "first", "last", "state", "npre", "errors", "meta")
 
-    def __init__(self, P: list[int], M: list[int]) -> None:
+    def __init__(self, P: list[int], M: list[int], meta: RowMeta | None = None) -> None:
         n = len(P)
         self.P = P
         self.M = M
+        self.meta = meta  # ids, arrivals, tiers: for request objects (column policies)
         self.Orow = np.zeros(n, dtype=np.int64)  # outputs so far (kept across preemptions)
         self.first = np.full(n, np.nan)
         self.last = np.full(n, np.nan)
@@ -122,7 +130,10 @@ class ArrayEngine:
     schedule nothing before the step waits for a release (simulate_cluster's
     max_stall_calls). ``planner``: a column policy's ``plan_columns``
     (:func:`fast_planner`), executed by :meth:`execute_plan`; ``budget`` is then the
-    engine's token budget."""
+    engine's token budget, and its waiting queue a :class:`~harness.engine.row_requests.RowQueue`
+    (admissions out of queue order). ``hooks``: the policy to tell of arrivals and steps
+    (its request objects are :class:`~harness.engine.row_requests.RowRequest`; ``rows.meta``
+    must be set)."""
 
     def __init__(
         self,
@@ -138,9 +149,14 @@ class ArrayEngine:
         fast_forward: bool = True,
         max_stall: float = math.inf,
         planner: Callable[[ColumnView], ColumnPlan] | None = None,
+        hooks: Policy | None = None,
     ) -> None:
         self.budget_cap = budget
         self.planner = planner
+        # the policy whose on_arrival / on_step this engine calls (column policies with hooks)
+        self.hooks = hooks
+        self._finished_rows: list[int] = []  # this step's, kept only for hooks
+        self._evicted: list[int] = []  # rows preempted this step (planner engines)
         self.rows = rows
         self.chunks = chunks
         self.error_prefix = error_prefix
@@ -154,12 +170,14 @@ class ArrayEngine:
         self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
-        self.FA = np.full((2, cap), np.nan)  # first / last token time
-        self.cols = (*self.IA, *self.FA)  # row views, made once (the arrays never move)
+        self.FA = np.full((3, cap), np.nan)  # first / last token time, arrival
+        self.cols = (*self.IA, self.FA[0], self.FA[1])  # row views, made once (never move)
+        self.AR = self.FA[2]  # arrival times (column policies read them)
         self.R = 0  # running requests: the first R slots, in running (admission) order
         self.npf = 0  # running requests that are not decoding (prefilling or recomputing)
         self.used = 0
-        self.waiting: deque[int] = deque()
+        self.waiting: deque[int] | RowQueue = deque() if planner is None else RowQueue()
+        self._objects: dict[int, RowRequest] = {}  # request objects made so far, by row
         self.pm_total = 0  # prompt + max_tokens of live requests
         self.sum_c = 0  # computed tokens of the running requests (kept incrementally)
         # fewest tokens a running request has left to generate (exact): steps until the first
@@ -189,7 +207,16 @@ class ArrayEngine:
         self.waiting.append(j)
         rows.state[j] = _WAITING
         self.pm_total += rows.P[j] + rows.M[j]
+        if self.hooks is not None:
+            self.hooks.on_arrival(self.request(j), rows.meta.arrival[j])
         return True
+
+    def request(self, j: int) -> RowRequest:
+        """Row ``j``'s request object (made once; forgotten when it finishes)."""
+        r = self._objects.get(j)
+        if r is None:
+            r = self._objects[j] = RowRequest(self.rows, self.rows.meta, j)
+        return r
 
     def _retire(self, keep: np.ndarray) -> None:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
@@ -215,32 +242,51 @@ class ArrayEngine:
 
     def execute_plan(self, t: float, until: float, hold_until: float) -> float | None:
         """One step at ``t`` under the column policy's plan (``planner``), as EngineCore.step
-        executes a Plan: rule 2 (clip to remaining tokens and budget in run order, KV shortage
-        preempts from the tail of the run order), rule 3 (the planned admissions, head of the
-        queue, only if nothing was preempted), rule 5; a steady plan's decode run is
-        fast-forwarded over the steps that start before ``until`` (``hold_until`` when the plan
-        holds), bounded by the first finish and the KV blocks (EngineCore._fast_forward_len).
-        Returns as :meth:`execute`."""
+        executes a Plan: rule 1 (the plan's preemptions), rule 2 (clip to remaining tokens and
+        budget in run order, KV shortage preempts from the tail of the run order), rule 3 (the
+        planned admissions, only if rule 2 preempted nothing; head-of-line), rule 5; a steady
+        plan's decode run is fast-forwarded over the steps that start before ``until``
+        (``hold_until`` when the plan holds), bounded by the first finish and the KV blocks
+        (EngineCore._fast_forward_len); the policy's ``on_step`` hears of it as from the
+        engine core. Returns as :meth:`execute`."""
         assert self.planner is not None
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         bs = self.bs
         total = self.total
         R = self.R
         waiting = self.waiting
+        self._evicted.clear()
+        self._finished_rows.clear()
         plan = self.planner(
             ColumnView(
                 now=t,
-                running=RunningColumns(Pr[:R], Or[:R], Cr[:R], Mr[:R], self.npf),
+                running=RunningColumns(Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R], self.npf),
                 num_waiting=len(waiting),
                 waiting_tokens=self._waiting_tokens,
+                waiting=WaitingRows(waiting, self.request),  # type: ignore[arg-type]
                 kv=KVView(bs, total, self.used),
                 token_budget=self.budget_cap,
                 max_num_seqs=self.max_seqs,
             )
         )
+        tok = plan.tokens
+        order = plan.order
+        if plan.preempt is not None and len(plan.preempt):  # rule 1, in order
+            alive = np.ones(R, dtype=bool)
+            for v in plan.preempt.tolist():
+                if alive[v]:
+                    alive[v] = False
+                    self._evict(v)
+            if order is not None:
+                keep = alive[order]
+                order = (np.cumsum(alive) - 1)[order[keep]]
+                if isinstance(tok, np.ndarray):
+                    tok = tok[keep]
+            self._retire(alive)
+            R = self.R
         budget = self.budget_cap
         free = total - self.used
-        preempted_any = False
+        preempted_in_run = False
         pure = False
         sp: np.ndarray | None = None
         sg: np.ndarray | None = None
@@ -248,9 +294,8 @@ class ArrayEngine:
         n_sched = 0
         attn = 0.0
         if R:
-            tok = plan.tokens
             if (
-                plan.order is None
+                order is None
                 and self.npf == 0
                 and budget >= R
                 and not isinstance(tok, np.ndarray)
@@ -267,7 +312,9 @@ class ArrayEngine:
                     n_decode = n_sched = R
                     kv_read = self.sum_c + R
             if not pure and (isinstance(tok, np.ndarray) or tok > 0):
-                order, req = plan.items(R)
+                if order is None:
+                    order = np.arange(R)
+                req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
                 if len(order):
                     Co = Cr[order]
                     Oo = Or[order]
@@ -284,7 +331,7 @@ class ArrayEngine:
                         sp, sg = order, grant
                         budget -= int(grant.sum())
                     else:
-                        sp, sg, budget, preempted_any = self._run_preempting(
+                        sp, sg, budget, preempted_in_run = self._run_preempting(
                             order.tolist(), want.tolist(), budget
                         )
                         free = total - self.used
@@ -306,33 +353,51 @@ class ArrayEngine:
                         attn = float((pg * (Co + pg / 2)).sum())
                     kv_read = int(Co[ran].sum()) + granted
 
-        # Rule 3: the planned admissions, only if nothing was preempted; head-of-line.
+        # Rule 3: the planned admissions, only if rule 2 preempted nothing; head-of-line.
         R0 = R
         adm_g: list[int] = []
-        if not preempted_any and plan.admit:
+        adm_rows: list[int] = []
+        if not preempted_in_run and (plan.admit or plan.admit_requests):
             P_l = self.rows.P
             Orow = self.rows.Orow
-            for n in plan.admit:
-                if not waiting or budget <= 0 or self.max_seqs <= self.R:
+            state = self.rows.state
+            if plan.admit_requests:
+                items = [(r.index, n) for r, n in plan.admit_requests]  # type: ignore[attr-defined]
+            else:
+                items = [(None, n) for n in plan.admit]
+            for j, n in items:
+                if j is None:
+                    if not waiting:
+                        break
+                    jj = waiting[0]
+                elif state[j] != _WAITING:
+                    continue  # not waiting (EngineCore: a plan bug, skipped)
+                else:
+                    jj = j
+                if budget <= 0 or self.max_seqs <= self.R:
                     break
-                j = waiting[0]
-                g = max(1, min(n, P_l[j] + int(Orow[j]), budget))
+                g = max(1, min(n, P_l[jj] + int(Orow[jj]), budget))
                 if -(-g // bs) > free:
                     break
-                free -= self._admit_head(g)
+                free -= self._admit_head(g, j)
                 adm_g.append(g)
+                adm_rows.append(jj)
                 budget -= g
                 prefill += g
+                n_prefill += 1
                 kv_read += g
                 attn += g * g / 2
             R = self.R
+        preempted = bool(self._evicted)
 
         if n_sched == 0 and not adm_g:  # nothing scheduled (EngineCore: idle)
             self.stall += 1
             self.steady = False
-            if preempted_any:
+            if preempted:
                 self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
                 self.npf = R - int(np.count_nonzero((Or[:R] > 0) & (Pr[:R] + Or[:R] - Cr[:R] == 1)))
+                if self.hooks is not None:
+                    self._report(t, t, 0, 0, 0, 0, 0, ())
                 if self.stall < self.max_stall:
                     return t  # the preemption changed the state: plan again
             return None  # waits for a release
@@ -341,13 +406,9 @@ class ArrayEngine:
         else:
             dur = self.cost_model.step_time(prefill, n_decode, kv_read)
 
+        k = 1
         if (
-            plan.steady
-            and self.fast_forward
-            and n_prefill == 0
-            and not preempted_any
-            and not adm_g
-            and n_sched == R
+            plan.steady and self.fast_forward and n_prefill == 0 and not preempted and n_sched == R
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
             k_max = self.min_left
             if k_max > 1 and R * ((k_max + bs - 2) // bs) > free:
@@ -357,8 +418,43 @@ class ArrayEngine:
                 ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, lim)
             else:
                 ends = np.array([t + dur])
-            return self._finish_run(t, ends, len(ends), R)
-        return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+            k = len(ends)
+            end = self._finish_run(t, ends, k, R)
+        else:
+            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+        if self.hooks is not None:
+            self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
+        return end
+
+    def _report(
+        self,
+        t: float,
+        end: float,
+        k: int,
+        prefill: int,
+        decode_tokens: int,
+        n_prefill: int,
+        n_decode: int,
+        admitted: Sequence[int],
+    ) -> None:
+        """The policy's ``on_step`` (EngineCore.step's StepReport), ids from the rows."""
+        ids = self.rows.meta.ids
+        assert self.hooks is not None
+        self.hooks.on_step(
+            StepReport(
+                start_s=t,
+                duration_s=end - t,
+                num_steps=k,
+                prefill_tokens=prefill,
+                decode_tokens=decode_tokens,
+                num_prefill_seqs=n_prefill,
+                num_decode_seqs=n_decode,
+                kv_used_blocks=self.used,
+                preempted=tuple(ids[j] for j in self._evicted),
+                admitted=tuple(ids[j] for j in admitted),
+                finished=tuple(ids[j] for j in self._finished_rows),
+            )
+        )
 
     def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
@@ -474,6 +570,12 @@ class ArrayEngine:
         if len(gone) == 0:
             return False
         rows = self.rows
+        if self.hooks is not None or self._objects:
+            fin = IA[5, :R][gone].tolist()
+            if self.hooks is not None:
+                self._finished_rows.extend(fin)
+            for j in fin:
+                self._objects.pop(j, None)
         if len(gone) == 1:  # the usual case: scalar reads, one shift of the tails
             p = int(gone[0])
             pr, o, c, m, nb, j = IA[:, p].tolist()
@@ -514,13 +616,11 @@ class ArrayEngine:
         rule 2; EngineCore.step's sequential pass). The running arrays are then compacted.
         Returns ``(scheduled positions after compaction, their tokens, budget left,
         preempted any)``; ``self.used`` is updated."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
-        rows = self.rows
+        Cr, NBr = self.cols[2], self.cols[4]
         bs = self.bs
         total = self.total
         used = self.used
         free = total - used
-        waiting = self.waiting
         preempted_any = False
         alive = np.ones(self.R, dtype=bool)
         sched: dict[int, int] = {}
@@ -540,16 +640,9 @@ class ArrayEngine:
                     if got is not None:
                         budget += got
                     alive[v] = False
-                    used -= int(NBr[v])
-                    row = int(IDr[v])
-                    rows.Orow[row] = Or[v]
-                    rows.first[row] = Fr[v]
-                    rows.last[row] = Lr[v]
-                    rows.npre[row] += 1
-                    rows.state[row] = _WAITING
-                    self.sum_c -= int(Cr[v])
-                    waiting.appendleft(row)
-                    self.preempt_total += 1
+                    self.used = used
+                    self._evict(v)
+                    used = self.used
                     free = total - used
                     preempted_any = True
                     if v == pos:
@@ -568,13 +661,34 @@ class ArrayEngine:
         self._retire(alive)
         return sp, sg, budget, preempted_any
 
-    def _admit_head(self, g: int) -> int:
-        """Move the waiting head into running slot ``R`` with a first chunk of ``g`` tokens
-        (allocated, not yet computed); returns the blocks it took."""
+    def _evict(self, v: int) -> None:
+        """Recompute-preempt running slot ``v`` (base.py rules 1-2): its KV freed, its progress
+        kept in the rows, its row at the front of waiting. The slot is left for the caller
+        to compact away (``_retire``)."""
+        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        rows = self.rows
+        self.used -= int(NBr[v])
+        row = int(IDr[v])
+        rows.Orow[row] = Or[v]
+        rows.first[row] = Fr[v]
+        rows.last[row] = Lr[v]
+        rows.npre[row] += 1
+        rows.state[row] = _WAITING
+        self.sum_c -= int(Cr[v])
+        self.waiting.appendleft(row)
+        self.preempt_total += 1
+        self._evicted.append(row)
+
+    def _admit_head(self, g: int, j: int | None = None) -> int:
+        """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
+        chunk of ``g`` tokens (allocated, not yet computed); returns the blocks it took."""
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         rows = self.rows
         R = self.R
-        j = self.waiting.popleft()
+        if j is None:
+            j = self.waiting.popleft()
+        else:
+            self.waiting.remove(j)
         nd = -(-g // self.bs)
         rows.state[j] = _RUNNING
         Pr[R] = rows.P[j]
@@ -585,6 +699,8 @@ class ArrayEngine:
         IDr[R] = j
         Fr[R] = rows.first[j]
         Lr[R] = rows.last[j]
+        if rows.meta is not None:
+            self.AR[R] = rows.meta.arrival[j]
         self.R = R + 1
         self.used += nd
         return nd
@@ -615,6 +731,7 @@ class ArrayEngine:
         total = self.total
         R = self.R
         budget = self.budget_cap
+        self._evicted.clear()
         used = self.used
         free0 = free = total - used
         waiting = self.waiting
@@ -745,6 +862,27 @@ class ArrayEngine:
         return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
 
 
+def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:
+    """The request fields the engine core gives each request (simulate's add_request): tier
+    and its priority and SLOs, and the output length as prediction when policies may know it
+    (``EngineConfig.known_output_lengths``)."""
+    df = trace.df
+    tiers = df["tier"].tolist()
+    info = {t.name: t for t in trace.tiers}
+    none = None
+    by = {name: (t.priority, t.ttft_slo_s, t.tbt_slo_s) for name, t in info.items()}
+    fields = [by.get(t, (0, none, none)) for t in tiers]
+    return RowMeta(
+        ids=df["request_id"].tolist(),
+        arrival=arrival,
+        tier=tiers,
+        priority=[f[0] for f in fields],
+        ttft=[f[1] for f in fields],
+        tbt=[f[2] for f in fields],
+        predicted=M if config.known_output_lengths else None,
+    )
+
+
 def fast_simulate(
     trace: Trace,
     policy: Policy,
@@ -772,10 +910,9 @@ def fast_simulate(
     df = trace.df
     n = len(df)
     arr_l = df["arrival_s"].to_numpy(dtype=float).tolist()
-    rows = Rows(
-        df["prompt_len"].to_numpy(dtype=np.int64).tolist(),
-        df["output_len"].to_numpy(dtype=np.int64).tolist(),
-    )
+    P = df["prompt_len"].to_numpy(dtype=np.int64).tolist()
+    M = df["output_len"].to_numpy(dtype=np.int64).tolist()
+    rows = Rows(P, M, row_meta(trace, arr_l, M, config) if planner is not None else None)
     chunks = ChunkLog(chunk_sink, chunk_flush_rows)
     eng = ArrayEngine(
         budget_cap,
@@ -789,6 +926,7 @@ def fast_simulate(
         # the engine core's loop retries preempting plans that schedule nothing this often
         max_stall=max_stall_calls if planner is not None else math.inf,
         planner=planner,
+        hooks=policy if planner is not None and has_hooks(policy) else None,
     )
     add, waiting = eng.add, eng.waiting
     if planner is None:
@@ -828,7 +966,8 @@ def fast_simulate(
                 t = max(t, nxt)
             else:
                 raise SimulationStalled(
-                    f"{getattr(policy, 'name', policy)!r} scheduled nothing with work left"
+                    f"policy {getattr(policy, 'name', policy)!r} scheduled nothing with "
+                    f"{len(waiting)} waiting and {eng.R} running requests and no arrival left"
                 )
     except KeyboardInterrupt:
         if on_interrupt == "raise":

@@ -17,14 +17,14 @@ the only admission order a column plan can express.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
 
-from harness.policies.base import BasePolicy, KVView, Plan, View, blocks_for
+from harness.policies.base import BasePolicy, KVView, Plan, RequestView, View, blocks_for
 
 
 class RunningColumns(NamedTuple):
@@ -36,6 +36,7 @@ class RunningColumns(NamedTuple):
     output: np.ndarray  # int64: num_output_tokens (generated so far)
     computed: np.ndarray  # int64: num_computed_tokens
     max_tokens: np.ndarray  # int64
+    arrival: np.ndarray  # float64: arrival_s
     num_prefilling: int  # how many are not decoding (base.is_decoding), kept by the host
 
     def __len__(self) -> int:
@@ -55,16 +56,22 @@ class RunningColumns(NamedTuple):
 
 
 _NONE = np.empty(0, np.int64)  # no positions (shared, never written)
+NO_POSITIONS = _NONE  # ColumnPlan(NO_POSITIONS): run nothing (None would run everyone)
 
 
 class ColumnView(NamedTuple):
     """What :meth:`ColumnPolicy.plan_columns` reads: :class:`~harness.policies.base.View` with
-    the running set as columns and the waiting queue as its requests' remaining tokens."""
+    the running set as columns. The waiting queue is there twice: its requests' remaining
+    tokens (``waiting_tokens``, enough for FCFS admission and the cheapest to read) and the
+    request objects (``waiting``, host queue order, read lazily: for policies that order the
+    queue themselves, through their hooks). A column policy reads the *running* set from the
+    columns only: a host may hand out request objects that are current only while waiting."""
 
     now: float
     running: RunningColumns
     num_waiting: int
     waiting_tokens: Callable[[], Iterator[int]]  # remaining tokens, host queue order (lazy)
+    waiting: Sequence[RequestView]  # host queue order
     kv: KVView
     token_budget: int
     max_num_seqs: int
@@ -76,7 +83,11 @@ class ColumnPlan:
 
     ``order``: running positions in run order, or None for every running request in running
     order; ``tokens``: the tokens of each (an int: the same for all). ``admit``: first-chunk
-    sizes of the waiting queue's head, in host queue order. ``steady`` / ``hold`` as in Plan.
+    sizes of the waiting queue's head, in host queue order; or ``admit_requests``: waiting
+    requests (the objects of ``ColumnView.waiting`` or the hooks) with their first chunks, in
+    admission order (at most one of the two). ``preempt``: running positions to evict first
+    (rule 1); ``order`` may still list them (the host skips them, as a Plan's stale ids).
+    ``steady`` / ``hold`` as in Plan.
     """
 
     order: np.ndarray | None = None
@@ -84,6 +95,8 @@ class ColumnPlan:
     admit: list[int] | tuple[int, ...] = ()
     steady: bool = False
     hold: bool = False
+    admit_requests: list[tuple[RequestView, int]] | tuple[()] = ()
+    preempt: np.ndarray | None = None
 
     def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, tokens)`` as arrays."""
@@ -149,6 +162,7 @@ def columns_of(view: View) -> ColumnView:
     output = np.fromiter((r.num_output_tokens for r in run), np.int64, n)
     computed = np.fromiter((r.num_computed_tokens for r in run), np.int64, n)
     max_tokens = np.fromiter((r.max_tokens for r in run), np.int64, n)
+    arrival = np.fromiter((r.arrival_s for r in run), np.float64, n)
     rem = prompt + output - computed
     n_pre = n - int(np.count_nonzero((output > 0) & (rem == 1)))
     waiting = view.waiting
@@ -158,9 +172,10 @@ def columns_of(view: View) -> ColumnView:
 
     return ColumnView(
         now=view.now,
-        running=RunningColumns(prompt, output, computed, max_tokens, n_pre),
+        running=RunningColumns(prompt, output, computed, max_tokens, arrival, n_pre),
         num_waiting=len(waiting),
         waiting_tokens=waiting_tokens,
+        waiting=waiting,
         kv=view.kv,
         token_budget=view.token_budget,
         max_num_seqs=view.max_num_seqs,
@@ -172,19 +187,23 @@ def plan_of(cp: ColumnPlan, view: View) -> Plan:
     run = view.running
     order, tokens = cp.items(len(run))
     items = [(run[i].request_id, t) for i, t in zip(order.tolist(), tokens.tolist(), strict=True)]
-    admit = [
-        (r.request_id, n)
-        for r, n in zip(islice(view.waiting, len(cp.admit)), cp.admit, strict=True)
-    ]
-    return Plan(run=items, admit=admit, steady=cp.steady, hold=cp.hold)
+    if cp.admit_requests:
+        admit = [(r.request_id, n) for r, n in cp.admit_requests]
+    else:
+        admit = [
+            (r.request_id, n)
+            for r, n in zip(islice(view.waiting, len(cp.admit)), cp.admit, strict=True)
+        ]
+    preempt = [] if cp.preempt is None else [run[i].request_id for i in cp.preempt.tolist()]
+    return Plan(run=items, admit=admit, preempt=preempt, steady=cp.steady, hold=cp.hold)
 
 
 class ColumnPolicy(BasePolicy):
     """Base of the policies that plan from columns (module docstring).
 
-    Subclasses implement :meth:`plan_columns` only. A subclass that overrides ``schedule``,
-    ``on_arrival`` or ``on_step`` is no longer a pure function of the columns, so column hosts
-    do not take it (:func:`column_planner`)."""
+    Subclasses implement :meth:`plan_columns`, and may keep state through ``on_arrival`` /
+    ``on_step`` (every host calls them). A subclass that overrides ``schedule`` plans by
+    another path, so column hosts do not take it (:func:`column_planner`)."""
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -194,20 +213,26 @@ class ColumnPolicy(BasePolicy):
 
 
 def column_planner(policy: object) -> Callable[[ColumnView], ColumnPlan] | None:
-    """``policy.plan_columns`` if a column host may run ``policy`` through it alone: its
-    ``schedule`` is :class:`ColumnPolicy`'s and it has no ``on_arrival`` / ``on_step`` of its
-    own (the vectorised kernel calls neither). Otherwise None."""
-    if not isinstance(policy, ColumnPolicy):
-        return None
-    cls = type(policy)
-    if cls.schedule is not ColumnPolicy.schedule:
-        return None
-    if cls.on_arrival is not BasePolicy.on_arrival or cls.on_step is not BasePolicy.on_step:
+    """``policy.plan_columns`` if a column host may plan ``policy`` through it: its
+    ``schedule`` is :class:`ColumnPolicy`'s (a subclass that overrides it plans otherwise).
+    Otherwise None."""
+    if not isinstance(policy, ColumnPolicy) or type(policy).schedule is not ColumnPolicy.schedule:
         return None
     return policy.plan_columns
 
 
+def has_hooks(policy: object) -> bool:
+    """Whether ``policy`` has an ``on_arrival`` or ``on_step`` of its own (a host that has
+    no request objects to spare may skip calling no-op hooks)."""
+    cls = type(policy)
+    return (
+        getattr(cls, "on_arrival", BasePolicy.on_arrival) is not BasePolicy.on_arrival
+        or getattr(cls, "on_step", BasePolicy.on_step) is not BasePolicy.on_step
+    )
+
+
 __all__ = [
+    "NO_POSITIONS",
     "ColumnPlan",
     "ColumnPolicy",
     "ColumnView",
@@ -215,6 +240,7 @@ __all__ = [
     "admit_sizes",
     "column_planner",
     "columns_of",
+    "has_hooks",
     "plan_of",
     "prefill_chunks",
 ]

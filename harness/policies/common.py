@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from harness.policies.base import RequestView, StepReport, View
-from harness.policies.columns import admit_sizes
+from harness.policies.columns import ColumnView, admit_sizes
 
 
 def split_running(
@@ -165,7 +165,7 @@ class SortedWaiting:
         for rid in report.finished:
             self._known.pop(rid, None)
 
-    def sync(self, view: View) -> None:
+    def sync(self, view: View | ColumnView) -> None:
         """Rebuild from the view when the hooks missed something (sizes disagree)."""
         if len(self._where) == len(view.waiting):
             return

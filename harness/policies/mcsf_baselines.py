@@ -22,21 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.policies.base import (
-    BasePolicy,
-    Plan,
-    RequestView,
-    StepReport,
-    View,
-    is_decoding,
-    prefill_remaining,
-    remaining_tokens,
-)
+from harness.policies.base import RequestView, StepReport, remaining_tokens
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
-class _AlphaProtection(BasePolicy):
+class _AlphaProtection(ColumnPolicy):
     """Shared FCFS admission under ``(1 - α)·M`` and pre-step overflow clearing."""
 
     def __init__(
@@ -62,53 +54,46 @@ class _AlphaProtection(BasePolicy):
         self.clearings = 0  # overflow events
         self.cleared = 0  # requests sent back
         self._rng = np.random.default_rng(seed)
-        self._started: dict[str, int] = {}
-        self._seq = 0
         self._wq = SortedWaiting(lambda r: r.arrival_s)  # FCFS, kept by the hooks (issue 13)
 
-    def _clear(self, running: list[RequestView]) -> list[RequestView]:
+    def _clear(self, n: int) -> np.ndarray:
+        """Which of the ``n`` running requests (running order) an overflow clears."""
         raise NotImplementedError
 
-    def schedule(self, view: View) -> Plan:
-        bs = view.kv.block_size
-        capacity = self.memory_tokens if self.memory_tokens is not None else view.kv.capacity_tokens
-        running = sorted(
-            view.running, key=lambda r: (self._started.get(r.request_id, -1), r.arrival_s)
-        )
-
-        def held(r: RequestView) -> int:
-            return -(-r.num_computed_tokens // bs) * bs
-
-        def after_step(r: RequestView) -> int:
-            step = 1 if is_decoding(r) else max(1, prefill_remaining(r))
-            return -(-(r.num_computed_tokens + step) // bs) * bs
-
-        preempt: list[str] = []
-        if sum(after_step(r) for r in running) > capacity:  # overflow event
-            cleared = {r.request_id for r in self._clear(running)}
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        # Running order is start order: the host appends an admission (a re-admission after
+        # clearing too) to its running set, so the paper's "started first" is the host's order.
+        rc = cv.running
+        bs = cv.kv.block_size
+        capacity = self.memory_tokens if self.memory_tokens is not None else cv.kv.capacity_tokens
+        comp = rc.computed
+        # each request's next tokens: a decode, or the rest of its prefill (at least 1)
+        step = np.maximum(rc.remaining(), 1)
+        keep: np.ndarray | None = None  # None: every running request
+        if int((((comp + step + (bs - 1)) // bs) * bs).sum()) > capacity:  # overflow event
+            cleared = self._clear(len(rc))
             self.clearings += 1
-            self.cleared += len(cleared)
-            preempt = [r.request_id for r in running if r.request_id in cleared]
-            running = [r for r in running if r.request_id not in cleared]
-        run = [
-            (r.request_id, 1 if is_decoding(r) else max(1, prefill_remaining(r))) for r in running
-        ]
-        used = sum(held(r) for r in running)
-        tokens = sum(n for _, n in run)
-        seqs = len(running)
-        admit: list[tuple[str, int]] = []
-        if preempt:  # the failed iteration: no admissions until the cleared ones are queued
-            return Plan(run=run, admit=admit, preempt=preempt)
+            n_cleared = int(np.count_nonzero(cleared))
+            self.cleared += n_cleared
+            if n_cleared:
+                keep = np.flatnonzero(~cleared)
+                # the failed iteration: no admissions until the cleared ones are queued
+                return ColumnPlan(keep, step[keep], preempt=np.flatnonzero(cleared))
+        used = int((((comp + (bs - 1)) // bs) * bs).sum())
+        tokens = int(step.sum())
+        seqs = len(rc)
+        admit: list[tuple[RequestView, int]] = []
         # Cleared requests rejoin the queue at their arrival position from the next step on.
-        self._wq.sync(view)
+        self._wq.sync(cv)
+        limit = (1.0 - self.alpha) * capacity
         for r in self._wq.iter():  # (arrival, request_id)
             need = remaining_tokens(r)
-            if used + need > (1.0 - self.alpha) * capacity:
+            if used + need > limit:
                 break
-            if seqs >= view.max_num_seqs or tokens >= view.token_budget:
+            if seqs >= cv.max_num_seqs or tokens >= cv.token_budget:
                 break
-            chunk = min(need, view.token_budget - tokens)  # long prompts start chunked
-            admit.append((r.request_id, chunk))
+            chunk = min(need, cv.token_budget - tokens)  # long prompts start chunked
+            admit.append((r, chunk))
             used += -(-need // bs) * bs
             tokens += chunk
             seqs += 1
@@ -117,23 +102,16 @@ class _AlphaProtection(BasePolicy):
         # arrival joins behind the blocked head), and the overflow check first fails on the
         # step whose blocks the host itself cannot give (its fast-forward stops before it),
         # provided the policy's M is no smaller than the host's KV.
-        steady = (
-            not admit
-            and capacity >= view.kv.capacity_tokens
-            and all(n == 1 and is_decoding(r) for r, (_rid, n) in zip(running, run, strict=True))
-        )
-        return Plan(run=run, admit=admit, preempt=preempt, steady=steady)
+        if rc.num_prefilling == 0:
+            steady = not admit and capacity >= cv.kv.capacity_tokens
+            return ColumnPlan(None, 1, admit_requests=admit, steady=steady)
+        return ColumnPlan(None, step, admit_requests=admit)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)
 
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
-        for rid in report.admitted:
-            self._seq += 1
-            self._started[rid] = self._seq
-        for rid in report.preempted + report.finished:
-            self._started.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -155,8 +133,8 @@ class AlphaProtectionGreedy(_AlphaProtection):
             alpha=alpha, beta=1.0, seed=0, memory_tokens=memory_tokens, progress=progress
         )
 
-    def _clear(self, running: list[RequestView]) -> list[RequestView]:
-        return list(running)
+    def _clear(self, n: int) -> np.ndarray:
+        return np.ones(n, dtype=bool)
 
     def params(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "progress": self.progress}
@@ -178,6 +156,5 @@ class AlphaProtectionBetaClearing(_AlphaProtection):
             alpha=alpha, beta=beta, seed=seed, memory_tokens=memory_tokens, progress=progress
         )
 
-    def _clear(self, running: list[RequestView]) -> list[RequestView]:
-        mask = self._rng.random(len(running)) < self.beta
-        return [r for r, m in zip(running, mask, strict=True) if m]
+    def _clear(self, n: int) -> np.ndarray:
+        return self._rng.random(n) < self.beta

@@ -23,6 +23,9 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §3.3-§3.5, §7 #18-#19):
 * The FCFS-oldest waiting request comes from a heap kept by ``on_arrival``/``on_step``
   (O(log n) per change, not a sort of the whole queue per step), rebuilt from the view
   whenever its size disagrees with the host's waiting queue (a host that skips the hooks).
+* It plans from the running set's columns (policies/columns.py), so the vectorised kernel runs
+  it. The prefill in progress is the oldest running request with prefill left (ties by running
+  order; RAD prefills one request at a time, so there is normally one).
 """
 
 from __future__ import annotations
@@ -31,23 +34,15 @@ import heapq
 import math
 from typing import Any
 
-from harness.policies.base import (
-    BasePolicy,
-    Plan,
-    RequestView,
-    StepReport,
-    View,
-    blocks_for,
-    is_decoding,
-    prefill_remaining,
-    remaining_tokens,
-)
-from harness.policies.common import split_running
+import numpy as np
+
+from harness.policies.base import RequestView, StepReport, blocks_for, remaining_tokens
+from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.registry import register
 
 
 @register("rad")
-class RADPolicy(BasePolicy):
+class RADPolicy(ColumnPolicy):
     """Resource-Aware Dynamic scheduler (seed-rad-slai.md §3.2, Algorithm 1)."""
 
     def __init__(
@@ -69,13 +64,11 @@ class RADPolicy(BasePolicy):
         self._heap: list[tuple[float, str]] = []  # (arrival, id) of waiting, lazily deleted
         self._waiting: dict[str, RequestView] = {}  # the waiting requests the heap covers
         self._known: dict[str, RequestView] = {}  # every request seen and not finished
-        self._pre: dict[str, RequestView] = {}  # admitted, not yet seen decoding
-        self._num_running = 0  # admitted - preempted - finished, as the hooks reported
 
-    def _oldest_waiting(self, view: View) -> RequestView | None:
+    def _oldest_waiting(self, cv: ColumnView) -> RequestView | None:
         """FCFS-oldest waiting request by (arrival, id), O(log n) amortised."""
-        if len(self._waiting) != len(view.waiting):  # the hooks missed something: resync
-            self._waiting = {r.request_id: r for r in view.waiting}
+        if len(self._waiting) != cv.num_waiting:  # the hooks missed something: resync
+            self._waiting = {r.request_id: r for r in cv.waiting}
             self._known.update(self._waiting)
             self._heap = [(r.arrival_s, r.request_id) for r in self._waiting.values()]
             heapq.heapify(self._heap)
@@ -84,34 +77,40 @@ class RADPolicy(BasePolicy):
             heapq.heappop(heap)
         return self._waiting[heap[0][1]] if heap else None
 
-    def schedule(self, view: View) -> Plan:
-        chunk = min(self.t_lcm, view.token_budget)
-        bs = view.kv.block_size
-        free = view.kv.free_blocks
-        prefilling, n_decoding = self._prefilling(view)
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        chunk = min(self.t_lcm, cv.token_budget)
+        bs = cv.kv.block_size
+        free = cv.kv.free_blocks
+        decoding, prefilling = rc.split()
+        n_decoding = len(decoding)
 
-        def decode_batch(queued: bool = False) -> Plan:  # lines 6-8: a DI for every request in D
-            decoding = split_running(view.running)[0]
-            run = [(r.request_id, 1) for r in sorted(decoding, key=lambda r: r.arrival_s)]
-            steady = not prefilling and len(run) <= view.token_budget
+        def decode_batch(queued: bool = False) -> ColumnPlan:  # lines 6-8: a DI for all of D
+            steady = not len(prefilling) and n_decoding <= cv.token_budget
             # with a request already queued, an arrival (younger) changes neither the head nor
             # this decision: the host may run the batch on past arrivals (Plan.hold)
-            return Plan(run=run, steady=steady, hold=steady and queued)
+            arr = rc.arrival[decoding]
+            if n_decoding == len(rc) and (n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all())):
+                return ColumnPlan(None, 1, steady=steady, hold=steady and queued)  # in order
+            # oldest first (a stable sort: equal arrivals keep the running order)
+            order = decoding[np.argsort(arr, kind="stable")]
+            return ColumnPlan(order, 1, steady=steady, hold=steady and queued)
 
-        if prefilling:  # lines 12-16: finish the current prefill, one chunk per batch, alone
-            r = min(prefilling, key=lambda r: (r.arrival_s, r.request_id))
-            c = min(chunk, prefill_remaining(r))
-            c0 = r.num_computed_tokens
+        if len(prefilling):  # lines 12-16: finish the current prefill, one chunk per batch, alone
+            # the oldest (RAD prefills one request at a time, so there is normally one)
+            p = int(prefilling[int(np.argmin(rc.arrival[prefilling]))])
+            c0 = int(rc.computed[p])
+            c = min(chunk, int(rc.prompt[p] + rc.output[p]) - c0)
             if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
                 return decode_batch()  # no KV for the chunk yet: let decodes drain
-            return Plan(run=[(r.request_id, c)])
+            return ColumnPlan(np.array([p]), c)
         if not n_decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1
-        head = self._oldest_waiting(view)
+        head = self._oldest_waiting(cv)
         if head is None and not n_decoding:
-            return Plan()  # line 5: idle
-        seq_room = len(view.running) < view.max_num_seqs
+            return ColumnPlan(NO_POSITIONS)  # line 5: idle
+        seq_room = len(rc) < cv.max_num_seqs
         if (
             n_decoding >= self.t_col
             or head is None
@@ -123,24 +122,7 @@ class RADPolicy(BasePolicy):
         if n_decoding and blocks_for(c, bs) > free:
             return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
         # lines 11-17: FCFS prefill of one request (counted in on_step)
-        return Plan(admit=[(head.request_id, c)])
-
-    def _prefilling(self, view: View) -> tuple[list[RequestView], int]:
-        """The running requests with prefill left, and how many decode. RAD's lone prefill
-        chunks are most of its steps under load, and the running set then holds up to
-        ``t_col*`` paused decodes: rather than reading them all every step, the requests it
-        admitted and has not yet seen decoding are kept by the hooks (a running request that
-        is not decoding was admitted and not yet caught up). Trusted only while the hooks'
-        count of running requests matches the view (a host that aborts one, or skips the
-        hooks, gets the full pass)."""
-        running = view.running
-        if self._num_running != len(running):
-            decoding, prefilling = split_running(running)
-            return prefilling, len(decoding)
-        pre = self._pre
-        for rid in [rid for rid, r in pre.items() if is_decoding(r)]:
-            del pre[rid]
-        return list(pre.values()), len(running) - len(pre)
+        return ColumnPlan(NO_POSITIONS, admit_requests=[(head, c)])
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id
@@ -150,21 +132,15 @@ class RADPolicy(BasePolicy):
 
     def on_step(self, report: StepReport) -> None:
         self.requests_in_cycle += len(report.admitted)  # line 18
-        self._num_running += len(report.admitted) - len(report.preempted) - len(report.finished)
         for rid in report.admitted:
             self._waiting.pop(rid, None)
-            r = self._known.get(rid)
-            if r is not None:
-                self._pre[rid] = r
         for rid in report.preempted:  # back to waiting (recompute)
-            self._pre.pop(rid, None)
             r = self._known.get(rid)
             if r is not None:
                 self._waiting[rid] = r
                 heapq.heappush(self._heap, (r.arrival_s, rid))
         for rid in report.finished:
             self._known.pop(rid, None)
-            self._pre.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "t_col": self.t_col, "t_row": self.t_row, "t_red": self.t_red}

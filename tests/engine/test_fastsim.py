@@ -231,10 +231,15 @@ def test_prefill_attention_cost_matches_on_column_plans() -> None:
 
 
 class _OrcaWithHook(OrcaPolicy):
-    """Orca's plans, plus an on_step hook that must run: not for the column host."""
+    """Orca's plans, plus hooks that must run on the column host too."""
+
+    def on_arrival(self, request, now: float) -> None:
+        self.arrived = getattr(self, "arrived", 0) + 1
+        assert request.num_computed_tokens == 0 and request.arrival_s == now
 
     def on_step(self, report) -> None:
         self.steps = getattr(self, "steps", 0) + report.num_steps
+        self.finished = getattr(self, "finished", 0) + len(report.finished)
 
 
 class _OrcaPlansOtherwise(OrcaPolicy):
@@ -244,20 +249,50 @@ class _OrcaPlansOtherwise(OrcaPolicy):
         return plan
 
 
-def test_the_column_host_is_reached_only_by_pure_column_policies() -> None:
+def test_the_column_host_takes_column_policies_and_calls_their_hooks() -> None:
     cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
     cost = get_cost_model("a100-llama2-7b")
-    for name in COLUMN_POLICIES:
+    for name in (*COLUMN_POLICIES, "rad", "mcsf-alpha", "mcsf-alpha-beta"):
         assert fast_planner(make_policy(name), cfg) is not None
-    for name in ("vllm", "sarathi", "wait", "slai", "rad", "mcsf"):
+    for name in ("vllm", "sarathi", "wait", "nested-wait", "slai", "mcsf"):
         assert fast_planner(make_policy(name), cfg) is None
-    assert fast_planner(_OrcaWithHook(), cfg) is None
+    # a cleared request's output is discarded by the engine core only (seed-mcsf.md §7 A7)
+    assert fast_planner(make_policy("mcsf-alpha", progress="lost"), cfg) is None
     assert fast_planner(_OrcaPlansOtherwise(), cfg) is None
     tr = poisson_trace(200, 8.0, seed=8, pmax=300, omax=250)
-    hooked = _OrcaWithHook()
+    hooked, hooked_core = _OrcaWithHook(), _OrcaWithHook()
     res = simulate(tr, hooked, cost, cfg)
-    assert res.counters["kernel"] == "core" and hooked.steps == res.num_steps
+    core = simulate(tr, hooked_core, cost, cfg, kernel="core")
+    assert res.counters["kernel"] == "fast"
+    _same(res, core)
+    assert hooked.steps == res.num_steps == hooked_core.steps
+    assert hooked.arrived == hooked_core.arrived == 200
+    assert hooked.finished == hooked_core.finished == 200
     assert simulate(tr, _OrcaPlansOtherwise(), cost, cfg).counters["kernel"] == "core"
+
+
+@pytest.mark.parametrize("policy", ["rad", "mcsf-alpha", "mcsf-alpha-beta"])
+def test_hooked_column_policies_match_the_engine_core(policy: str) -> None:
+    # a policy M below the KV makes the alpha-protection baselines clear (rule 1
+    # preemptions); long prompts make RAD's lone prefills wait for KV
+    kw = {} if policy == "rad" else {"memory_tokens": 3000}
+    tr = poisson_trace(300, 25.0, seed=3, pmax=1500, omax=500)
+    cfg = EngineConfig(kv_tokens=4096, token_budget=512, max_num_seqs=32, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    for run_kw in ({}, {"stop_at_s": 20.0}):
+        pf, pc = make_policy(policy, **kw), make_policy(policy, **kw)
+        fast = simulate(tr, pf, cost, cfg, **run_kw)
+        core = simulate(tr, pc, cost, cfg, kernel="core", **run_kw)
+        assert fast.counters["kernel"] == "fast"
+        _same(fast, core)
+        assert pf.params() == pc.params()
+        if policy != "rad":
+            assert (pf.clearings, pf.cleared) == (pc.clearings, pc.cleared)
+        else:
+            assert pf.cycles == pc.cycles and pf.requests_in_cycle == pc.requests_in_cycle
+        if not run_kw:  # the whole run preempts (and clears)
+            assert fast.counters["preemptions_total"] > 0
+            assert policy == "rad" or pf.clearings > 0
 
 
 def test_class_priority_declares_the_budget_rule_only_with_one_class() -> None:
