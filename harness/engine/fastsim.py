@@ -284,6 +284,7 @@ class ArrayEngine:
                     tok = tok[keep]
             self._retire(alive)
             R = self.R
+            self._recount()
         budget = self.budget_cap
         free = total - self.used
         preempted_in_run = False
@@ -293,6 +294,7 @@ class ArrayEngine:
         prefill = n_prefill = n_decode = kv_read = 0
         n_sched = 0
         attn = 0.0
+        single: tuple[int, int] | None = None
         if R:
             if (
                 order is None
@@ -314,8 +316,34 @@ class ArrayEngine:
             if not pure and (isinstance(tok, np.ndarray) or tok > 0):
                 if order is None:
                     order = np.arange(R)
-                req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
+                if len(order) == 1 and not self._evicted:  # one item: the same rule in scalars
+                    p = int(order[0])
+                    c = int(Cr[p])
+                    o = int(Or[p])
+                    rem = int(Pr[p]) + o - c
+                    g = max(
+                        0, min(int(tok[0] if isinstance(tok, np.ndarray) else tok), rem, budget)
+                    )
+                    nd = -(-(c + g) // bs) - int(NBr[p])
+                    if g > 0 and nd <= free:
+                        NBr[p] += nd
+                        self.used += nd
+                        free -= nd
+                        budget -= g
+                        single = (p, g)
+                        n_sched = 1
+                        if rem == 1 and o > 0:  # a decode
+                            n_decode = 1
+                        else:
+                            n_prefill = 1
+                            prefill = g
+                            attn = g * (c + g / 2)
+                        kv_read = c + g
+                        order = order[:0]  # done: skip the array pass
+                    elif g <= 0:
+                        order = order[:0]
                 if len(order):
+                    req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
                     Co = Cr[order]
                     Oo = Or[order]
                     rem = Pr[order] + Oo - Co
@@ -394,8 +422,7 @@ class ArrayEngine:
             self.stall += 1
             self.steady = False
             if preempted:
-                self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
-                self.npf = R - int(np.count_nonzero((Or[:R] > 0) & (Pr[:R] + Or[:R] - Cr[:R] == 1)))
+                self._recount()
                 if self.hooks is not None:
                     self._report(t, t, 0, 0, 0, 0, 0, ())
                 if self.stall < self.max_stall:
@@ -421,10 +448,18 @@ class ArrayEngine:
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
         else:
-            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, single)
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         return end
+
+    def _recount(self) -> None:
+        """``min_left`` and ``npf`` from the arrays (after a change they do not track)."""
+        Pr, Or, Cr, Mr = self.cols[:4]
+        R = self.R
+        self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        v = Or[:R]
+        self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
 
     def _report(
         self,
@@ -450,9 +485,9 @@ class ArrayEngine:
                 num_prefill_seqs=n_prefill,
                 num_decode_seqs=n_decode,
                 kv_used_blocks=self.used,
-                preempted=tuple(ids[j] for j in self._evicted),
-                admitted=tuple(ids[j] for j in admitted),
-                finished=tuple(ids[j] for j in self._finished_rows),
+                preempted=tuple([ids[j] for j in self._evicted]) if self._evicted else (),
+                admitted=tuple([ids[j] for j in admitted]) if admitted else (),
+                finished=tuple([ids[j] for j in fin]) if (fin := self._finished_rows) else (),
             )
         )
 
@@ -497,15 +532,38 @@ class ArrayEngine:
         adm_g: list[int],
         prefill: int,
         n_decode: int,
+        single: tuple[int, int] | None = None,
     ) -> float:
         """Rule 5 for one step from ``t`` to ``end``: advance what ran (``pure``: every one of
-        the first ``R0`` decoded; else positions ``sp`` got ``sg`` tokens; then the admissions
-        in slots ``R0`` on got ``adm_g``), sample, retire the finished, record the step."""
+        the first ``R0`` decoded; ``single``: position p got g tokens, nothing was preempted,
+        in scalars (a lone prefill chunk: RAD's usual step); else positions ``sp`` got ``sg``
+        tokens; then the admissions in slots ``R0`` on got ``adm_g``), sample, retire the
+        finished, record the step."""
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         R = self.R
         self.calls += 1
         self.stall = 0
-        if pure:
+        if single is not None:
+            p, g = single
+            c = int(Cr[p]) + g
+            Cr[p] = c
+            self.sum_c += g
+            o = int(Or[p])
+            prompt = int(Pr[p])
+            was_decoding = o > 0 and prompt + o - c + g == 1
+            if c == prompt + o:
+                o += 1
+                Or[p] = o
+                Lr[p] = end
+                if Fr[p] != Fr[p]:
+                    Fr[p] = end
+                self.chunks.add_step(end, [int(IDr[p])])
+            self.npf += was_decoding - (o > 0 and prompt + o - c == 1)
+            m = int(Mr[p]) - o
+            if m < self.min_left:
+                self.min_left = m
+            samp_ids = None
+        elif pure:
             Cr[:R0] += 1
             Or[:R0] += 1
             Lr[:R0] = end
@@ -546,12 +604,13 @@ class ArrayEngine:
             if hits:
                 self.chunks.add_step(end, hits)
             self.npf += len(adm_g) - len(hits)
-        if not pure:
+        exact = pure or single is not None  # min_left and npf kept exactly above
+        if not exact:
             self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
         if self.min_left <= 0:
             self._finish()
         R = self.R
-        if not pure:
+        if not exact:
             v = Or[:R]
             self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
         self.steps_total += 1

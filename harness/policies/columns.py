@@ -49,10 +49,30 @@ class RunningColumns(NamedTuple):
     def split(self) -> tuple[np.ndarray, np.ndarray]:
         """``(decoding positions, prefilling positions)`` in running order
         (common.split_running's rule: has output, and its KV covers all but the last token)."""
+        return self.decoding(), self.prefilling()
+
+    def _last_prefills(self) -> bool:
+        """Whether the newest (last) running request is the one not decoding: with one
+        prefilling request it usually is (admissions join the end), a scalar check."""
+        o = int(self.output[-1])
+        return not (o > 0 and int(self.prompt[-1]) + o - int(self.computed[-1]) == 1)
+
+    def decoding(self) -> np.ndarray:
+        """Positions of the decoding requests (base.is_decoding), in running order."""
+        n = len(self.prompt)
         if self.num_prefilling == 0:
-            return np.arange(len(self.prompt)), _NONE
-        dec = (self.output > 0) & (self.prompt + self.output - self.computed == 1)
-        return np.flatnonzero(dec), np.flatnonzero(~dec)
+            return np.arange(n)
+        if self.num_prefilling == 1 and self._last_prefills():
+            return np.arange(n - 1)
+        return np.flatnonzero((self.output > 0) & (self.prompt + self.output - self.computed == 1))
+
+    def prefilling(self) -> np.ndarray:
+        """Positions of the requests with prefill (or recompute) left, in running order."""
+        if self.num_prefilling == 0:
+            return _NONE
+        if self.num_prefilling == 1 and self._last_prefills():
+            return np.array([len(self.prompt) - 1])
+        return np.flatnonzero((self.output == 0) | (self.prompt + self.output - self.computed != 1))
 
 
 _NONE = np.empty(0, np.int64)  # no positions (shared, never written)

@@ -82,23 +82,25 @@ class RADPolicy(ColumnPolicy):
         chunk = min(self.t_lcm, cv.token_budget)
         bs = cv.kv.block_size
         free = cv.kv.free_blocks
-        decoding, prefilling = rc.split()
-        n_decoding = len(decoding)
+        n_decoding = len(rc) - rc.num_prefilling
 
         def decode_batch(queued: bool = False) -> ColumnPlan:  # lines 6-8: a DI for all of D
-            steady = not len(prefilling) and n_decoding <= cv.token_budget
+            steady = not rc.num_prefilling and n_decoding <= cv.token_budget
             # with a request already queued, an arrival (younger) changes neither the head nor
             # this decision: the host may run the batch on past arrivals (Plan.hold)
-            arr = rc.arrival[decoding]
-            if n_decoding == len(rc) and (n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all())):
-                return ColumnPlan(None, 1, steady=steady, hold=steady and queued)  # in order
+            if steady:
+                arr = rc.arrival
+                if n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all()):
+                    return ColumnPlan(None, 1, steady=True, hold=queued)  # already oldest first
             # oldest first (a stable sort: equal arrivals keep the running order)
-            order = decoding[np.argsort(arr, kind="stable")]
+            decoding = rc.decoding()
+            order = decoding[np.argsort(rc.arrival[decoding], kind="stable")]
             return ColumnPlan(order, 1, steady=steady, hold=steady and queued)
 
-        if len(prefilling):  # lines 12-16: finish the current prefill, one chunk per batch, alone
+        if rc.num_prefilling:  # lines 12-16: finish the current prefill, one chunk a batch, alone
+            prefilling = rc.prefilling()
             # the oldest (RAD prefills one request at a time, so there is normally one)
-            p = int(prefilling[int(np.argmin(rc.arrival[prefilling]))])
+            p = int(prefilling[0 if len(prefilling) == 1 else np.argmin(rc.arrival[prefilling])])
             c0 = int(rc.computed[p])
             c = min(chunk, int(rc.prompt[p] + rc.output[p]) - c0)
             if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
