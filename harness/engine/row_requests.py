@@ -118,46 +118,72 @@ class RowRequest:
 
 class RowQueue:
     """Waiting rows in host order with O(1) removal anywhere (the module docstring); the
-    deque operations the kernel's shared helpers use."""
+    deque operations the kernel's shared helpers use. Arrivals sit in a deque; one removed
+    from the middle is only marked (``_gone``) and skipped when the head reaches it, so every
+    operation is O(1) amortised (a dict popped from the front would rescan its deleted slots
+    on every pop: quadratic in a long queue)."""
 
-    __slots__ = ("_front", "_rest")
+    __slots__ = ("_front", "_rest", "_gone", "_n")
 
     def __init__(self) -> None:
         self._front: deque[int] = deque()  # preempted, latest first
-        self._rest: dict[int, None] = {}  # arrivals, in order
+        self._rest: deque[int] = deque()  # arrivals, in order (some maybe marked gone)
+        self._gone: set[int] = set()  # rows whose entry in _rest is stale
+        self._n = 0
 
     def __len__(self) -> int:
-        return len(self._front) + len(self._rest)
+        return self._n
+
+    def _trim(self) -> None:
+        rest, gone = self._rest, self._gone
+        while rest and rest[0] in gone:
+            gone.discard(rest.popleft())
 
     def __iter__(self) -> Iterator[int]:
-        return chain(self._front, self._rest)
+        gone = self._gone
+        if not gone:
+            return chain(self._front, self._rest)
+        return chain(self._front, (j for j in self._rest if j not in gone))
 
     def __getitem__(self, i: int) -> int:
-        if i == 0 and self._front:
-            return self._front[0]
+        if i == 0:
+            if self._front:
+                return self._front[0]
+            self._trim()
+            if self._rest:
+                return self._rest[0]
+            raise IndexError(i)
         if i < 0:
-            i += len(self)
+            i += self._n
         try:
             return next(islice(iter(self), i, None))
         except StopIteration:
             raise IndexError(i) from None
 
     def append(self, j: int) -> None:
-        self._rest[j] = None
+        self._rest.append(j)
+        self._n += 1
 
     def appendleft(self, j: int) -> None:
         self._front.appendleft(j)
+        self._n += 1
 
     def popleft(self) -> int:
         if self._front:
+            self._n -= 1
             return self._front.popleft()
-        j = next(iter(self._rest))
-        del self._rest[j]
+        self._trim()
+        j = self._rest.popleft()
+        self._n -= 1
         return j
 
     def remove(self, j: int) -> None:
-        if self._rest.pop(j, 0) is not None:  # not an arrival still queued: preempted
+        """Remove waiting row ``j`` (it must be waiting here)."""
+        if j in self._front:  # preempted ones: few
             self._front.remove(j)
+        else:
+            self._gone.add(j)
+        self._n -= 1
 
 
 class WaitingRows(Sequence):

@@ -1,0 +1,72 @@
+"""The column host's waiting queue and request objects (harness/engine/row_requests.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.engine.fastsim import Rows
+from harness.engine.row_requests import RowMeta, RowQueue, RowRequest, WaitingRows
+
+
+def test_row_queue_matches_a_list_under_random_operations() -> None:
+    rng = np.random.default_rng(1)
+    q, model = RowQueue(), []  # model: host order, preempted at the front
+    nxt = 0
+    out: set[int] = set()  # rows taken out, may come back at the front
+    for _ in range(5000):
+        op = rng.integers(0, 5)
+        if op == 0:
+            q.append(nxt)
+            model.append(nxt)
+            nxt += 1
+        elif op == 1 and out:
+            j = sorted(out)[int(rng.integers(0, len(out)))]
+            out.discard(j)
+            q.appendleft(j)
+            model.insert(0, j)
+        elif op == 2 and model:
+            assert q.popleft() == model.pop(0)
+        elif op == 3 and model:
+            j = model[int(rng.integers(0, len(model)))]  # out of order (priority admission)
+            q.remove(j)
+            model.remove(j)
+            out.add(j)
+        assert len(q) == len(model)
+        assert list(q) == model
+        if model:
+            assert q[0] == model[0] and q[len(model) - 1] == model[-1]
+    with pytest.raises(IndexError):
+        RowQueue()[0]
+
+
+def test_row_requests_are_current_while_waiting_and_refuse_when_running() -> None:
+    rows = Rows([10, 20], [5, 6])
+    rows.meta = RowMeta(
+        ["a", "b"], [0.5, 1.5], ["paid", "free"], [0, 1], [2.0, 10.0], [0.1, 0.5], None
+    )
+    q = RowQueue()
+    q.append(0)
+    q.append(1)
+    objs: dict[int, RowRequest] = {}
+
+    def obj(j: int) -> RowRequest:
+        return objs.setdefault(j, RowRequest(rows, rows.meta, j))
+
+    waiting = WaitingRows(q, obj)
+    a, b = list(waiting)
+    assert (a.request_id, a.arrival_s, a.tier, a.priority, a.tbt_slo_s) == (
+        "a",
+        0.5,
+        "paid",
+        0,
+        0.1,
+    )
+    assert a.num_tokens == 10 and a.num_computed_tokens == 0 and a.predicted_output_len is None
+    rows.Orow[1] = 3  # b was preempted after 3 tokens: its re-prefill covers them
+    rows.last[1] = 4.0
+    assert b.num_tokens == 23 and b.last_token_s == 4.0 and b.first_token_s is None
+    assert waiting[1] is b and len(waiting) == 2
+    rows.state[0] = 1  # running: the columns hold its state, not the object
+    with pytest.raises(RuntimeError, match="running"):
+        _ = a.num_output_tokens
