@@ -13,10 +13,9 @@ samples one output token at the end of a step in which it caught up.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from operator import attrgetter
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import CostModel
 from harness.engine.prefix_cache import PrefixCache, PromptIdentity
+from harness.engine.waiting_queue import WaitingQueue
 from harness.policies.base import KVView, Plan, Policy, StepReport, View
 
 WAITING = 0
@@ -120,37 +120,28 @@ _request_id = attrgetter("request_id")
 
 
 class _WaitingSeq(Sequence):
-    """Read-only view of ``waiting``: preempted requests first (front), then arrivals in order.
+    """Read-only view of ``waiting`` (preempted requests first, then arrivals in order).
 
-    Iteration is O(1) per item; indexing walks (policies normally iterate from the head).
-    """
+    Iteration is O(1) per item; indexing walks (policies normally iterate from the head)."""
 
-    __slots__ = ("_front", "_rest")
+    __slots__ = ("_q",)
 
-    def __init__(self, front: deque[EngineRequest], rest: dict[str, EngineRequest]) -> None:
-        self._front = front
-        self._rest = rest
+    def __init__(self, q: WaitingQueue[EngineRequest]) -> None:
+        self._q = q
 
     def __len__(self) -> int:
-        return len(self._front) + len(self._rest)
+        return len(self._q)
 
     def __iter__(self) -> Iterator[EngineRequest]:
-        return chain(self._front, self._rest.values())
+        return iter(self._q)
 
     def __getitem__(self, idx):  # type: ignore[no-untyped-def]
-        n = len(self)
         if isinstance(idx, slice):
-            start, stop, step = idx.indices(n)
+            start, stop, step = idx.indices(len(self._q))
             if step == 1:
-                return list(islice(iter(self), start, stop))
-            return list(self)[idx]
-        if idx < 0:
-            idx += n
-        if not 0 <= idx < n:
-            raise IndexError(idx)
-        if idx < len(self._front):
-            return self._front[idx]
-        return next(islice(iter(self._rest.values()), idx - len(self._front), None))
+                return list(islice(iter(self._q), start, stop))
+            return list(self._q)[idx]
+        return self._q[idx]
 
 
 @dataclass(slots=True)
@@ -299,8 +290,8 @@ class EngineCore:
         self._restart = bool(getattr(policy, "preempt_restarts", False))
         self.max_num_seqs = self.config.max_num_seqs
         self._requests: dict[str, EngineRequest] = {}
-        self._front: deque[EngineRequest] = deque()  # preempted, front of waiting
-        self._waiting: dict[str, EngineRequest] = {}  # arrival order
+        # preempted at the front (latest first), then arrivals in order
+        self._waiting: WaitingQueue[EngineRequest] = WaitingQueue()
         self._running: list[EngineRequest] = []  # admission order
         self.preemptions_total = 0
         self.num_rejected = 0
@@ -318,7 +309,7 @@ class EngineCore:
     # ------------------------------------------------------------------ counters
     @property
     def num_waiting(self) -> int:
-        return len(self._front) + len(self._waiting)
+        return len(self._waiting)
 
     @property
     def num_running(self) -> int:
@@ -353,7 +344,7 @@ class EngineCore:
         return len(pc.longest_hit(identity.block_hashes(bs, n), n)) * bs
 
     def has_work(self) -> bool:
-        return bool(self._running or self._front or self._waiting)
+        return bool(self._running or len(self._waiting))
 
     def get(self, request_id: str) -> EngineRequest | None:
         return self._requests.get(request_id)
@@ -364,7 +355,7 @@ class EngineCore:
 
     @property
     def waiting(self) -> list[EngineRequest]:
-        return list(chain(self._front, self._waiting.values()))
+        return list(self._waiting)
 
     # ------------------------------------------------------------------ requests
     def fit_problem(self, prompt_len: int, max_tokens: int) -> str | None:
@@ -423,7 +414,7 @@ class EngineCore:
             r.identity = identity
             self._pc_live += 1
         self._requests[request_id] = r
-        self._waiting[request_id] = r
+        self._waiting.append(r)
         self.policy.on_arrival(r, arrival_s)
         return True
 
@@ -435,8 +426,8 @@ class EngineCore:
         if r.status == RUNNING:
             self._running.remove(r)
             self._free(r)
-        elif r.status == WAITING and self._waiting.pop(request_id, None) is None:
-            self._front.remove(r)
+        elif r.status == WAITING:
+            self._waiting.remove(r)
         r.status = ABORTED
         if r.identity is not None:
             self._pc_live -= 1
@@ -474,7 +465,7 @@ class EngineCore:
         pc = self.prefix_cache
         assert pc is not None
         by, bs, epoch = pc.by_hash, self.block_size, pc.evictions
-        for r in islice(chain(self._front, self._waiting.values()), self.max_num_seqs):
+        for r in islice(self._waiting, self.max_num_seqs):
             ident = r.identity
             if ident is None:
                 continue
@@ -515,13 +506,13 @@ class EngineCore:
             r.num_output_tokens = 0
             r.first_token_s = r.last_token_s = None
         r.status = WAITING
-        self._front.appendleft(r)
+        self._waiting.appendleft(r)
         self.preemptions_total += 1
 
     def view(self, now: float) -> View:
         return View(
             now=now,
-            waiting=_WaitingSeq(self._front, self._waiting),
+            waiting=_WaitingSeq(self._waiting),
             running=tuple(self._running),
             kv=KVView(self.block_size, self.total_blocks, self.used_blocks),
             token_budget=self.token_budget,
@@ -745,8 +736,7 @@ class EngineCore:
                         r.num_cached_tokens = hit
                     pc.record(rem, hit, r.num_preemptions > 0)
                     self._make_room(new)
-                if self._waiting.pop(rid, None) is None:
-                    self._front.remove(r)
+                self._waiting.remove(r)
                 r.status = RUNNING
                 self._running.append(r)
                 r.num_blocks = hit // bs + new

@@ -48,7 +48,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.core import decode_run_ends, decode_steps_that_fit, fit_problem
 from harness.engine.costmodel import CostModel
-from harness.engine.row_requests import RowMeta, RowQueue, RowRequest, WaitingRows
+from harness.engine.row_requests import RowMeta, RowRequest, WaitingRows
 from harness.engine.simresult import (
     SAMPLE_COLS,
     ChunkLog,
@@ -56,6 +56,7 @@ from harness.engine.simresult import (
     SimulationStalled,
     new_samples,
 )
+from harness.engine.waiting_queue import WaitingQueue
 from harness.policies.base import KVView, Policy, StepReport, declared_rule
 from harness.policies.columns import (
     ColumnPlan,
@@ -130,10 +131,9 @@ class ArrayEngine:
     schedule nothing before the step waits for a release (simulate_cluster's
     max_stall_calls). ``planner``: a column policy's ``plan_columns``
     (:func:`fast_planner`), executed by :meth:`execute_plan`; ``budget`` is then the
-    engine's token budget, and its waiting queue a :class:`~harness.engine.row_requests.RowQueue`
-    (admissions out of queue order). ``hooks``: the policy to tell of arrivals and steps
-    (its request objects are :class:`~harness.engine.row_requests.RowRequest`; ``rows.meta``
-    must be set)."""
+    engine's token budget. ``hooks``: the policy to tell of arrivals and steps (its request
+    objects are :class:`~harness.engine.row_requests.RowRequest`; ``rows.meta`` must be
+    set)."""
 
     def __init__(
         self,
@@ -176,7 +176,10 @@ class ArrayEngine:
         self.R = 0  # running requests: the first R slots, in running (admission) order
         self.npf = 0  # running requests that are not decoding (prefilling or recomputing)
         self.used = 0
-        self.waiting: deque[int] | RowQueue = deque() if planner is None else RowQueue()
+        # plans may admit out of queue order: a queue with removal anywhere
+        self.waiting: deque[int] | WaitingQueue[int] = (
+            deque() if planner is None else WaitingQueue()
+        )
         self._objects: dict[int, RowRequest] = {}  # request objects made so far, by row
         self.pm_total = 0  # prompt + max_tokens of live requests
         self.sum_c = 0  # computed tokens of the running requests (kept incrementally)

@@ -122,8 +122,7 @@ class ReferenceCore(EngineCore):
                 need = _blocks(n, bs)
                 if need > free:
                     break
-                if self._waiting.pop(rid, None) is None:
-                    self._front.remove(r)
+                self._waiting.remove(r)
                 r.status = RUNNING
                 self._running.append(r)
                 r.num_blocks = need

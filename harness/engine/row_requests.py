@@ -1,4 +1,4 @@
-"""Request objects and the waiting queue of the vectorised kernel's column host.
+"""Request objects of the vectorised kernel's column host.
 
 The kernel (:mod:`harness.engine.fastsim`) keeps requests as trace rows in arrays. A column
 policy (:mod:`harness.policies.columns`) reads the running set from columns, but its hooks and
@@ -8,17 +8,16 @@ It is current while the request waits (the only time a column policy reads one: 
 request's state lives in the rows); read while running it raises, so a policy that reads the
 running set through objects fails loudly instead of planning from stale numbers.
 
-:class:`RowQueue` is the waiting queue in host order (preempted at the front, latest first,
-then arrivals) with O(1) removal from the middle: a policy that admits out of queue order (by
-priority, by type) must not cost a scan of the queue per admission (issue 13).
+:class:`WaitingRows` is the waiting queue (a :class:`~harness.engine.waiting_queue.WaitingQueue`
+of rows) as such objects, for ``ColumnView.waiting``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import chain, islice
 from typing import Any
+
+from harness.engine.waiting_queue import WaitingQueue
 
 RUNNING = 1  # fastsim's _RUNNING
 
@@ -116,82 +115,12 @@ class RowRequest:
         return f"RowRequest({self.request_id!r}, row={self.index})"
 
 
-class RowQueue:
-    """Waiting rows in host order with O(1) removal anywhere (the module docstring); the
-    deque operations the kernel's shared helpers use. Arrivals sit in a deque; one removed
-    from the middle is only marked (``_gone``) and skipped when the head reaches it, so every
-    operation is O(1) amortised (a dict popped from the front would rescan its deleted slots
-    on every pop: quadratic in a long queue)."""
-
-    __slots__ = ("_front", "_rest", "_gone", "_n")
-
-    def __init__(self) -> None:
-        self._front: deque[int] = deque()  # preempted, latest first
-        self._rest: deque[int] = deque()  # arrivals, in order (some maybe marked gone)
-        self._gone: set[int] = set()  # rows whose entry in _rest is stale
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _trim(self) -> None:
-        rest, gone = self._rest, self._gone
-        while rest and rest[0] in gone:
-            gone.discard(rest.popleft())
-
-    def __iter__(self) -> Iterator[int]:
-        gone = self._gone
-        if not gone:
-            return chain(self._front, self._rest)
-        return chain(self._front, (j for j in self._rest if j not in gone))
-
-    def __getitem__(self, i: int) -> int:
-        if i == 0:
-            if self._front:
-                return self._front[0]
-            self._trim()
-            if self._rest:
-                return self._rest[0]
-            raise IndexError(i)
-        if i < 0:
-            i += self._n
-        try:
-            return next(islice(iter(self), i, None))
-        except StopIteration:
-            raise IndexError(i) from None
-
-    def append(self, j: int) -> None:
-        self._rest.append(j)
-        self._n += 1
-
-    def appendleft(self, j: int) -> None:
-        self._front.appendleft(j)
-        self._n += 1
-
-    def popleft(self) -> int:
-        if self._front:
-            self._n -= 1
-            return self._front.popleft()
-        self._trim()
-        j = self._rest.popleft()
-        self._n -= 1
-        return j
-
-    def remove(self, j: int) -> None:
-        """Remove waiting row ``j`` (it must be waiting here)."""
-        if j in self._front:  # preempted ones: few
-            self._front.remove(j)
-        else:
-            self._gone.add(j)
-        self._n -= 1
-
-
 class WaitingRows(Sequence):
     """The waiting queue as request objects (ColumnView.waiting), made lazily."""
 
     __slots__ = ("_queue", "_obj")
 
-    def __init__(self, queue: RowQueue, obj: Any) -> None:
+    def __init__(self, queue: WaitingQueue[int], obj: Any) -> None:
         self._queue = queue
         self._obj = obj  # row -> RowRequest
 
@@ -207,4 +136,4 @@ class WaitingRows(Sequence):
         return self._obj(self._queue[i])
 
 
-__all__ = ["RowMeta", "RowQueue", "RowRequest", "WaitingRows"]
+__all__ = ["RowMeta", "RowRequest", "WaitingRows"]

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from harness.engine.fastsim import Rows
-from harness.engine.row_requests import RowMeta, RowQueue, RowRequest, WaitingRows
+from harness.engine.row_requests import RowMeta, RowRequest, WaitingRows
+from harness.engine.waiting_queue import WaitingQueue
 
 
 def test_row_queue_matches_a_list_under_random_operations() -> None:
     rng = np.random.default_rng(1)
-    q, model = RowQueue(), []  # model: host order, preempted at the front
+    q, model = WaitingQueue(), []  # model: host order, preempted at the front
     nxt = 0
     out: set[int] = set()  # rows taken out, may come back at the front
     for _ in range(5000):
@@ -37,7 +38,7 @@ def test_row_queue_matches_a_list_under_random_operations() -> None:
         if model:
             assert q[0] == model[0] and q[len(model) - 1] == model[-1]
     with pytest.raises(IndexError):
-        RowQueue()[0]
+        WaitingQueue()[0]
 
 
 def test_row_requests_are_current_while_waiting_and_refuse_when_running() -> None:
@@ -45,7 +46,7 @@ def test_row_requests_are_current_while_waiting_and_refuse_when_running() -> Non
     rows.meta = RowMeta(
         ["a", "b"], [0.5, 1.5], ["paid", "free"], [0, 1], [2.0, 10.0], [0.1, 0.5], None
     )
-    q = RowQueue()
+    q = WaitingQueue()
     q.append(0)
     q.append(1)
     objs: dict[int, RowRequest] = {}
