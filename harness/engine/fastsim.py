@@ -173,10 +173,6 @@ class ArrayEngine:
         self.FA = np.full((3, cap), np.nan)  # first / last token time, arrival
         self.cols = (*self.IA, self.FA[0], self.FA[1])  # row views, made once (never move)
         self.AR = self.FA[2]  # arrival times (column policies read them)
-        # predictions: max_tokens when policies may know output lengths (the engine core's
-        # known_output_lengths), else none (-1)
-        known = rows.meta is not None and rows.meta.predicted is not None
-        self.PD = self.IA[3] if known else np.full(cap, -1, np.int64)
         self.R = 0  # running requests: the first R slots, in running (admission) order
         self.npf = 0  # running requests that are not decoding (prefilling or recomputing)
         self.used = 0
@@ -267,9 +263,7 @@ class ArrayEngine:
         plan = self.planner(
             ColumnView(
                 now=t,
-                running=RunningColumns(
-                    Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R], self.PD[:R], self.npf
-                ),
+                running=RunningColumns(Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R], self.npf),
                 num_waiting=len(waiting),
                 waiting_tokens=self._waiting_tokens,
                 waiting=WaitingRows(waiting, self.request),  # type: ignore[arg-type]

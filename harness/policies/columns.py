@@ -37,27 +37,10 @@ class RunningColumns(NamedTuple):
     computed: np.ndarray  # int64: num_computed_tokens
     max_tokens: np.ndarray  # int64
     arrival: np.ndarray  # float64: arrival_s
-    predicted: np.ndarray  # int64: predicted_output_len, -1 when None
     num_prefilling: int  # how many are not decoding (base.is_decoding), kept by the host
 
     def __len__(self) -> int:
         return len(self.prompt)
-
-    def known_output_len(self) -> np.ndarray:
-        """The output length a known-length policy plans with: the prediction, else
-        ``max_tokens`` (ignore-EOS traces make that the true length)."""
-        if len(self.predicted) == 0 or int(self.predicted.min()) >= 0:
-            return self.predicted
-        return np.where(self.predicted >= 0, self.predicted, self.max_tokens)
-
-    def age_order(self, positions: np.ndarray) -> np.ndarray:
-        """``positions`` oldest first (by arrival; equal arrivals keep the running order)."""
-        if len(positions) < 2:
-            return positions
-        arr = self.arrival[positions]
-        if bool((arr[:-1] <= arr[1:]).all()):  # usually already (admission is FCFS-ish)
-            return positions
-        return positions[np.argsort(arr, kind="stable")]
 
     def remaining(self) -> np.ndarray:
         """Tokens each can be given next step (base.remaining_tokens)."""
@@ -200,9 +183,6 @@ def columns_of(view: View) -> ColumnView:
     computed = np.fromiter((r.num_computed_tokens for r in run), np.int64, n)
     max_tokens = np.fromiter((r.max_tokens for r in run), np.int64, n)
     arrival = np.fromiter((r.arrival_s for r in run), np.float64, n)
-    predicted = np.fromiter(
-        (-1 if (p := r.predicted_output_len) is None else p for r in run), np.int64, n
-    )
     rem = prompt + output - computed
     n_pre = n - int(np.count_nonzero((output > 0) & (rem == 1)))
     waiting = view.waiting
@@ -212,7 +192,7 @@ def columns_of(view: View) -> ColumnView:
 
     return ColumnView(
         now=view.now,
-        running=RunningColumns(prompt, output, computed, max_tokens, arrival, predicted, n_pre),
+        running=RunningColumns(prompt, output, computed, max_tokens, arrival, n_pre),
         num_waiting=len(waiting),
         waiting_tokens=waiting_tokens,
         waiting=waiting,

@@ -36,20 +36,20 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from harness.policies.base import RequestView, StepReport, blocks_for
-from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnView
+from harness.policies.base import (
+    Plan,
+    RequestView,
+    StepReport,
+    View,
+    blocks_for,
+    prefill_remaining,
+    remaining_tokens,
+)
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
-from harness.policies.wait import (
-    ThresholdFlushing,
-    _age_key,
-    cap_plan,
-    int_thresholds,
-    run_plan,
-    stage_ranks,
-)
+from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
+
+_AGE = _age_key  # (arrival, request_id), in C
 
 
 @register("nested-wait")
@@ -96,8 +96,6 @@ class NestedWaitPolicy(ThresholdFlushing):
         self._wq = SortedWaiting(_age_key)  # waiting, FIFO by arrival (#14), kept by the hooks
         # segment of every stage up to the last edge (a look-up: it runs per request per step)
         self._seg = [self._segment_of(k) for k in range(self.edges[-1] + 1)]
-        self._seg_a = np.array(self._seg, dtype=np.int64)
-        self._edges_a = np.array(self.edges, dtype=np.int64)
 
     def _segment_of(self, num_output_tokens: int) -> int:
         return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
@@ -118,32 +116,27 @@ class NestedWaitPolicy(ThresholdFlushing):
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
         return 0 if i == 0 else self.edges[i - 1]
 
-    def _segments(self, stages: np.ndarray) -> np.ndarray:
-        """:meth:`segment_of` of each stage (output tokens so far)."""
-        return self._seg_a[np.minimum(stages, len(self._seg) - 1)]
-
     def _plan(
-        self, cv: ColumnView, split: tuple[np.ndarray, np.ndarray], *, flush: bool
-    ) -> ColumnPlan:
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:
         m = len(self.edges)
         n = self.thresholds
-        self._wq.sync(cv)
+        self._wq.sync(view)
         num_waiting = len(self._wq)
-        decoding, partial = split
-        if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
-            return ColumnPlan(NO_POSITIONS)  # segment 1 misses its threshold: nothing runs
-        rc = cv.running
-        dec = rc.age_order(decoding)  # oldest first
-        k = rc.output[dec]
-        ks, counts = np.unique(k, return_counts=True)  # the stages with prompts, ascending
-        stage_seg = self._segments(ks)
-        count_of = dict(zip(ks.tolist(), counts.tolist(), strict=True))
-        with_work = set(stage_seg.tolist())
+        decoding, partial = running
+        if not flush and not partial and self.seg_caps is None and num_waiting < n[0]:
+            return Plan()  # segment 1 misses its threshold: the prefix rule runs nothing
+        stages: dict[int, list[RequestView]] = {}
+        for r in sorted(decoding, key=_AGE):
+            stages.setdefault(r.num_output_tokens, []).append(r)
+        seg, last = self._seg, len(self._seg) - 1
+        stage_seg = {k: seg[k if k < last else last] for k in stages}  # segment_of, once each
+        with_work = set(stage_seg.values())
         if num_waiting:
             with_work.add(0)
 
         def at_first_stage(i: int) -> int:
-            return num_waiting if i == 0 else count_of.get(self.first_stage(i), 0)
+            return num_waiting if i == 0 else len(stages.get(self.first_stage(i), ()))
 
         # Entry quota per segment: n_i, or with ``seg_caps`` (the authors' code, seed-wait.md
         # App. A) min(n_i, cap_i - prompts inside segment i past its first stage).
@@ -151,9 +144,10 @@ class NestedWaitPolicy(ThresholdFlushing):
         if self.seg_caps is not None:
             inside = [0] * m
             inside[0] = len(partial)
-            for kk, c, i in zip(ks.tolist(), counts.tolist(), stage_seg.tolist(), strict=True):
-                if kk != self.first_stage(i) or i == 0:
-                    inside[i] += c
+            for k, rs in stages.items():
+                i = stage_seg[k]
+                if k != self.first_stage(i) or i == 0:
+                    inside[i] += len(rs)
             quota = [max(0, min(n[i], self.seg_caps[i] - inside[i])) for i in range(m)]
         # Prefix rule: the largest i* such that every segment 1..i* meets its threshold.
         active = 0
@@ -163,65 +157,61 @@ class NestedWaitPolicy(ThresholdFlushing):
                 active = i + 1
             elif not flush:
                 break
-        # Each stage of an active segment runs its oldest: quota_i at a segment's first stage
-        # (after segment 1), n_i elsewhere; stages latest first, oldest first within one.
-        seg = self._segments(k)
-        first_stage = np.where(seg > 0, self._edges_a[np.maximum(seg - 1, 0)], 0)
-        take = np.where((seg > 0) & (k == first_stage), np.array(quota)[seg], np.array(n)[seg])
-        taken = (seg < active) & (stage_ranks(k) < take)
-        sel = np.flatnonzero(taken)
-        first = dec[sel[np.lexsort((sel, -k[sel]))]]
+        run: list[tuple[str, int]] = []
+        for k in sorted(stages, reverse=True):
+            i = stage_seg[k]
+            if i < active:
+                take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
+                run.extend((r.request_id, 1) for r in stages[k][:take])
         steady = (
             flush
             and not num_waiting
-            and not len(partial)
+            and not partial
             and self.seg_caps is None
             and self.step_cap is None
-            and len(first) == len(dec)
-            and self._groups_fit_ahead(ks, counts, rc, dec)
+            and len(run) == len(decoding)
+            and self._groups_fit_ahead(stages, decoding)
         )
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         cands = self._wq.head(quota[0]) if active >= 1 else []
-        if self.step_cap is None:
-            # the host admits at most the free seats (base.py rule 3): plan no more, so a full
-            # engine (every seat held, the overload case) skips the guard's pass over running
-            cands = cands[: max(0, cv.max_num_seqs - len(rc))]
-            if self.memory_guard and cands:
-                cands = self._guard(cv, cands)
-            return run_plan(first, partial, rc, cands, steady)
-        plan = cap_plan(run_plan(first, partial, rc, cands, steady), rc, self.step_cap)
-        cands = [r for r, _ in plan.admit_requests][: max(0, cv.max_num_seqs - len(rc))]
+        if self.step_cap is not None:
+            run = run[: self.step_cap]
+            cands = cands[: max(0, self.step_cap - len(run))]
+        # the host admits at most the free seats (base.py rule 3): plan no more, so a full
+        # engine (every seat held, the overload case) skips the guard's pass over running
+        cands = cands[: max(0, view.max_num_seqs - len(view.running))]
         if self.memory_guard and cands:
-            cands = self._guard(cv, cands)
-        plan.admit_requests = [(r, n) for r, n in plan.admit_requests[: len(cands)]]
-        return plan
+            cands = self._guard(view, cands)
+        admit = [(r.request_id, remaining_tokens(r)) for r in cands]
+        return Plan(run=run, admit=admit, steady=steady)
 
     def _groups_fit_ahead(
-        self, ks: np.ndarray, counts: np.ndarray, rc: Any, dec: np.ndarray
+        self, stages: dict[int, list[RequestView]], decoding: list[RequestView]
     ) -> bool:
         """Plan.steady for a flush plan that runs every request with nothing waiting: it
         repeats until the next arrival or finish if every stage group, advancing together,
         also fits the quota ``n_i`` of each segment it enters before the first finish (quotas
         are per segment, §4.3; with ``seg_caps`` they move with the counts, never steady)."""
-        if not len(dec):
-            return True
-        horizon = int((rc.max_tokens[dec] - rc.output[dec]).min())  # steps to a finish
+        horizon = min(r.max_tokens - r.num_output_tokens for r in decoding)  # steps to a finish
         n, seg, last = self.thresholds, self._seg, len(self._seg) - 1
-        for k, c in zip(ks.tolist(), counts.tolist(), strict=True):
+        for k, rs in stages.items():
             lo = seg[k if k < last else last]
             end = k + horizon - 1
             hi = seg[end if end < last else last]
-            if c > min(n[lo : hi + 1]):
+            if len(rs) > min(n[lo : hi + 1]):
                 return False
         return True
 
-    def _guard(self, cv: ColumnView, cands: list[RequestView]) -> list[RequestView]:
+    def _guard(self, view: View, cands: list[RequestView]) -> list[RequestView]:
         """Admit only while every prompt's KV at the end of its current segment fits
         (seed-wait.md §9 #12, production mode: shrink the stage-0 admission)."""
-        bs = max(1, cv.kv.block_size)
-        rc = cv.running
-        # blocks_for(prompt + l'_i), i = each running request's segment
-        ends = rc.prompt + self._edges_a[self._segments(rc.output)]
-        room = cv.kv.total_blocks - int(((ends + (bs - 1)) // bs).sum())
+        bs = max(1, view.kv.block_size)
+        edges, seg, last = self.edges, self._seg, len(self._seg) - 1
+        committed = 0
+        for r in view.running:  # blocks_for(prompt + l'_i), i = the request's segment
+            o = r.num_output_tokens
+            committed -= -(r.num_prompt_tokens + edges[seg[o if o < last else last]]) // bs
+        room = view.kv.total_blocks - committed
         out: list[RequestView] = []
         for r in cands:
             need = blocks_for(

@@ -31,29 +31,27 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   from the host's ``max_num_seqs`` (requests holding KV, paused ones included).
 * Output length: ``predicted_output_len`` when the host gives one, else ``max_tokens``
   (ignore-EOS traces make that the true length).
-* It plans from the running set's columns (policies/columns.py), so the vectorised kernel
-  runs it; running requests of equal arrival are ordered by running position (admission
-  order), waiting ones by request id (the queue's key).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-import numpy as np
-
-from harness.policies.base import RequestView, StepReport, blocks_for, remaining_tokens
-from harness.policies.columns import (
-    NO_POSITIONS,
-    ColumnPlan,
-    ColumnPolicy,
-    ColumnView,
-    RunningColumns,
+from harness.policies.base import (
+    BasePolicy,
+    Plan,
+    RequestView,
+    StepReport,
+    View,
+    blocks_for,
+    prefill_remaining,
+    remaining_tokens,
 )
-from harness.policies.common import SortedWaiting
+from harness.policies.common import SortedWaiting, split_running
 from harness.policies.registry import register
 
 
@@ -71,78 +69,33 @@ def idle_since(r: RequestView) -> float:
     return r.last_token_s if r.last_token_s is not None else r.arrival_s
 
 
-def stuck(cv: ColumnView, flush_after_s: float | None, last_arrival: float) -> bool:
+def stuck(view: View, flush_after_s: float | None, last_arrival: float) -> bool:
     """End-of-run flush test (seed-wait.md §9 #17): nothing has arrived for ``flush_after_s``.
 
     ``last_arrival`` comes from ``on_arrival`` (every request in the view arrived through it,
     so it is the newest: O(1) per step); hosts that skip that hook are covered by the newest
     arrival among the requests in the view.
     """
-    if flush_after_s is None or not (cv.num_waiting or len(cv.running)):
+    if flush_after_s is None or not (view.waiting or view.running):
         return False
     newest = last_arrival
     if newest == float("-inf"):
-        arrivals = [r.arrival_s for r in cv.waiting]
-        if len(cv.running):
-            arrivals.append(float(cv.running.arrival.max()))
-        newest = max(arrivals)
-    return cv.now - newest >= flush_after_s
+        newest = max(r.arrival_s for r in chain(view.waiting, view.running))
+    return view.now - newest >= flush_after_s
 
 
-def executable(plan: ColumnPlan, cv: ColumnView) -> bool:
+def executable(plan: Plan, view: View) -> bool:
     """Whether the host would run anything of ``plan`` (base.py rules 2-3): it runs a request,
     or its first admission gets a seat and its first chunk's KV. A plan that only admits while
     every seat is taken by requests it pauses is empty in effect, and ``on_idle="flush"`` must
     treat it so, or a threshold rule deadlocks under overload (issue 13: 256 paused requests
     waiting for a later segment's quota, prompts waiting for a seat)."""
-    if len(cv.running) if plan.order is None else len(plan.order):
+    if plan.run:
         return True
-    if not plan.admit_requests or len(cv.running) >= cv.max_num_seqs:
+    if not plan.admit or len(view.running) >= view.max_num_seqs:
         return False
-    n = min(plan.admit_requests[0][1], cv.token_budget)
-    return blocks_for(max(1, n), cv.kv.block_size) <= cv.kv.free_blocks
-
-
-def run_plan(
-    first: np.ndarray,
-    partial: np.ndarray,
-    running: RunningColumns,
-    admits: list[RequestView],
-    steady: bool,
-) -> ColumnPlan:
-    """The threshold policies' plan: the decodes ``first`` (1 token each), then the partial
-    prefills, listed last so they are the LIFO victims (their remaining prefill each), then
-    the admissions (their whole remaining prompt each)."""
-    if len(partial):
-        rem = running.prompt[partial] + running.output[partial] - running.computed[partial]
-        order = np.concatenate((first, partial))
-        tokens: np.ndarray | int = np.concatenate((np.ones(len(first), np.int64), rem))
-    else:
-        order, tokens = first, 1
-    return ColumnPlan(
-        order, tokens, admit_requests=[(r, remaining_tokens(r)) for r in admits], steady=steady
-    )
-
-
-def cap_plan(plan: ColumnPlan, running: RunningColumns, cap: int) -> ColumnPlan:
-    """``step_cap``: at most ``cap`` requests a step, run items first (B read as a per-step
-    request cap, seed-wait.md §9 #15, not as KV holders)."""
-    order, tokens = plan.items(len(running))
-    if len(order) + len(plan.admit_requests) <= cap:
-        return plan
-    order, tokens = order[:cap], tokens[:cap]
-    admit = list(plan.admit_requests)[: max(0, cap - len(order))]
-    return ColumnPlan(order, tokens, admit_requests=admit)
-
-
-def stage_ranks(groups: np.ndarray) -> np.ndarray:
-    """Each element's rank (0, 1, ...) among the elements of its group, in array order."""
-    o = np.argsort(groups, kind="stable")
-    g = groups[o]
-    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
-    rank = np.empty(len(groups), np.int64)
-    rank[o] = np.arange(len(groups)) - np.repeat(starts, np.diff(np.append(starts, len(g))))
-    return rank
+    n = min(plan.admit[0][1], view.token_budget)
+    return blocks_for(max(1, n), view.kv.block_size) <= view.kv.free_blocks
 
 
 def int_thresholds(values: Sequence[float]) -> list[int]:
@@ -165,7 +118,7 @@ class _Heads:
         return self._wq.head(n, j)
 
 
-class ThresholdFlushing(ColumnPolicy):
+class ThresholdFlushing(BasePolicy):
     """The end-of-trace rule WAIT and Nested WAIT share: plan normally; when stuck (no arrival
     for ``flush_after_s``, or past ``trace_end_s``), or when ``on_idle="flush"`` and the plan is
     empty with work left, plan again ignoring thresholds. Subclasses set ``flush_after_s``,
@@ -178,28 +131,28 @@ class ThresholdFlushing(ColumnPolicy):
     _last_arrival: float
 
     def _plan(
-        self, cv: ColumnView, split: tuple[np.ndarray, np.ndarray], *, flush: bool
-    ) -> ColumnPlan:  # pragma: no cover - abstract
-        """The plan given ``split`` = (decoding, prefilling) positions (read once a step)."""
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:  # pragma: no cover - abstract
+        """The plan for ``running`` = ``split_running(view.running)`` (read once a step)."""
         raise NotImplementedError
 
-    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
-        flush = self._stuck(cv) or (self.trace_end_s is not None and cv.now >= self.trace_end_s)
-        split = cv.running.split()
-        plan = self._plan(cv, split, flush=flush)
+    def schedule(self, view: View) -> Plan:
+        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
+        running = split_running(view.running)
+        plan = self._plan(view, running, flush=flush)
         if (
             not flush
             and self.on_idle == "flush"
-            and not executable(plan, cv)
-            and (cv.num_waiting or len(cv.running))
+            and not executable(plan, view)
+            and (view.waiting or view.running)
         ):
             flush = True
-            plan = self._plan(cv, split, flush=True)
+            plan = self._plan(view, running, flush=True)
         self.flushes += int(flush)
         return plan
 
-    def _stuck(self, cv: ColumnView) -> bool:
-        return stuck(cv, self.flush_after_s, self._last_arrival)
+    def _stuck(self, view: View) -> bool:
+        return stuck(view, self.flush_after_s, self._last_arrival)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._last_arrival = max(self._last_arrival, request.arrival_s)
@@ -245,18 +198,23 @@ class WaitPolicy(ThresholdFlushing):
         self._last_arrival = float("-inf")
         # per-type waiting queues, FIFO by arrival (#14), kept by the hooks (no per-step sort)
         self._wq = SortedWaiting(_age_key, len(self.output_lens), self.type_of)
-        self._lens = np.array(self.output_lens, dtype=np.int64)
-        self._n = np.array(self.thresholds, dtype=np.int64)
+        self._type_memo: dict[str, int] = {}  # request_id -> type, running requests
 
     def type_of(self, r: RequestView) -> int:
         """Index of the request's type: first ``l'_j >= o`` (§3.2; #7 binning)."""
         j = bisect.bisect_left(self.output_lens, known_output_len(r))
         return min(j, len(self.output_lens) - 1)
 
-    def types_at(self, running: RunningColumns, positions: np.ndarray) -> np.ndarray:
-        """:meth:`type_of` of the running requests at ``positions``."""
-        lens = running.known_output_len()[positions]
-        return np.minimum(np.searchsorted(self._lens, lens, side="left"), len(self._lens) - 1)
+    def _types_of(self, rs: list[RequestView]) -> list[int]:
+        """``type_of`` of each request, remembered per request (it never changes)."""
+        memo = self._type_memo
+        out = []
+        for r in rs:
+            j = memo.get(r.request_id)
+            if j is None:
+                j = memo[r.request_id] = self.type_of(r)
+            out.append(j)
+        return out
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         super().on_arrival(request, now)
@@ -264,52 +222,55 @@ class WaitPolicy(ThresholdFlushing):
 
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
+        for rid in report.finished:
+            self._type_memo.pop(rid, None)
 
     # -- planning ---------------------------------------------------------------------
     def _plan(
-        self, cv: ColumnView, split: tuple[np.ndarray, np.ndarray], *, flush: bool
-    ) -> ColumnPlan:
-        self._wq.sync(cv)
+        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
+    ) -> Plan:
+        self._wq.sync(view)
         waiting = _Heads(self._wq)
-        decoding, partial = split
+        decoding, partial = running
         if self.gating == "admission":
-            plan = self._plan_admission(cv, waiting, partial, decoding, flush)
+            plan = self._plan_admission(view, waiting, partial, decoding, flush)
         else:
-            plan = self._plan_type(cv, waiting, partial, decoding, flush)
-        if self.step_cap is not None:
-            plan = cap_plan(plan, cv.running, self.step_cap)
+            plan = self._plan_type(waiting, partial, decoding, flush)
+        if self.step_cap is not None and len(plan.run) + len(plan.admit) > self.step_cap:
+            # B read as a per-step request cap (seed-wait.md §9 #15), not as KV holders.
+            plan.run = plan.run[: self.step_cap]
+            plan.admit = plan.admit[: max(0, self.step_cap - len(plan.run))]
+            plan.steady = False
         return plan
 
     def _plan_type(
         self,
-        cv: ColumnView,
         waiting: _Heads,
-        partial: np.ndarray,
-        decoding: np.ndarray,
+        partial: list[RequestView],
+        decoding: list[RequestView],
         flush: bool,
-    ) -> ColumnPlan:
+    ) -> Plan:
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
         m = len(self.output_lens)
         n = self.thresholds
         eligible = [waiting.count(j) >= n[j] or (flush and waiting.count(j) > 0) for j in range(m)]
-        if not flush and not len(partial) and not any(eligible):
-            return ColumnPlan(NO_POSITIONS)  # no stage runs, nothing admitted
-        rc = cv.running
-        dec = rc.age_order(decoding)  # oldest first
-        types = self.types_at(rc, dec)
+        if not flush and not partial and not any(eligible):
+            return Plan()  # what the rest computes then (no stage runs, nothing admitted), fast
+        dec = sorted(decoding, key=_age_key)
+        types = self._types_of(dec)
         if flush:  # end-of-run flush: every type with anything to do runs (#17)
-            for j in np.unique(types).tolist():
+            for j in types:
                 eligible[j] = True
-        # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3): each (type, stage) group
-        # runs its n_j oldest; groups by stage, latest first (ties: first seen, oldest first).
-        keep = np.array(eligible)[types]
-        d, t = dec[keep], types[keep]
-        k = rc.output[d]
-        group = t * (int(k.max()) + 1 if len(k) else 1) + k
-        taken = stage_ranks(group) < self._n[t]
-        _, first_idx, inv = np.unique(group, return_index=True, return_inverse=True)
-        sel = np.flatnonzero(taken)
-        first = d[sel[np.lexsort((sel, first_idx[inv][sel], -k[sel]))]]
+        # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3).
+        stages: dict[tuple[int, int], list[RequestView]] = {}
+        for r, j in zip(dec, types, strict=True):
+            if eligible[j]:
+                stages.setdefault((j, r.num_output_tokens), []).append(r)
+        run: list[tuple[str, int]] = []
+        for (j, _k), rs in sorted(stages.items(), key=lambda kv: -kv[0][1]):
+            run.extend((r.request_id, 1) for r in rs[: n[j]])
+        # Partial prefills are committed work; listed last so they are the LIFO victims.
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         admits: list[RequestView] = []
         for j in range(m):
             if eligible[j]:
@@ -318,38 +279,41 @@ class WaitPolicy(ThresholdFlushing):
         # Plan.steady: a flush plan with nothing waiting that runs every running request
         # repeats until an arrival or a finish: the same (type, stage) groups advance one
         # stage each step, and a type's quota n_j does not change with the stage (§3.3).
-        steady = flush and not admits and not len(partial) and len(first) == len(dec)
-        return run_plan(first, partial, rc, admits, steady)
+        steady = flush and not admits and not partial and len(run) == len(dec)
+        return Plan(
+            run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits], steady=steady
+        )
 
     def _plan_admission(
         self,
-        cv: ColumnView,
+        view: View,
         waiting: _Heads,
-        partial: np.ndarray,
-        decoding: np.ndarray,
+        partial: list[RequestView],
+        decoding: list[RequestView],
         flush: bool,
-    ) -> ColumnPlan:
+    ) -> Plan:
         """The authors' Vidur variant (seed-wait.md Appendix A): gate admission only."""
         m = len(self.output_lens)
-        rc = cv.running
-        occupied = np.bincount(self.types_at(rc, np.arange(len(rc))), minlength=m).tolist()
+        occupied = [0] * m
+        for j in self._types_of(partial + decoding):
+            occupied[j] += 1
         quota = []
         for j in range(m):
             limit = self.thresholds[j] * (self.output_lens[j] + 1)
             quota.append(max(0, min(self.thresholds[j], limit - occupied[j])))
         trigger = flush or any(q > 0 and waiting.count(j) >= q for j, q in enumerate(quota))
+        run = [(r.request_id, 1) for r in sorted(decoding, key=_age_key)]
+        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         admits: list[RequestView] = []
         if trigger:
             for j in range(m):
                 admits.extend(waiting.head(quota[j], j))
         admits.sort(key=_age_key)
-        steady = not cv.num_waiting and not len(partial) and len(decoding) > 0
-        return run_plan(
-            rc.age_order(decoding),
-            partial,
-            rc,
-            admits,
-            steady and len(decoding) <= cv.token_budget,
+        steady = not view.waiting and not partial and bool(decoding)
+        return Plan(
+            run=run,
+            admit=[(r.request_id, remaining_tokens(r)) for r in admits],
+            steady=steady and len(decoding) <= view.token_budget,
         )
 
     def params(self) -> dict[str, Any]:
