@@ -35,6 +35,9 @@ A plan that asks for more than the budget or caps is clipped, never exceeded.
 Speed hints never change an answer: ``Plan.steady`` / ``Plan.hold`` let a host fast-forward
 decode runs, and a policy whose plans are exactly the FCFS token-budget rule declares
 :class:`BudgetRule` (``budget_rule()``) so a host may execute that rule by its own faster path.
+A policy may also write its rule over the running set as arrays
+(:class:`harness.policies.columns.ColumnPolicy`): its ``schedule`` is then derived from that,
+and a host that keeps requests in arrays calls the column planner directly.
 """
 
 from __future__ import annotations
