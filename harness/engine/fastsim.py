@@ -431,10 +431,7 @@ class ArrayEngine:
                 if self.stall < self.max_stall:
                     return t  # the preemption changed the state: plan again
             return None  # waits for a release
-        if self.use_attn:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
-        else:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read)
+        dur = self._step_time(prefill, n_decode, kv_read, attn)
 
         k = 1
         if (
@@ -455,6 +452,12 @@ class ArrayEngine:
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         return end
+
+    def _step_time(self, prefill: int, n_decode: int, kv_read: int, attn: float) -> float:
+        """The cost model's duration of a step of this composition (rule 5)."""
+        if self.use_attn:
+            return self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
+        return self.cost_model.step_time(prefill, n_decode, kv_read)
 
     def _recount(self) -> None:
         """``min_left`` and ``npf`` from the arrays (after a change they do not track)."""
@@ -902,10 +905,7 @@ class ArrayEngine:
             if preempted_any and self.stall < self.max_stall:
                 return t  # the preemption changed the state: plan again
             return None  # waits for a release
-        if self.use_attn:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
-        else:
-            dur = self.cost_model.step_time(prefill, n_decode, kv_read)
+        dur = self._step_time(prefill, n_decode, kv_read, attn)
 
         by_plan = self.steady_by_plan
         if steady_plan and not by_plan:  # the single engine: nothing admitted, a later step

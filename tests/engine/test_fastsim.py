@@ -40,16 +40,22 @@ def _same(a, b) -> None:
     assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+# the budget rule's declarers and the column policies without hooks (those with hooks below)
+COLUMN_POLICIES = ["orca", "vllm-v0", "fastertransformer"]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "class-priority", *COLUMN_POLICIES])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"kv{c[0]}-b{c[1]}-s{c[2]}-r{c[3]}")
-def test_fast_kernel_matches_reference(policy: str, case) -> None:
+def test_fast_kernel_matches_the_engine_core_and_the_reference(policy: str, case) -> None:
     kv, budget, seqs, rate = case
     tr = poisson_trace(250, rate, seed=int(rate * 10), pmax=300, omax=250)
     cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
     cost = get_cost_model("a100-llama2-7b")
     fast = simulate(tr, make_policy(policy), cost, cfg)
+    core = simulate(tr, make_policy(policy), cost, cfg, kernel="core")
     ref = simulate(tr, make_policy(policy), cost, cfg, kernel="reference")
-    assert fast.counters.get("kernel") == "fast"
+    assert (fast.counters["kernel"], core.counters["kernel"]) == ("fast", "core")
+    _same(fast, core)
     _same(fast, ref)
 
 
@@ -147,14 +153,16 @@ def test_prefill_attention_term_reaches_both_kernels() -> None:
     # One request, prompt 100, budget 64: chunks 64 (context 0) and 36 (context 64).
     tr = make_trace([0.0], [100], [3])
     cfg = EngineConfig(kv_tokens=4096, token_budget=64)
-    for kernel in ("auto", "reference"):
-        cost = _AttnCost()
-        simulate(tr, make_policy("vllm"), cost, cfg, kernel=kernel)
-        assert cost.attn_seen[:2] == [64 * 32.0, 36 * (64 + 18.0)], kernel
+    # the budget rule, a column plan, and a one-item column plan (RAD's lone prefill chunks)
+    for policy in ("vllm", "orca", "rad"):
+        for kernel in ("auto", "reference"):
+            cost = _AttnCost()
+            simulate(tr, make_policy(policy), cost, cfg, kernel=kernel)
+            assert cost.attn_seen[:2] == [64 * 32.0, 36 * (64 + 18.0)], (policy, kernel)
     # identical token times with the context term on a trace with preemptions
     tr = poisson_trace(250, 8.0, seed=80, pmax=300, omax=250)
     cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
-    for policy in ("vllm", "sarathi"):
+    for policy in ("vllm", "sarathi", "orca", "vllm-v0", "rad"):
         fast = simulate(tr, make_policy(policy), _AttnCost(), cfg)
         ref = simulate(tr, make_policy(policy), _AttnCost(), cfg, kernel="reference")
         assert fast.counters.get("kernel") == "fast"
@@ -188,23 +196,6 @@ def test_single_engine_and_routed_cluster_share_one_kernel(policy: str) -> None:
 
 # ---- column policies (policies/columns.py): the kernel executes their plans ------------------
 
-COLUMN_POLICIES = ["orca", "vllm-v0", "fastertransformer"]
-
-
-@pytest.mark.parametrize("policy", COLUMN_POLICIES)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"kv{c[0]}-b{c[1]}-s{c[2]}-r{c[3]}")
-def test_column_plans_match_the_engine_core_and_the_reference(policy: str, case) -> None:
-    kv, budget, seqs, rate = case
-    tr = poisson_trace(250, rate, seed=int(rate * 10), pmax=300, omax=250)
-    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
-    fast = simulate(tr, make_policy(policy), cost, cfg)
-    core = simulate(tr, make_policy(policy), cost, cfg, kernel="core")
-    ref = simulate(tr, make_policy(policy), cost, cfg, kernel="reference")
-    assert (fast.counters["kernel"], core.counters["kernel"]) == ("fast", "core")
-    _same(fast, core)
-    _same(fast, ref)
-
 
 @pytest.mark.parametrize("policy", COLUMN_POLICIES)
 def test_column_plans_under_preemption_stop_and_no_fast_forward(policy: str) -> None:
@@ -219,15 +210,6 @@ def test_column_plans_under_preemption_stop_and_no_fast_forward(policy: str) -> 
         _same(fast, core)
     if policy != "fastertransformer":  # FT admits a cohort only when nobody decodes
         assert fast.counters["preemptions_total"] > 0
-
-
-def test_prefill_attention_cost_matches_on_column_plans() -> None:
-    tr = poisson_trace(200, 15.0, seed=5, pmax=800, omax=200)
-    cfg = EngineConfig(kv_tokens=8192, token_budget=256, max_num_seqs=32, block_size=16)
-    fast = simulate(tr, make_policy("orca"), _AttnCost(), cfg)
-    core = simulate(tr, make_policy("orca"), _AttnCost(), cfg, kernel="core")
-    assert fast.counters["kernel"] == "fast"
-    _same(fast, core)
 
 
 class _OrcaWithHook(OrcaPolicy):
