@@ -41,6 +41,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -87,9 +88,9 @@ def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
 
 def fast_planner(policy: Policy, config: EngineConfig) -> Callable[[ColumnView], ColumnPlan] | None:
     """The column planner this kernel executes ``policy`` by (:meth:`ArrayEngine.execute_plan`),
-    or None: a :class:`~harness.policies.columns.ColumnPolicy` without hooks of its own
-    (columns.column_planner) and without lossy preemption; exact for traces without prefix
-    identities, as :func:`fast_budget`."""
+    or None: a :class:`~harness.policies.columns.ColumnPolicy` planning through
+    ``plan_columns`` (columns.column_planner) whose preemptions keep progress; exact for traces
+    without prefix identities, as :func:`fast_budget`."""
     if getattr(policy, "preempt_restarts", False):
         return None
     return column_planner(policy)
@@ -351,38 +352,16 @@ class ArrayEngine:
                     Oo = Or[order]
                     rem = Pr[order] + Oo - Co
                     want = np.minimum(np.maximum(req, 0), rem)
-                    before = np.cumsum(want) - want
-                    grant = np.minimum(want, np.maximum(budget - before, 0))
-                    need_each = (Co + grant + (bs - 1)) // bs - NBr[order]
-                    need = int(need_each.sum())
-                    if need <= free:
-                        NBr[order] += need_each
-                        self.used += need
-                        free -= need
-                        sp, sg = order, grant
-                        budget -= int(grant.sum())
-                    else:
-                        sp, sg, budget, preempted_in_run = self._run_preempting(
-                            order.tolist(), want.tolist(), budget
-                        )
-                        free = total - self.used
+                    sp, sg, budget, preempted_in_run = self._run_items(order, want, Co, budget)
+                    free = total - self.used
+                    if sp is not order:  # the sequential pass ran: its positions, compacted
                         R = self.R
                         Co = Cr[sp]
                         Oo = Or[sp]
                         rem = Pr[sp] + Oo - Co
-                    # composition (the cost model's input): a decode is one granted token of a
-                    # request whose KV covers all but its last token (EngineCore.step)
-                    ran = sg > 0
-                    d = (rem == 1) & (Oo > 0) & ran
+                    ran, n_decode, prefill, attn, kv_read = self._composition(sg, Co, Oo, rem)
                     n_sched = int(np.count_nonzero(ran))
-                    n_decode = int(np.count_nonzero(d))
                     n_prefill = n_sched - n_decode
-                    granted = int(sg.sum())
-                    prefill = granted - n_decode
-                    if self.use_attn and n_prefill:
-                        pg = np.where(d, 0, sg)
-                        attn = float((pg * (Co + pg / 2)).sum())
-                    kv_read = int(Co[ran].sum()) + granted
 
         # Rule 3: the planned admissions, only if rule 2 preempted nothing; head-of-line.
         R0 = R
@@ -546,7 +525,6 @@ class ArrayEngine:
         tokens; then the admissions in slots ``R0`` on got ``adm_g``), sample, retire the
         finished, record the step."""
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
-        R = self.R
         self.calls += 1
         self.stall = 0
         if single is not None:
@@ -610,15 +588,10 @@ class ArrayEngine:
             if hits:
                 self.chunks.add_step(end, hits)
             self.npf += len(adm_g) - len(hits)
-        exact = pure or single is not None  # min_left and npf kept exactly above
-        if not exact:
-            self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        if not (pure or single is not None):  # else min_left and npf were kept exactly above
+            self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
             self._finish()
-        R = self.R
-        if not exact:
-            v = Or[:R]
-            self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
         self.steps_total += 1
         self._sample(end, t, 1, prefill, n_decode)
         self.steady = False
@@ -671,6 +644,44 @@ class ArrayEngine:
         R = self.R
         self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
         return True
+
+    def _run_items(
+        self, order: np.ndarray, want: np.ndarray, comp: np.ndarray, budget: int
+    ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """Rule 2 for run items ``order`` (running positions in run order) wanting ``want``
+        tokens (already clipped to their remaining), ``comp`` their computed tokens: each is
+        granted its want clipped to the budget left, and the KV for it is allocated; when it
+        does not all fit, :meth:`_run_preempting` decides item by item. Returns ``(scheduled
+        positions, their tokens, budget left, preempted any)``: ``order`` itself (all of it,
+        zero grants included) when everything fit."""
+        if int(want.sum()) <= budget:
+            grant = want
+        else:  # the sequential clip: budget left before an item = budget - sum of earlier wants
+            before = np.cumsum(want) - want
+            grant = np.minimum(want, np.maximum(budget - before, 0))
+        NBr = self.cols[4]
+        need = (comp + grant + (self.bs - 1)) // self.bs - NBr[order]
+        tot = int(need.sum())
+        if tot <= self.total - self.used:
+            NBr[order] += need
+            self.used += tot
+            return order, grant, budget - int(grant.sum()), False
+        return self._run_preempting(order.tolist(), want.tolist(), budget)
+
+    def _composition(
+        self, sg: np.ndarray, comp: np.ndarray, out: np.ndarray, rem: np.ndarray
+    ) -> tuple[np.ndarray, int, int, float, int]:
+        """The step's composition, the cost model's input (EngineCore.step): of the items
+        granted ``sg`` tokens (``comp`` computed, ``out`` output, ``rem`` remaining before the
+        step), a decode is one token of a request whose KV covers all but its last token; the
+        rest are prefill chunks. Returns ``(granted mask, decodes, prefill tokens, prefill
+        attention work, KV tokens read)``."""
+        d = (out > 0) & (rem == 1)
+        ran = sg > 0
+        n_decode = int(np.count_nonzero(d & ran))
+        pg = sg[~d]
+        attn = float((pg * (comp[~d] + pg / 2)).sum()) if self.use_attn else 0.0
+        return ran, n_decode, int(pg.sum()), attn, int((comp + sg)[ran].sum())
 
     def _run_preempting(
         self, order: list[int], want: list[int], budget: int
@@ -828,39 +839,16 @@ class ArrayEngine:
                     ordp = np.arange(R)
                 else:
                     ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                remo = rem[ordp]
-                tot_rem = int(remo.sum())
-                if tot_rem <= budget:
-                    grant = remo
-                else:
-                    cum = np.cumsum(remo)
-                    grant = np.minimum(remo, np.maximum(budget - cum + remo, 0))
-                Co = Cv[ordp]
-                need = (Co + grant + (bs - 1)) // bs - NBr[ordp]
-                tot_need = int(need.sum())
-                if tot_need <= free:
-                    NBr[ordp] += need
-                    used += tot_need
-                    free -= tot_need
-                    budget -= int(grant.sum())
-                    sp, sg = ordp, grant
-                else:
-                    sp, sg, budget, preempted_any = self._run_preempting(
-                        ordp.tolist(), remo.tolist(), self.budget_cap
-                    )
-                    used = self.used
-                    free = total - used
-                    R = self.R
+                sp, sg, budget, preempted_any = self._run_items(ordp, rem[ordp], Cv[ordp], budget)
+                used = self.used
+                free = total - used
+                R = self.R
                 if len(sp):
                     Co = Cr[sp]
-                    d = (Or[sp] > 0) & (Pr[sp] + Or[sp] - Co == 1)
-                    pos_g = sg > 0
-                    n_decode = int(np.count_nonzero(d & pos_g))
-                    prefill = int(sg[~d].sum())
-                    if self.use_attn:
-                        pg = sg[~d]
-                        attn = float((pg * (Co[~d] + pg / 2)).sum())
-                    kv_read = int((Co + sg)[pos_g].sum())
+                    Oo = Or[sp]
+                    _, n_decode, prefill, attn, kv_read = self._composition(
+                        sg, Co, Oo, Pr[sp] + Oo - Co
+                    )
 
         # The policy's plan is steady (Plan.steady: all decode, nothing admitted) when no
         # admission is planned: vllm_v1 plans the waiting head while budget and seats are
@@ -990,17 +978,9 @@ def fast_simulate(
         planner=planner,
         hooks=policy if planner is not None and has_hooks(policy) else None,
     )
-    add, waiting = eng.add, eng.waiting
-    if planner is None:
-
-        def execute(t: float, until: float) -> float | None:
-            return eng.execute(t, until)
-    else:
-
-        def execute(t: float, until: float) -> float | None:
-            return eng.execute_plan(t, until, stop)
-
     stop = math.inf if stop_at_s is None else float(stop_at_s)
+    add, waiting = eng.add, eng.waiting
+    execute = eng.execute if planner is None else partial(eng.execute_plan, hold_until=stop)
     calls = 0  # plans, including those that scheduled nothing
     i = 0
     t = 0.0
