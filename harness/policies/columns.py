@@ -11,8 +11,8 @@ there is one implementation per policy, whatever the host.
 
 Host semantics are base.py's rules 1-5 unchanged; a :class:`ColumnPlan` is a
 :class:`~harness.policies.base.Plan` whose items name running requests by position and waiting
-requests by their place in the host's queue order (preempted first, then arrivals), which is
-the only admission order a column plan can express.
+requests by their place at the head of the host's queue (preempted first, then arrivals) or,
+for a policy that orders the queue itself, by request object.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from typing import NamedTuple
 import numpy as np
 
 from harness.policies.base import BasePolicy, KVView, Plan, RequestView, View, blocks_for
+
+
+def decoding_mask(prompt: np.ndarray, output: np.ndarray, computed: np.ndarray) -> np.ndarray:
+    """Which requests decode (base.is_decoding over columns): they have output and their KV
+    covers all but the last token."""
+    return (output > 0) & (prompt + output - computed == 1)
 
 
 class RunningColumns(NamedTuple):
@@ -64,19 +70,19 @@ class RunningColumns(NamedTuple):
             return np.arange(n)
         if self.num_prefilling == 1 and self._last_prefills():
             return np.arange(n - 1)
-        return np.flatnonzero((self.output > 0) & (self.prompt + self.output - self.computed == 1))
+        return np.flatnonzero(decoding_mask(self.prompt, self.output, self.computed))
 
     def prefilling(self) -> np.ndarray:
         """Positions of the requests with prefill (or recompute) left, in running order."""
         if self.num_prefilling == 0:
-            return _NONE
+            return NO_POSITIONS
         if self.num_prefilling == 1 and self._last_prefills():
             return np.array([len(self.prompt) - 1])
-        return np.flatnonzero((self.output == 0) | (self.prompt + self.output - self.computed != 1))
+        return np.flatnonzero(~decoding_mask(self.prompt, self.output, self.computed))
 
 
-_NONE = np.empty(0, np.int64)  # no positions (shared, never written)
-NO_POSITIONS = _NONE  # ColumnPlan(NO_POSITIONS): run nothing (None would run everyone)
+# no positions (shared, never written): ColumnPlan(NO_POSITIONS) runs nothing (None: everyone)
+NO_POSITIONS = np.empty(0, np.int64)
 
 
 class ColumnView(NamedTuple):
@@ -160,13 +166,39 @@ def admit_sizes(
     return out
 
 
+def admit_head(
+    cv: ColumnView,
+    budget_left: int,
+    *,
+    free_blocks: int | None = None,
+    whole: bool = False,
+    full_kv: bool = False,
+) -> list[int]:
+    """:func:`admit_sizes` for the head of ``cv``'s queue, with the seats the running set
+    leaves and the free KV (or ``free_blocks``): :func:`harness.policies.common.admit_list`
+    for a column plan."""
+    seats = cv.max_num_seqs - len(cv.running)
+    if not cv.num_waiting or budget_left <= 0 or seats <= 0:
+        return []
+    return admit_sizes(
+        cv.waiting_tokens(),
+        budget_left,
+        seats,
+        token_budget=cv.token_budget,
+        block_size=cv.kv.block_size,
+        free_blocks=cv.kv.free_blocks if free_blocks is None else free_blocks,
+        whole=whole,
+        full_kv=full_kv,
+    )
+
+
 def prefill_chunks(
     running: RunningColumns, positions: np.ndarray, budget: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Each position in turn gets its remaining tokens clipped to the budget left, stopping
     once the budget is spent: ``(positions listed, their tokens, budget left)``."""
     if len(positions) == 0 or budget <= 0:
-        return _NONE, _NONE, budget
+        return NO_POSITIONS, NO_POSITIONS, budget
     want = running.prompt[positions] + running.output[positions] - running.computed[positions]
     before = np.cumsum(want) - want
     k = int(np.searchsorted(before, budget, side="left"))  # listed: budget left > 0 before it
@@ -183,8 +215,7 @@ def columns_of(view: View) -> ColumnView:
     computed = np.fromiter((r.num_computed_tokens for r in run), np.int64, n)
     max_tokens = np.fromiter((r.max_tokens for r in run), np.int64, n)
     arrival = np.fromiter((r.arrival_s for r in run), np.float64, n)
-    rem = prompt + output - computed
-    n_pre = n - int(np.count_nonzero((output > 0) & (rem == 1)))
+    n_pre = n - int(np.count_nonzero(decoding_mask(prompt, output, computed)))
     waiting = view.waiting
 
     def waiting_tokens() -> Iterator[int]:
@@ -257,9 +288,11 @@ __all__ = [
     "ColumnPolicy",
     "ColumnView",
     "RunningColumns",
+    "admit_head",
     "admit_sizes",
     "column_planner",
     "columns_of",
+    "decoding_mask",
     "has_hooks",
     "plan_of",
     "prefill_chunks",

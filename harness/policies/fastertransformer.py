@@ -14,7 +14,7 @@ from harness.policies.columns import (
     ColumnPlan,
     ColumnPolicy,
     ColumnView,
-    admit_sizes,
+    admit_head,
     prefill_chunks,
 )
 from harness.policies.registry import register
@@ -34,16 +34,4 @@ class FasterTransformerPolicy(ColumnPolicy):
                 return ColumnPlan(None, 1, steady=True, hold=True)
             return ColumnPlan(decoding[:k], 1)
         run, run_tok, budget = prefill_chunks(rc, prefilling, cv.token_budget)
-        admit: list[int] = []
-        seats = cv.max_num_seqs - len(rc)
-        if cv.num_waiting and budget > 0 and seats > 0:
-            admit = admit_sizes(
-                cv.waiting_tokens(),
-                budget,
-                seats,
-                token_budget=cv.token_budget,
-                block_size=cv.kv.block_size,
-                free_blocks=cv.kv.free_blocks,
-                whole=True,
-            )
-        return ColumnPlan(run, run_tok, admit)
+        return ColumnPlan(run, run_tok, admit_head(cv, budget, whole=True))

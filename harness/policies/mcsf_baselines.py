@@ -69,7 +69,6 @@ class _AlphaProtection(ColumnPolicy):
         comp = rc.computed
         # each request's next tokens: a decode, or the rest of its prefill (at least 1)
         step = np.maximum(rc.remaining(), 1)
-        keep: np.ndarray | None = None  # None: every running request
         if int((((comp + step + (bs - 1)) // bs) * bs).sum()) > capacity:  # overflow event
             cleared = self._clear(len(rc))
             self.clearings += 1

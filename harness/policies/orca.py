@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, admit_sizes
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, admit_head
 from harness.policies.registry import register
 
 
@@ -54,24 +54,14 @@ class OrcaPolicy(ColumnPolicy):
                 pre_tok.append(n)
                 budget -= n
         admit: list[int] = []
-        seats = cv.max_num_seqs - len(rc)
-        if cv.num_waiting and budget > 0 and seats > 0:
+        if cv.num_waiting and budget > 0 and len(rc) < cv.max_num_seqs:
             # an admission must be able to finish its prompt in the KV the prefills leave
             free = cv.kv.free_blocks
             if len(prefilling):
                 whole = rc.prompt[prefilling] + rc.output[prefilling]
                 held = (rc.computed[prefilling] + (bs - 1)) // bs
                 free -= int(((whole + (bs - 1)) // bs - held).sum())
-            admit = admit_sizes(
-                cv.waiting_tokens(),
-                budget,
-                seats,
-                token_budget=cv.token_budget,
-                block_size=bs,
-                free_blocks=free,
-                whole=self.whole_prompt,
-                full_kv=True,
-            )
+            admit = admit_head(cv, budget, free_blocks=free, whole=self.whole_prompt, full_kv=True)
             budget -= sum(admit)
         # Decodes get 1 token each while budget is left. Every running request is listed (0
         # tokens when it gets none) so the whole running set stays in the run order that KV

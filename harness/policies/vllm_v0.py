@@ -21,7 +21,7 @@ from harness.policies.columns import (
     ColumnPlan,
     ColumnPolicy,
     ColumnView,
-    admit_sizes,
+    admit_head,
     prefill_chunks,
 )
 from harness.policies.registry import register
@@ -45,22 +45,13 @@ class VLLMV0Policy(ColumnPolicy):
         # an oversize prompt's remaining chunks (prefill-only step)
         run, run_tok, budget = prefill_chunks(rc, prefilling, cv.token_budget)
         admit: list[int] = []
-        seats = cv.max_num_seqs - len(rc)
-        if cv.num_waiting and budget > 0 and seats > 0:
+        if cv.num_waiting:
             # With nothing running the watermark is waived: a prompt that fits the whole
             # cache but not cache - watermark must still run (never a stall, §7 REC 6).
             reserve = int(self.watermark * cv.kv.total_blocks) if len(rc) else 0
+            free = max(0, cv.kv.free_blocks - reserve)
             # v0's block manager allocates a prompt's blocks whole at admission (full_kv)
-            admit = admit_sizes(
-                cv.waiting_tokens(),
-                budget,
-                seats,
-                token_budget=cv.token_budget,
-                block_size=cv.kv.block_size,
-                free_blocks=max(0, cv.kv.free_blocks - reserve),
-                whole=True,
-                full_kv=True,
-            )
+            admit = admit_head(cv, budget, free_blocks=free, whole=True, full_kv=True)
         if len(run) or admit:
             # decodes listed with 0 tokens: they stay KV victims for an oversize prompt's next
             # chunk, which would otherwise evict itself, re-enter and livelock (issue 13)
