@@ -64,6 +64,7 @@ from harness.policies.columns import (
     ColumnView,
     RunningColumns,
     column_planner,
+    decoding_mask,
     has_hooks,
 )
 from harness.workload.trace import Trace
@@ -443,8 +444,7 @@ class ArrayEngine:
         Pr, Or, Cr, Mr = self.cols[:4]
         R = self.R
         self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
-        v = Or[:R]
-        self.npf = R - int(np.count_nonzero((v > 0) & (Pr[:R] + v - Cr[:R] == 1)))
+        self.npf = R - int(np.count_nonzero(decoding_mask(Pr[:R], Or[:R], Cr[:R])))
 
     def _report(
         self,
@@ -913,15 +913,14 @@ class ArrayEngine:
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:
-    """The request fields the engine core gives each request (simulate's add_request): tier
-    and its priority and SLOs, and the output length as prediction when policies may know it
+    """The request fields each trace row gets as a request (both simulator hosts): its tier
+    and the tier's priority and SLOs (priority 0, no SLOs for a tier the trace does not
+    list), and the output length as prediction when policies may know it
     (``EngineConfig.known_output_lengths``)."""
     df = trace.df
     tiers = df["tier"].tolist()
-    info = {t.name: t for t in trace.tiers}
-    none = None
-    by = {name: (t.priority, t.ttft_slo_s, t.tbt_slo_s) for name, t in info.items()}
-    fields = [by.get(t, (0, none, none)) for t in tiers]
+    by = {t.name: (t.priority, t.ttft_slo_s, t.tbt_slo_s) for t in trace.tiers}
+    fields = [by.get(t, (0, None, None)) for t in tiers]
     return RowMeta(
         ids=df["request_id"].tolist(),
         arrival=arrival,

@@ -39,7 +39,7 @@ from harness.engine.costmodel import (
     JitteredCostModel,
     get_cost_model,
 )
-from harness.engine.fastsim import fast_budget, fast_planner, fast_simulate
+from harness.engine.fastsim import fast_budget, fast_planner, fast_simulate, row_meta
 from harness.engine.reference_core import ReferenceCore
 from harness.engine.simresult import (
     SAMPLE_COLS,
@@ -82,9 +82,9 @@ def simulate(
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
     (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for policies that declare the
-    FCFS token-budget rule (base.BudgetRule: ``vllm``, FCFS ``sarathi``) or plan from columns
-    (policies.columns: ``orca``, ``vllm-v0``, ``fastertransformer``) (a trace of lengths has
-    no prefix identities), and the engine core otherwise; ``core`` always uses the engine
+    FCFS token-budget rule (base.BudgetRule) or plan from columns (policies.columns
+    ``ColumnPolicy``) (a trace of lengths has no prefix identities; README "Simulator speed"
+    lists which policies), and the engine core otherwise; ``core`` always uses the engine
     core (the host the server and the adapters share); ``reference`` always uses the reference
     step (:mod:`harness.engine.reference_core`), the yardstick of the identity tests.
     """
@@ -141,10 +141,9 @@ def _simulate(
     arr = df["arrival_s"].to_numpy(dtype=float)
     plen = df["prompt_len"].to_numpy(dtype=np.int64).tolist()
     olen = df["output_len"].to_numpy(dtype=np.int64).tolist()
-    rids = df["request_id"].tolist()
-    tiers = df["tier"].tolist()
-    tier_info = {t.name: t for t in trace.tiers}
     arr_l = arr.tolist()
+    meta = row_meta(trace, arr_l, olen, config)  # ids, tiers and their priorities and SLOs
+    rids = meta.ids
 
     core = (ReferenceCore if kernel == "reference" else EngineCore)(policy, cost_model, config)
     first_s = np.full(n, np.nan)
@@ -178,16 +177,15 @@ def _simulate(
         while True:
             # (time, ARRIVAL, seq) events at or before the next step start go first.
             while i < n and arr_l[i] <= t:
-                tr = tier_info.get(tiers[i])
                 ok = core.add_request(
                     rids[i],
                     plen[i],
                     olen[i],
                     arrival_s=arr_l[i],
-                    tier=tiers[i],
-                    priority=tr.priority if tr else 0,
-                    ttft_slo_s=tr.ttft_slo_s if tr else None,
-                    tbt_slo_s=tr.tbt_slo_s if tr else None,
+                    tier=meta.tier[i],
+                    priority=meta.priority[i],
+                    ttft_slo_s=meta.ttft[i],
+                    tbt_slo_s=meta.tbt[i],
                     index=i,
                 )
                 if not ok:

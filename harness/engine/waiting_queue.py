@@ -28,7 +28,7 @@ class WaitingQueue(Generic[T]):
     def __init__(self) -> None:
         self._front: deque[T] = deque()  # preempted, latest first
         self._rest: deque[T] = deque()  # arrivals, in order (some maybe marked gone)
-        self._gone: set[T] = set()  # rows whose entry in _rest is stale
+        self._gone: set[T] = set()  # items whose entry in _rest is stale
         self._n = 0
 
     def __len__(self) -> int:
