@@ -56,7 +56,9 @@ async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
             target=url,
             progress=False,
             out=tmp_path / "run",
-            seed=int(time.time()) % 100_000,  # fresh conversations on a reused server
+            # a fixed draw on the server this test starts (empty cache); fresh conversations
+            # on a reused one, whose cache may hold an earlier run's
+            seed=int(time.time()) % 100_000 if os.environ.get("HARNESS_VLLM_URL") else 0,
             ready_timeout_s=30,
             trace_options={"min_turns": 3, "max_turns": 5, "max_output_len": 32},
             sessions=SessionOptions(
@@ -79,13 +81,17 @@ async def test_later_turns_hit_vllm_prefix_cache(tmp_path: Path) -> None:
     assert len(ok) >= 12, calls["error_kind"].value_counts()
     req = run.requests.set_index("req").loc[ok["req"]]
     ok["queried"], ok["hit"] = hit_counts(req, poller.rows, float(run.meta["t0_unix"]), POLL_S)
+    ok["prev_prompt_tokens"] = ok.groupby("session_id")["prompt_tokens"].shift(1)
     first, later = ok[ok["call_index"] == 0], ok[ok["call_index"] > 0]
-    # token-weighted hit shares from vLLM's own counters
-    share_first = first["hit"].sum() / first["queried"].sum()
-    share_later = later["hit"].sum() / later["queried"].sum()
-    # (a first turn may hit too: ShareGPT repeats prompts, and a reused server keeps its cache)
-    assert share_later > 0.4 and share_later > share_first, (share_first, share_later)
+    # A later turn carries the conversation so far, so vLLM's own counters must show it
+    # reusing the previous turn's prompt (all of it but the last partial KV block). Compared
+    # with that prompt rather than with first turns' hit share: a first turn may hit too
+    # (ShareGPT repeats opening prompts; a reused server keeps its cache), and that share
+    # depends on which conversations are drawn.
+    reused = later["hit"].sum() / later["prev_prompt_tokens"].sum()
+    assert reused > 0.8, ok[["session_id", "call_index", "prompt_tokens", "hit"]]
     assert (later["hit"] > 0).mean() >= 0.5
+    assert later["hit"].sum() / later["queried"].sum() > 0.4
     assert later["ttft_per_prompt_token_ms"].mean() < first["ttft_per_prompt_token_ms"].mean(), (
         ok.groupby("call_index")[["prompt_tokens", "ttft_per_prompt_token_ms", "hit"]].mean()
     )
