@@ -300,6 +300,7 @@ class ArrayEngine:
         n_sched = 0
         attn = 0.0
         single: tuple[int, int] | None = None
+        single_left = 0
         if R:
             if (
                 order is None
@@ -336,6 +337,7 @@ class ArrayEngine:
                         free -= nd
                         budget -= g
                         single = (p, g)
+                        single_left = rem - g  # > 0: the step leaves p's row in place
                         n_sched = 1
                         if rem == 1 and o > 0:  # a decode
                             n_decode = 1
@@ -431,7 +433,55 @@ class ArrayEngine:
             end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, single)
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
+        if plan.prefill_run and single_left and n_prefill and not adm_g and self.fast_forward:
+            return self._prefill_run(end, single[0], int(single[1]), until)  # type: ignore[index]
         return end
+
+    def _prefill_run(self, t: float, p: int, tok: int, until: float) -> float:
+        """The further chunks of position ``p``'s prefill (a ``ColumnPlan.prefill_run``), step
+        by step exactly as :meth:`execute_plan` would run the re-issued plan (the same
+        clipping, KV test, advance and telemetry row), without planning again; ``on_step``
+        hears of them in one report (as of a steady decode run). Stops at the chunk that
+        completes the prompt, at one whose KV does not fit (the policy decides then) and
+        before a step that would start at or after ``until``."""
+        Pr, Or, Cr, NBr = self.cols[0], self.cols[1], self.cols[2], self.cols[4]
+        bs = self.bs
+        t0 = t
+        k = tokens = 0
+        while t < until:
+            c = int(Cr[p])
+            o = int(Or[p])
+            rem = int(Pr[p]) + o - c
+            if o > 0 and rem == 1:  # a recomputed request caught up: it decodes now
+                break
+            g = min(tok, rem, self.budget_cap)
+            nd = -(-(c + g) // bs) - int(NBr[p])
+            if g <= 0 or nd > self.total - self.used:
+                break
+            self._evicted.clear()
+            self._finished_rows.clear()
+            NBr[p] += nd
+            self.used += nd
+            end = self._advance(
+                t,
+                t + self._step_time(g, 0, c + g, g * (c + g / 2)),
+                self.R,
+                False,
+                None,
+                None,
+                [],
+                g,
+                0,
+                (p, g),
+            )
+            k += 1
+            tokens += g
+            t = end
+            if g == rem:  # the prompt is done (p decodes now, or finished and left its slot)
+                break
+        if k and self.hooks is not None:
+            self._report(t0, t, k, tokens, 0, 1, 0, ())
+        return t
 
     def _step_time(self, prefill: int, n_decode: int, kv_read: int, attn: float) -> float:
         """The cost model's duration of a step of this composition (rule 5)."""

@@ -113,7 +113,11 @@ class ColumnPlan:
     requests (the objects of ``ColumnView.waiting`` or the hooks) with their first chunks, in
     admission order (at most one of the two). ``preempt``: running positions to evict first
     (rule 1); ``order`` may still list them (the host skips them, as a Plan's stale ids).
-    ``steady`` / ``hold`` as in Plan.
+    ``steady`` / ``hold`` as in Plan. ``prefill_run`` (a speed hint, like ``steady``): a
+    one-request plan whose request is in prefill, and the policy promises to plan the same
+    request again, chunk after chunk (``tokens`` each, clipped to what is left), until its
+    prompt is done, as long as each chunk's KV fits and nothing arrives: a host may then run
+    those chunks without planning again (RAD's lone prefill, seed-rad-slai.md §3.3).
     """
 
     order: np.ndarray | None = None
@@ -123,6 +127,7 @@ class ColumnPlan:
     hold: bool = False
     admit_requests: list[tuple[RequestView, int]] | tuple[()] = ()
     preempt: np.ndarray | None = None
+    prefill_run: bool = False
 
     def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, tokens)`` as arrays."""

@@ -105,7 +105,9 @@ class RADPolicy(ColumnPolicy):
             c = min(chunk, int(rc.prompt[p] + rc.output[p]) - c0)
             if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
                 return decode_batch()  # no KV for the chunk yet: let decodes drain
-            return ColumnPlan(np.array([p]), c)
+            # the same request's chunks follow until its prompt is done (line 6 not
+            # re-checked, above); only a chunk's KV could change that (the test above)
+            return ColumnPlan(np.array([p]), c, prefill_run=True)
         if not n_decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1

@@ -13,6 +13,7 @@ from harness.engine.simulate import simulate
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, BudgetRule, Plan, View
 from harness.policies.orca import OrcaPolicy
+from harness.policies.rad import RADPolicy
 from harness.policies.sarathi import SarathiPolicy
 from harness.policies.vllm_v1 import VLLMV1Policy
 
@@ -275,6 +276,37 @@ def test_hooked_column_policies_match_the_engine_core(policy: str) -> None:
         if not run_kw:  # the whole run preempts (and clears)
             assert fast.counters["preemptions_total"] > 0
             assert policy == "rad" or pf.clearings > 0
+
+
+class _CountingRAD(RADPolicy):
+    """RAD counting its plans, and the lone-prefill plans among them."""
+
+    plans = runs = 0
+
+    def plan_columns(self, cv):
+        plan = super().plan_columns(cv)
+        self.plans += 1
+        self.runs += plan.prefill_run
+        return plan
+
+
+@pytest.mark.parametrize("kv_tokens", [1 << 20, 6000])
+def test_a_lone_prefill_runs_its_chunks_without_planning_again(kv_tokens: int) -> None:
+    # prompts of up to 8 chunks (t_lcm 256), sparse arrivals: RAD's prefills run alone
+    # (seed-rad-slai.md §3.3); in a small KV some chunks wait for decodes to drain
+    tr = poisson_trace(150, 3.0, seed=5, pmax=2000, omax=60)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    run, stepwise = _CountingRAD(), _CountingRAD()
+    fast = simulate(tr, run, cost, cfg)
+    fast_stepwise = simulate(tr, stepwise, cost, cfg, fast_forward=False)
+    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
+    _same(fast, ref)
+    _same(fast_stepwise, ref)
+    assert run.runs > 50
+    # each hinted plan's further chunks ran unplanned: fewer plans, the same steps
+    assert run.plans < stepwise.plans - run.runs
+    assert (run.cycles, run.requests_in_cycle) == (stepwise.cycles, stepwise.requests_in_cycle)
 
 
 def test_class_priority_declares_the_budget_rule_only_with_one_class() -> None:
