@@ -67,20 +67,32 @@ class _AlphaProtection(ColumnPolicy):
         bs = cv.kv.block_size
         capacity = self.memory_tokens if self.memory_tokens is not None else cv.kv.capacity_tokens
         comp = rc.computed
-        # each request's next tokens: a decode, or the rest of its prefill (at least 1)
-        step = np.maximum(rc.remaining(), 1)
-        if int((((comp + step + (bs - 1)) // bs) * bs).sum()) > capacity:  # overflow event
-            cleared = self._clear(len(rc))
+        seqs = len(rc)
+        # each request's next tokens: a decode, or the rest of its prefill (at least 1); KV
+        # held now (``used``) and after the step, in whole blocks
+        step: np.ndarray | int
+        if rc.num_prefilling == 0:  # every one decodes: ceil((c + 1) / bs) = c // bs + 1
+            step = 1
+            full = comp // bs
+            blocks = int(full.sum())
+            after = (blocks + seqs) * bs
+            used = (blocks + int(np.count_nonzero(comp - full * bs))) * bs
+            tokens = seqs
+        else:
+            step = np.maximum(rc.remaining(), 1)
+            after = int((((comp + step + (bs - 1)) // bs) * bs).sum())
+            used = int((((comp + (bs - 1)) // bs) * bs).sum())
+            tokens = int(step.sum())
+        if after > capacity:  # overflow event
+            cleared = self._clear(seqs)
             self.clearings += 1
             n_cleared = int(np.count_nonzero(cleared))
             self.cleared += n_cleared
             if n_cleared:
                 keep = np.flatnonzero(~cleared)
                 # the failed iteration: no admissions until the cleared ones are queued
-                return ColumnPlan(keep, step[keep], preempt=np.flatnonzero(cleared))
-        used = int((((comp + (bs - 1)) // bs) * bs).sum())
-        tokens = int(step.sum())
-        seqs = len(rc)
+                kept_steps = step if isinstance(step, int) else step[keep]
+                return ColumnPlan(keep, kept_steps, preempt=np.flatnonzero(cleared))
         admit: list[tuple[RequestView, int]] = []
         # Cleared requests rejoin the queue at their arrival position from the next step on.
         self._wq.sync(cv)
