@@ -53,6 +53,7 @@ from harness.engine.row_requests import RowMeta, RowRequest, WaitingRows
 from harness.engine.simresult import (
     SAMPLE_COLS,
     ChunkLog,
+    LivelockWatch,
     SimResult,
     SimulationStalled,
     new_samples,
@@ -1031,9 +1032,11 @@ def fast_simulate(
     add, waiting = eng.add, eng.waiting
     execute = eng.execute if planner is None else partial(eng.execute_plan, hold_until=stop)
     calls = 0  # plans, including those that scheduled nothing
+    watch = LivelockWatch()
     i = 0
     t = 0.0
     interrupted = False
+    stalled = ""
     try:
         while True:
             while i < n and arr_l[i] <= t:
@@ -1051,6 +1054,14 @@ def fast_simulate(
             nxt = arr_l[i] if i < n else math.inf
             calls += 1
             end = execute(t, nxt if nxt < stop else stop)
+            if eng.preempt_total >= watch.next_at:
+                watch.check(
+                    eng.preempt_total,
+                    chunks.rows_total,
+                    i < n,
+                    f"policy {getattr(policy, 'name', policy)!r} with {len(waiting)} waiting and "
+                    f"{eng.R} running requests",
+                )
             if end is not None:
                 t = end  # the step's end, or the same time to plan again after a preemption
             elif i < n:
@@ -1064,6 +1075,10 @@ def fast_simulate(
         if on_interrupt == "raise":
             raise
         interrupted = True  # keep what was simulated; the caller writes it
+    except SimulationStalled as e:
+        if on_interrupt == "raise":
+            raise
+        stalled = str(e)  # the same: the caller writes the run, then reports the stall
 
     # Requests still running at stop_at_s keep what they produced (cancelled).
     R = eng.R
@@ -1096,6 +1111,7 @@ def fast_simulate(
             "unfinished": int(n - eng.finished_total - eng.rejected),
             "kernel": "fast",
             "interrupted": interrupted,
+            "stalled": stalled,
         },
     )
 

@@ -53,7 +53,38 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 class SimulationStalled(RuntimeError):
-    """The policy scheduled nothing while work waits and no arrival can change that."""
+    """The policy scheduled nothing while work waits and no arrival can change that, or it
+    keeps scheduling work that is preempted before any token comes (a livelock)."""
+
+
+# Preemptions with no token emitted anywhere, after the last arrival, that make a livelock: a
+# run makes progress without preemptions (every step computes tokens of a bounded total), so
+# an endless run preempts; a legitimate thrashing run still emits tokens between them.
+LIVELOCK_PREEMPTIONS = 10_000
+
+
+class LivelockWatch:
+    """Stops a run that preempts :data:`LIVELOCK_PREEMPTIONS` times, after the last arrival,
+    with no token emitted meanwhile (e.g. WAIT without its end-of-trace flush, seed-wait.md
+    §9 #17, when a cohort outgrows the KV: the admitted prompt is the eviction victim, again
+    and again). A loop calls :meth:`check` only when the preemption count reaches
+    ``next_at`` (one comparison a step)."""
+
+    __slots__ = ("next_at", "_rows")
+
+    def __init__(self) -> None:
+        self.next_at = LIVELOCK_PREEMPTIONS
+        self._rows = -1
+
+    def check(self, preemptions: int, rows: int, arrivals_left: bool, what: str) -> None:
+        """``rows``: chunk rows (tokens) emitted so far; ``what``: the policy and state."""
+        if rows == self._rows and not arrivals_left:
+            raise SimulationStalled(
+                f"{what}: {LIVELOCK_PREEMPTIONS:,} preemptions and no token since, no arrival "
+                "left (a livelock: the policy re-admits what the engine preempts)"
+            )
+        self._rows = -1 if arrivals_left else rows
+        self.next_at = preemptions + LIVELOCK_PREEMPTIONS
 
 
 def new_samples() -> dict[str, Any]:
@@ -108,6 +139,7 @@ class ChunkLog:
         self._req = np.empty(self._cap, dtype=np.int32)
         self._t = np.empty(self._cap, dtype=np.float64)
         self._n = 0  # rows held in the buffers since the last flush
+        self._sealed = 0  # rows sealed before those
 
     def _grow(self, need: int) -> None:
         """Room for ``need`` rows: new buffers (double, or ``need``), the held rows copied."""
@@ -148,6 +180,7 @@ class ChunkLog:
         """Move the held rows into ``parts`` (views of the full buffers; fresh ones follow)."""
         if not self._n:
             return
+        self._sealed += self._n
         self.parts.append((self._req[: self._n], self._t[: self._n]))
         self._req = np.empty(self._cap, dtype=np.int32)
         self._t = np.empty(self._cap, dtype=np.float64)
@@ -161,6 +194,11 @@ class ChunkLog:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    @property
+    def rows_total(self) -> int:
+        """Rows (tokens) added so far, flushed or held."""
+        return self._sealed + self._n
 
     def flush(self) -> None:
         """Seal the held rows; with a sink, hand it every row held so far (time order)."""

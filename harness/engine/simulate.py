@@ -44,6 +44,7 @@ from harness.engine.reference_core import ReferenceCore
 from harness.engine.simresult import (
     SAMPLE_COLS,
     ChunkLog,
+    LivelockWatch,
     SimResult,
     SimulationStalled,
     new_samples,
@@ -80,7 +81,9 @@ def simulate(
     default runs until every request finished or was rejected. ``chunk_sink(req, t)`` receives
     token-time arrays in time order as they are produced (else they are kept in memory).
     ``on_interrupt="return"``: Ctrl-C ends the run early and returns what was simulated
-    (``counters["interrupted"]``), so :func:`write_run` can write a partial run directory.
+    (``counters["interrupted"]``), and so does a stall or livelock (``counters["stalled"]``,
+    its message; else :class:`SimulationStalled` is raised), so :func:`write_run` can write a
+    partial run directory.
     ``kernel``: ``auto`` uses the vectorised kernel (fastsim.py) for policies that declare the
     FCFS token-budget rule (base.BudgetRule) or plan from columns (policies.columns
     ``ColumnPolicy``) (a trace of lengths has no prefix identities; README "Simulator speed"
@@ -172,7 +175,9 @@ def _simulate(
     t = 0.0
     calls = 0
     stall = 0
+    watch = LivelockWatch()
     interrupted = False
+    stalled = ""
     try:
         while True:
             # (time, ARRIVAL, seq) events at or before the next step start go first.
@@ -208,6 +213,14 @@ def _simulate(
                 hold_until=stop if fast_forward else None,
             )
             calls += 1
+            if core.preemptions_total >= watch.next_at:
+                watch.check(
+                    core.preemptions_total,
+                    chunks.rows_total,
+                    i < n,
+                    f"policy {getattr(policy, 'name', policy)!r} with {core.num_waiting} waiting "
+                    f"and {core.num_running} running requests",
+                )
             if out.idle:
                 stall += 1
                 if out.preempted and stall < max_stall_calls:
@@ -251,6 +264,10 @@ def _simulate(
         if on_interrupt == "raise":
             raise
         interrupted = True  # keep what was simulated; the caller writes it
+    except SimulationStalled as e:
+        if on_interrupt == "raise":
+            raise
+        stalled = str(e)  # the same: the caller writes the run, then reports the stall
 
     # Requests still in flight (stop_at_s): keep what they produced, mark them cancelled.
     for r in list(core._running) + core.waiting:
@@ -283,6 +300,7 @@ def _simulate(
             "num_finished": core.num_finished,
             "unfinished": int(n - core.num_finished - core.num_rejected),
             "interrupted": interrupted,
+            "stalled": stalled,
             "kernel": kernel if kernel == "reference" else "core",
         },
     )
@@ -530,6 +548,8 @@ def write_run(
         )
         if res.counters.get("interrupted"):
             raise KeyboardInterrupt  # RunWriter marks the run partial, everything written
+        if res.counters.get("stalled"):
+            raise SimulationStalled(res.counters["stalled"])  # the same, then the CLI's error
     return run_dir, res
 
 

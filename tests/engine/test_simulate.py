@@ -15,9 +15,11 @@ from harness.engine.simulate import (
     SimulationStalled,
     run_simulation,
     simulate,
+    write_run,
 )
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, Plan
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.registry import available
 from harness.results import schema
 from harness.results.rundir import read_run
@@ -123,6 +125,46 @@ def test_policy_that_never_schedules_is_reported_not_hung() -> None:
     tr = make_trace([0.0], [4], [4])
     with pytest.raises(SimulationStalled, match="scheduled nothing"):
         simulate(tr, _Idle(), ONE_S, EngineConfig(kv_tokens=1024))
+
+
+class _Readmits(ColumnPolicy):
+    """Runs only prompts (all they have left) and admits the queue head with one block: once
+    a finished prompt sits paused on the KV, the next prompt's second chunk never fits, the
+    engine preempts it (the tail of the run order), and it is admitted again: a livelock."""
+
+    name = "readmits"
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        prefilling = np.flatnonzero(rc.output == 0)
+        rest = (rc.prompt - rc.computed)[prefilling]
+        return ColumnPlan(prefilling, rest, admit=[16] if cv.num_waiting else [])
+
+
+@pytest.mark.parametrize("kernel", ["auto", "core", "reference"])
+def test_a_livelock_is_reported_not_spun(kernel: str) -> None:
+    tr = make_trace([0.0, 0.0], [40, 40], [8, 8])
+    cfg = EngineConfig(kv_tokens=64, block_size=16, token_budget=64)  # 4 blocks
+    with pytest.raises(SimulationStalled, match="10,000 preemptions and no token since"):
+        simulate(tr, _Readmits(), ONE_S, cfg, kernel=kernel)
+
+
+def test_a_livelocked_run_keeps_what_it_measured(tmp_path) -> None:
+    # WAIT without its end-of-trace flush (seed-wait.md §9 #17) on a KV smaller than its
+    # cohorts: the admitted prompt is evicted and re-admitted forever once arrivals end
+    tr = poisson_trace(300, 12.0, seed=7, pmax=1500, omax=400)
+    cfg = EngineConfig(kv_tokens=8192, token_budget=512, max_num_seqs=48, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    policy = make_policy("wait", flush_after_s=None)
+    with pytest.raises(SimulationStalled, match="livelock"):
+        write_run(tmp_path / "run", tr, policy, cost, cfg, {})
+    run = read_run(tmp_path / "run")
+    assert run.status == schema.STATUS_PARTIAL
+    assert "livelock" in run.meta["stopped_by"]
+    assert len(run.requests) == 300
+    done = int(run.requests["success"].sum())
+    assert 200 < done < 300  # most finished before the livelock; their rows are kept
+    assert len(run.chunks) >= run.requests.loc[run.requests["success"], "output_tokens"].sum()
 
 
 def test_run_directory_matches_replay_format(tmp_path) -> None:
