@@ -702,7 +702,7 @@ class ArrayEngine:
         """Rule 2 for run items ``order`` (running positions in run order) wanting ``want``
         tokens (already clipped to their remaining), ``comp`` their computed tokens: each is
         granted its want clipped to the budget left, and the KV for it is allocated; when it
-        does not all fit, :meth:`_run_preempting` decides item by item. Returns ``(scheduled
+        does not all fit, :meth:`_run_preempting` preempts from the tail. Returns ``(scheduled
         positions, their tokens, budget left, preempted any)``: ``order`` itself (all of it,
         zero grants included) when everything fit."""
         if int(want.sum()) <= budget:
@@ -717,7 +717,7 @@ class ArrayEngine:
             NBr[order] += need
             self.used += tot
             return order, grant, budget - int(grant.sum()), False
-        return self._run_preempting(order.tolist(), want.tolist(), budget)
+        return self._run_preempting(order, grant, need, budget)
 
     def _composition(
         self, sg: np.ndarray, comp: np.ndarray, out: np.ndarray, rem: np.ndarray
@@ -735,58 +735,35 @@ class ArrayEngine:
         return ran, n_decode, int(pg.sum()), attn, int((comp + sg)[ran].sum())
 
     def _run_preempting(
-        self, order: list[int], want: list[int], budget: int
+        self, order: np.ndarray, grant: np.ndarray, need: np.ndarray, budget: int
     ) -> tuple[np.ndarray, np.ndarray, int, bool]:
-        """Rule 2 item by item, for a run whose KV does not fit: each item gets its ``want``
-        (already clipped to its remaining tokens) clipped to the budget left, and KV shortage
-        preempts (recompute) from the tail of ``order`` until the allocation fits (base.py
-        rule 2; EngineCore.step's sequential pass). The running arrays are then compacted.
-        Returns ``(scheduled positions after compaction, their tokens, budget left,
-        preempted any)``; ``self.used`` is updated."""
-        Cr, NBr = self.cols[2], self.cols[4]
-        bs = self.bs
-        total = self.total
-        used = self.used
-        free = total - used
-        preempted_any = False
+        """Rule 2 for a run whose KV does not fit (base.py rule 2; EngineCore.step's
+        sequential pass), in closed form: item by item, a KV shortage preempts (recompute)
+        from the tail of ``order`` until the item fits, or the item itself. Victims come from
+        the tail and the items before them keep their grants, so the pass keeps the longest
+        prefix of ``order`` whose KV need fits in the free blocks plus all the blocks the rest
+        hold, and preempts the rest, the tail first. ``grant``: the items' tokens (the budget's
+        clip, which a prefix does not change), ``need``: their new blocks. The running arrays
+        are then compacted. Returns ``(scheduled positions after compaction, their tokens,
+        budget left, True)``; ``self.used`` is updated."""
+        NBr = self.cols[4]
+        need = np.where(grant > 0, need, 0)  # an item given nothing allocates nothing
+        held = NBr[order]
+        # fits[k]: the first k items' need <= free + what the items from k on hold
+        spent = np.concatenate(([0], np.cumsum(need)))
+        freed = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
+        k = int(np.count_nonzero(spent <= (self.total - self.used) + freed)) - 1
+        for v in order[k:][::-1].tolist():  # the tail first, as the pass meets them
+            self._evict(v)
+        kept, g, nd = order[:k], grant[:k], need[:k]
+        NBr[kept] += nd
+        self.used += int(nd.sum())
         alive = np.ones(self.R, dtype=bool)
-        sched: dict[int, int] = {}
-        for pos, rj in zip(order[:], want, strict=True):
-            if not alive[pos]:
-                continue
-            g = rj if rj < budget else budget
-            if g <= 0:
-                continue
-            nd = -(-(int(Cr[pos]) + g) // bs) - int(NBr[pos])
-            if nd > free:
-                while nd > free and order:
-                    v = order.pop()
-                    if not alive[v]:
-                        continue
-                    got = sched.pop(v, None)
-                    if got is not None:
-                        budget += got
-                    alive[v] = False
-                    self.used = used
-                    self._evict(v)
-                    used = self.used
-                    free = total - used
-                    preempted_any = True
-                    if v == pos:
-                        break
-                if not alive[pos]:
-                    continue
-            NBr[pos] += nd
-            used += nd
-            free -= nd
-            sched[pos] = g
-            budget -= g
-        newpos = np.cumsum(alive) - 1
-        sp = newpos[np.fromiter(sched.keys(), dtype=np.int64, count=len(sched))]
-        sg = np.fromiter(sched.values(), dtype=np.int64, count=len(sched))
-        self.used = used
+        alive[order[k:]] = False
+        ran = g > 0
+        sp = (np.cumsum(alive) - 1)[kept[ran]]
         self._retire(alive)
-        return sp, sg, budget, preempted_any
+        return sp, g[ran], budget - int(g.sum()), True
 
     def _evict(self, v: int) -> None:
         """Recompute-preempt running slot ``v`` (base.py rules 1-2): its KV freed, its progress
