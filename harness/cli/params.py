@@ -68,12 +68,34 @@ def check_params(params: dict[str, dict[str, Any]], policies: Iterable[str]) -> 
         accepted = _accepted(policy_class(pol))
         if accepted is None:
             continue
-        for name in kv:
+        params = inspect.signature(policy_class(pol).__init__).parameters
+        for name, value in kv.items():
             if name not in accepted:
                 valid = ", ".join(accepted) or "(none)"
                 raise ValueError(
                     f"--param {pol}.{name}: {pol} has no parameter {name!r}; valid: {valid}"
                 )
+            want = _wrong_kind(params[name], value)
+            if want:
+                raise ValueError(f"--param {pol}.{name}={value!r}: expected {want}")
+
+
+def _wrong_kind(p: inspect.Parameter, value: Any) -> str | None:
+    """What a scalar parameter takes, when ``value`` is not that (else None): a number
+    (``null`` too where the default is None), or ``true``/``false``. Values parse as JSON,
+    so ``none`` or ``1,5`` arrive as strings and would fail deep inside the policy."""
+    default = p.default
+    optional = str(p.annotation).replace(" ", "") in _NUMERIC_OPTIONAL
+    numeric = optional or (isinstance(default, int | float) and not isinstance(default, bool))
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if numeric and not (is_number or (value is None and optional)):
+        return "a number or null" if optional else "a number"
+    if isinstance(default, bool) and not isinstance(value, bool):
+        return "true or false"
+    return None
+
+
+_NUMERIC_OPTIONAL = {"float|None", "int|None", "Optional[float]", "Optional[int]"}
 
 
 # Session options shared by `harness replay` and `harness simulate` (one declaration each).

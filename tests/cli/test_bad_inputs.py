@@ -156,6 +156,13 @@ def test_simulate_errors(tmp_path: Path, files: dict[str, Path]) -> None:
                "not in this run")  # fmt: skip
     _one_error([*sim, "--policy", "sarathi", "--param", "sarathi", "--out", out],
                "POLICY.NAME=VALUE")  # fmt: skip
+    # values parse as JSON: a word where a number goes fails here, not inside the policy
+    _one_error([*sim, "--policy", "wait", "--param", "wait.flush_after_s=none", "--out", out],
+               "wait.flush_after_s='none': expected a number or null")  # fmt: skip
+    _one_error([*sim, "--policy", "sarathi", "--param", "sarathi.chunk_size=big", "--out", out],
+               "expected a number")  # fmt: skip
+    _one_error([*sim, "--policy", "slai", "--param", "slai.dynamic_offset=1", "--out", out],
+               "expected true or false")  # fmt: skip
 
 
 @pytest.fixture
