@@ -444,44 +444,59 @@ class ArrayEngine:
         clipping, KV test, advance and telemetry row), without planning again; ``on_step``
         hears of them in one report (as of a steady decode run). Stops at the chunk that
         completes the prompt, at one whose KV does not fit (the policy decides then) and
-        before a step that would start at or after ``until``."""
-        Pr, Or, Cr, NBr = self.cols[0], self.cols[1], self.cols[2], self.cols[4]
-        bs = self.bs
+        before a step that would start at or after ``until``. A chunk that leaves prompt to
+        do emits nothing, so it is advanced here in scalars (what :meth:`_advance` does for
+        it); the completing chunk goes through :meth:`_advance`."""
+        Cr, NBr = self.cols[2], self.cols[4]
+        o = int(self.cols[1][p])
+        whole = int(self.cols[0][p]) + o  # tokens to compute; fixed until the prompt is done
+        c = int(Cr[p])
+        nb = int(NBr[p])
+        bs, cap, total = self.bs, self.budget_cap, self.total
+        step_time, sample = self._step_time, self._sample
+        self._evicted.clear()
+        self._finished_rows.clear()
         t0 = t
         k = tokens = 0
+        done = False
         while t < until:
-            c = int(Cr[p])
-            o = int(Or[p])
-            rem = int(Pr[p]) + o - c
+            rem = whole - c
             if o > 0 and rem == 1:  # a recomputed request caught up: it decodes now
                 break
-            g = min(tok, rem, self.budget_cap)
-            nd = -(-(c + g) // bs) - int(NBr[p])
-            if g <= 0 or nd > self.total - self.used:
+            g = min(tok, rem, cap)
+            nd = -(-(c + g) // bs) - nb
+            if g <= 0 or nd > total - self.used:
                 break
-            self._evicted.clear()
-            self._finished_rows.clear()
-            NBr[p] += nd
+            nb += nd
             self.used += nd
-            end = self._advance(
-                t,
-                t + self._step_time(g, 0, c + g, g * (c + g / 2)),
-                self.R,
-                False,
-                None,
-                None,
-                [],
-                g,
-                0,
-                (p, g),
-            )
             k += 1
             tokens += g
-            t = end
-            if g == rem:  # the prompt is done (p decodes now, or finished and left its slot)
+            if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
+                Cr[p] = c
+                NBr[p] = nb
+                t = self._advance(
+                    t, t + step_time(g, 0, c + g, g * (c + g / 2)), self.R, False, None, None,
+                    [], g, 0, (p, g),
+                )  # fmt: skip
+                done = True
                 break
-        if k and self.hooks is not None:
-            self._report(t0, t, k, tokens, 0, 1, 0, ())
+            end = t + step_time(g, 0, c + g, g * (c + g / 2))
+            c += g
+            if o > 0 and whole - c == 1:  # recomputed up to its last token: it decodes now
+                self.npf -= 1
+            self.sum_c += g
+            self.calls += 1
+            self.steps_total += 1
+            sample(end, t, 1, g, 0)
+            t = end
+        if not done:
+            Cr[p] = c
+            NBr[p] = nb
+        if k:
+            self.stall = 0
+            self.steady = False
+            if self.hooks is not None:
+                self._report(t0, t, k, tokens, 0, 1, 0, ())
         return t
 
     def _step_time(self, prefill: int, n_decode: int, kv_read: int, attn: float) -> float:
