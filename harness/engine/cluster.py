@@ -53,7 +53,13 @@ import pyarrow as pa
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, StepOutcome, decode_steps_that_fit
 from harness.engine.costmodel import CostModel
-from harness.engine.simresult import ChunkLog, SimulationStalled, new_samples, no_cyclic_gc
+from harness.engine.simresult import (
+    ChunkLog,
+    LivelockWatch,
+    SimulationStalled,
+    new_samples,
+    no_cyclic_gc,
+)
 from harness.engine.vsessions import RELEASE, STEP, Row, SessionDriver
 from harness.policies.base import Policy
 from harness.results import schema
@@ -131,6 +137,7 @@ class _Engine:
         self.steady = False  # last plan steady, run untouched since: may be deferred
         self.deferred: tuple[float, np.ndarray, int] | None = None  # (start, step starts, n)
         self.stall = 0
+        self.watch = LivelockWatch()
         self.samples = new_samples()
         self.steps = 0
         self.calls = 0
@@ -423,6 +430,14 @@ class _Cluster:
         ``hold``) and its outcome."""
         core = e.core
         out: StepOutcome = core.step(t, fast_forward_until=until, hold_until=hold)
+        if core.preemptions_total >= e.watch.next_at:  # a livelock ends the run (simresult)
+            e.watch.check(
+                core.preemptions_total,
+                self.chunks.rows_total,
+                self.next_release < math.inf,
+                f"engine {e.name!r}: policy {getattr(e.spec.policy, 'name', '?')!r} with "
+                f"{core.num_waiting} waiting and {core.num_running} running requests",
+            )
         e.computed = None
         e.calls += 1
         if out.idle:

@@ -4,15 +4,19 @@ agents go to their engines, deferred steady runs change no answer."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.engine.cluster import EngineSpec, simulate_cluster
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import get_cost_model
+from harness.engine.simresult import SimulationStalled
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
 from harness.routers import make_router
 from harness.workload import build_trace
+from harness.workload.tiers import parse_tiers
 from harness.workload.trace import Trace
 
 from .conftest import engines, session_trace
@@ -230,3 +234,35 @@ def test_array_engines_only_where_exact() -> None:
     from harness.workload.session_options import SessionOptions
 
     assert routed_budgets(trace, engines(2), lot, SessionOptions(max_retries=1), None) is None
+
+
+class _Readmits(ColumnPolicy):
+    """Runs only prompts and admits the queue head with one block: with a finished prompt
+    paused on a 4-block KV, the next prompt's second chunk never fits (a livelock)."""
+
+    name = "readmits"
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        prefilling = np.flatnonzero(rc.output == 0)
+        return ColumnPlan(
+            prefilling, (rc.prompt - rc.computed)[prefilling], admit=[16] if cv.num_waiting else []
+        )
+
+
+def test_a_livelocked_engine_ends_the_cluster_run() -> None:
+    df = pd.DataFrame(
+        {
+            "request_id": [f"r{i}" for i in range(4)],
+            "arrival_s": [0.0] * 4,
+            "prompt_len": [40] * 4,
+            "output_len": [8] * 4,
+            "tier": "default",
+        }
+    )
+    trace = Trace.from_frame(df, parse_tiers("default:1"), {"source": "test"})
+    cm = get_cost_model("a100-llama2-7b")
+    cfg = EngineConfig(kv_tokens=64, block_size=16, token_budget=64)
+    specs = [EngineSpec(f"e{i}", _Readmits(), cm, cfg) for i in range(2)]
+    with pytest.raises(SimulationStalled, match="engine 'e[01]'.*10,000 preemptions"):
+        simulate_cluster(trace, specs, make_router("round-robin"))
