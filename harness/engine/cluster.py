@@ -567,6 +567,7 @@ def simulate_cluster(
     chunk_flush_rows: int = 2_000_000,
     fast_forward: bool = True,
     max_stall_calls: int = 1000,
+    on_stall: str = "raise",
 ) -> ClusterResult:
     """Run ``trace`` through a cluster of engines on one virtual clock (module docstring).
 
@@ -581,7 +582,9 @@ def simulate_cluster(
     Returns a :class:`ClusterResult`: request rows (one per attempt; ``req`` = trace row,
     retries numbered after the trace), session records, per-engine telemetry and counters.
     Raises ValueError for a cluster that cannot route the trace (an agent with no engine,
-    several engines and no router) and SimulationStalled when a policy stops scheduling.
+    several engines and no router) and SimulationStalled when a policy stops scheduling (or
+    livelocks); with ``on_stall="return"`` the run ends there instead, in-flight calls
+    cancelled, and ``counters["stalled"]`` holds the message (for the run writer).
     """
     wall0 = time.perf_counter()
     cl = _Cluster(
@@ -595,8 +598,16 @@ def simulate_cluster(
         fast_forward=fast_forward,
         max_stall_calls=max_stall_calls,
     )
+    stalled = ""
     with no_cyclic_gc():
-        end = cl.run()
+        try:
+            end = cl.run()
+        except SimulationStalled as exc:
+            if on_stall == "raise":
+                raise
+            stalled = str(exc)
+            ends = [e.samples["t_s"][-1] for e in cl.engines if len(e.samples["t_s"])]
+            end = max([cl.clock[0], *ends])
 
     def produced(row: Row) -> tuple[float, float, int]:
         r = cl.engines[row.engine].core.get(row.request_id) if row.engine >= 0 else None
@@ -647,6 +658,7 @@ def simulate_cluster(
             "deferred_runs": cl.num_deferred,
             "prefix_cache_queries": sum(p["prefix_cache_queries"] for p in per_engine),
             "prefix_cache_hits": sum(p["prefix_cache_hits"] for p in per_engine),
+            "stalled": stalled,
         },
         per_engine=per_engine,
     )

@@ -26,7 +26,7 @@ from harness.engine.cluster import (
 )
 from harness.engine.cluster_fast import routed_budgets, simulate_routed
 from harness.engine.cluster_split import simulate_split, split_plan
-from harness.engine.simresult import SimResult
+from harness.engine.simresult import SimResult, SimulationStalled
 from harness.engine.simulate import _json_safe, chunks_table, requests_table
 from harness.results.prefix_hits import write_prefix_hits
 from harness.results.sessions import write_sessions
@@ -148,6 +148,7 @@ def write_cluster_run(
             options=opts,
             stop_at_s=stop_at_s,
             chunk_sink=lambda req, t: w.add_chunks_table(chunks_table(req, t)),
+            on_stall="return",
         )
         w.add_requests_table(res.driver.requests_table(sessions))
         w.add_samples_table(samples_table(res))
@@ -161,6 +162,8 @@ def write_cluster_run(
             sim={"wall_s": res.wall_s, "end_s": res.end_s, **res.counters},
             engines_stats=res.per_engine,
         )
+        if res.counters["stalled"]:  # written above: the run is partial, the CLI says why
+            raise SimulationStalled(res.counters["stalled"])
     return run_dir, res
 
 

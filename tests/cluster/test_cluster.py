@@ -8,12 +8,15 @@ import pandas as pd
 import pytest
 
 from harness.engine.cluster import EngineSpec, simulate_cluster
+from harness.engine.cluster_run import write_cluster_run
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import get_cost_model
 from harness.engine.simresult import SimulationStalled
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
+from harness.results import schema
+from harness.results.rundir import read_run
 from harness.routers import make_router
 from harness.workload import build_trace
 from harness.workload.tiers import parse_tiers
@@ -250,13 +253,15 @@ class _Readmits(ColumnPolicy):
         )
 
 
-def test_a_livelocked_engine_ends_the_cluster_run() -> None:
+def test_a_livelocked_engine_ends_the_cluster_run(tmp_path) -> None:  # noqa: ANN001
+    # an 8-token prompt, then four 40-token prompts: round-robin puts three on e0 and two on
+    # e1; each 4-block engine livelocks on its second 40-token prompt
     df = pd.DataFrame(
         {
-            "request_id": [f"r{i}" for i in range(4)],
-            "arrival_s": [0.0] * 4,
-            "prompt_len": [40] * 4,
-            "output_len": [8] * 4,
+            "request_id": [f"r{i}" for i in range(5)],
+            "arrival_s": [0.0] + [1.0] * 4,
+            "prompt_len": [8] + [40] * 4,
+            "output_len": [4] + [8] * 4,
             "tier": "default",
         }
     )
@@ -266,3 +271,15 @@ def test_a_livelocked_engine_ends_the_cluster_run() -> None:
     specs = [EngineSpec(f"e{i}", _Readmits(), cm, cfg) for i in range(2)]
     with pytest.raises(SimulationStalled, match="engine 'e[01]'.*10,000 preemptions"):
         simulate_cluster(trace, specs, make_router("round-robin"))
+    # the run writer keeps what was simulated, then reports the livelock (as for one engine)
+    specs = [EngineSpec(f"e{i}", _Readmits(), cm, cfg) for i in range(2)]
+    with pytest.raises(SimulationStalled, match="livelock"):
+        write_cluster_run(tmp_path / "run", trace, specs, make_router("round-robin"), {})
+    run = read_run(tmp_path / "run")
+    assert run.status == schema.STATUS_PARTIAL and "livelock" in run.meta["stopped_by"]
+    assert len(run.requests) == 5
+    # each engine's first prompt got its first token (this policy never decodes), the second
+    # livelocked: three tokens measured and kept, no request complete
+    assert not run.requests["success"].any()
+    assert int(run.requests["output_tokens"].sum()) == len(run.chunks) == 3
+    assert len(run.samples) > 0
