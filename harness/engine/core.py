@@ -208,9 +208,18 @@ def decode_run_ends(
     is as sequential as ``np.cumsum``, so the ends are the same floats."""
     if k_max <= _SCALAR_RUN:
         ends: list[float] = []
+        acc = 0.0  # 0.0 + d is d: the same sum as np.cumsum's
+        affine = getattr(cost_model, "decode_affine", None)
+        if affine is not None:  # step_time(0, n, kv) is fixed + rate * kv, bit for bit
+            fixed, rate = affine(n_decode)
+            for j in range(k_max):
+                if j and ends[-1] >= until:
+                    break
+                acc += fixed + rate * (kv_read + j * n_decode)
+                ends.append(now + acc)
+            return np.array(ends)
         step_time = cost_model.step_time
         attn = {"prefill_attn": 0.0} if getattr(cost_model, "uses_prefill_attn", False) else {}
-        acc = 0.0  # 0.0 + d is d: the same sum as np.cumsum's
         for j in range(k_max):
             if j and ends[-1] >= until:
                 break

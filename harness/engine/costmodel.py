@@ -98,6 +98,15 @@ class AffineCostModel(_Base):
         )
         return max(self.floor_s, lin) + self.per_kv_s * kv_tokens
 
+    def decode_affine(self, decode_seqs: int) -> tuple[float, float]:
+        """``(fixed, rate)`` with ``step_time(0, decode_seqs, kv) == fixed + rate * kv``
+        bit for bit: the decode runs a fast-forward sums (core.decode_run_ends)."""
+        lin = self.base_s + self.per_token_s * decode_seqs + self.per_decode_s * decode_seqs
+        return max(self.floor_s, lin), self._kv_rate_of(decode_seqs)
+
+    def _kv_rate_of(self, decode_seqs: int) -> float:
+        return self.per_kv_s
+
     def step_times(
         self, prefill_tokens: np.ndarray, decode_seqs: np.ndarray, kv_tokens: np.ndarray
     ) -> np.ndarray:

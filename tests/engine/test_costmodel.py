@@ -291,3 +291,20 @@ def test_a_simulation_with_a_jittered_model_is_reproducible_per_seed() -> None:
     flat = run(base)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     assert np.median(a) / np.median(flat) == pytest.approx(1.2, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, m in PRESETS.items() if hasattr(m, "decode_affine"))
+)
+def test_decode_affine_is_step_time_bit_for_bit(name: str) -> None:
+    # the fast-forward sums decode steps as fixed + rate * kv (core.decode_run_ends): the
+    # same floats as step_time, or fast-forwarded runs would drift from the reference step
+    # (models without decode_affine, staircase and piecewise, are summed by step_time)
+    m = get_cost_model(name)
+    affine = m.decode_affine
+    kw = {"prefill_attn": 0.0} if getattr(m, "uses_prefill_attn", False) else {}
+    rng = np.random.default_rng(0)
+    for n in [1, 2, 3, 7, 64, 100, 255, 256, 1000, *rng.integers(1, 2048, 50).tolist()]:
+        fixed, rate = affine(int(n))
+        for kv in [0, 1, 15, 4096, *rng.integers(0, 4_000_000, 40).tolist()]:
+            assert fixed + rate * int(kv) == m.step_time(0, int(n), int(kv), **kw), (n, kv)
