@@ -209,21 +209,16 @@ def decode_run_ends(
     if k_max <= _SCALAR_RUN:
         ends: list[float] = []
         acc = 0.0  # 0.0 + d is d: the same sum as np.cumsum's
+        # step_time(0, n, kv) is fixed + rate * kv, bit for bit, where the model says so
         affine = getattr(cost_model, "decode_affine", None)
-        if affine is not None:  # step_time(0, n, kv) is fixed + rate * kv, bit for bit
-            fixed, rate = affine(n_decode)
-            for j in range(k_max):
-                if j and ends[-1] >= until:
-                    break
-                acc += fixed + rate * (kv_read + j * n_decode)
-                ends.append(now + acc)
-            return np.array(ends)
+        fixed, rate = affine(n_decode) if affine is not None else (0.0, 0.0)
         step_time = cost_model.step_time
         attn = {"prefill_attn": 0.0} if getattr(cost_model, "uses_prefill_attn", False) else {}
         for j in range(k_max):
             if j and ends[-1] >= until:
                 break
-            acc += step_time(0, n_decode, kv_read + j * n_decode, **attn)
+            kv = kv_read + j * n_decode
+            acc += fixed + rate * kv if affine is not None else step_time(0, n_decode, kv, **attn)
             ends.append(now + acc)
         return np.array(ends)
     i = np.arange(k_max)

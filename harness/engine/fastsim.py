@@ -471,16 +471,13 @@ class ArrayEngine:
             self.used += nd
             k += 1
             tokens += g
+            end = t + step_time(g, 0, c + g, g * (c + g / 2))
             if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
                 Cr[p] = c
                 NBr[p] = nb
-                t = self._advance(
-                    t, t + step_time(g, 0, c + g, g * (c + g / 2)), self.R, False, None, None,
-                    [], g, 0, (p, g),
-                )  # fmt: skip
+                t = self._advance(t, end, self.R, False, None, None, [], g, 0, (p, g))
                 done = True
                 break
-            end = t + step_time(g, 0, c + g, g * (c + g / 2))
             c += g
             if o > 0 and whole - c == 1:  # recomputed up to its last token: it decodes now
                 self.npf -= 1

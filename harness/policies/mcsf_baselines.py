@@ -73,10 +73,10 @@ class _AlphaProtection(ColumnPolicy):
         step: np.ndarray | int
         if rc.num_prefilling == 0:  # every one decodes: ceil((c + 1) / bs) = c // bs + 1
             step = 1
-            full = comp // bs
+            full, part = np.divmod(comp, bs)
             blocks = int(full.sum())
             after = (blocks + seqs) * bs
-            used = (blocks + int(np.count_nonzero(comp - full * bs))) * bs
+            used = (blocks + int(np.count_nonzero(part))) * bs  # + the partly filled blocks
             tokens = seqs
         else:
             step = np.maximum(rc.remaining(), 1)
