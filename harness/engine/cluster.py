@@ -123,7 +123,7 @@ class _Spy:
 class _Engine:
     """One engine core plus its cluster state; also its :class:`EngineLoad` view."""
 
-    def __init__(self, index: int, spec: EngineSpec, clock: list[float]) -> None:
+    def __init__(self, index: int, spec: EngineSpec, clock: list[float], chunks: ChunkLog) -> None:
         self.index_ = index
         self.spec = spec
         self.name = spec.name
@@ -137,7 +137,7 @@ class _Engine:
         self.steady = False  # last plan steady, run untouched since: may be deferred
         self.deferred: tuple[float, np.ndarray, int] | None = None  # (start, step starts, n)
         self.stall = 0
-        self.watch = LivelockWatch()
+        self.watch = LivelockWatch(chunks)  # the cluster's token log: no token anywhere
         self.samples = new_samples()
         self.steps = 0
         self.calls = 0
@@ -247,7 +247,8 @@ class _Cluster:
         self.fast_forward = fast_forward
         self.max_stall = max_stall_calls
         self.clock = [0.0]
-        self.engines = [_Engine(i, s, self.clock) for i, s in enumerate(specs)]
+        self.chunks = ChunkLog(chunk_sink, chunk_flush_rows)
+        self.engines = [_Engine(i, s, self.clock, self.chunks) for i, s in enumerate(specs)]
         self.replicas = [e for e in self.engines if e.spec.agent is None]
         self.by_agent: dict[str, list[_Engine]] = {}
         for e in self.engines:
@@ -256,7 +257,6 @@ class _Cluster:
         self.sessions: list[Session] = sessions_from_frame(trace.df)
         self._check_routing()
         self.tier_info = {t.name: t for t in trace.tiers}
-        self.chunks = ChunkLog(chunk_sink, chunk_flush_rows)
         self.ev: list[tuple[float, int, int, int, Callable[[Any, float], None], Any]] = []
         self.steps: list[tuple[float, int, int, int]] = []
         self.seq = 0
@@ -433,7 +433,6 @@ class _Cluster:
         if core.preemptions_total >= e.watch.next_at:  # a livelock ends the run (simresult)
             e.watch.check(
                 core.preemptions_total,
-                self.chunks.rows_total,
                 self.next_release < math.inf,
                 f"engine {e.name!r}: policy {getattr(e.spec.policy, 'name', '?')!r} with "
                 f"{core.num_waiting} waiting and {core.num_running} running requests",
@@ -552,7 +551,11 @@ class _Cluster:
                 start = e.deferred[0]
                 e.deferred = None
                 self._execute(e, start, stop, stop)
-        ends = [e.samples["t_s"][-1] for e in engines if len(e.samples["t_s"])]
+        return self.end_time(t)
+
+    def end_time(self, t: float) -> float:
+        """The run's end: ``t`` or the last step end of any engine, the later."""
+        ends = [e.samples["t_s"][-1] for e in self.engines if len(e.samples["t_s"])]
         return max([t, *ends])
 
 
@@ -606,8 +609,7 @@ def simulate_cluster(
             if on_stall == "raise":
                 raise
             stalled = str(exc)
-            ends = [e.samples["t_s"][-1] for e in cl.engines if len(e.samples["t_s"])]
-            end = max([cl.clock[0], *ends])
+            end = cl.end_time(cl.clock[0])
 
     def produced(row: Row) -> tuple[float, float, int]:
         r = cl.engines[row.engine].core.get(row.request_id) if row.engine >= 0 else None

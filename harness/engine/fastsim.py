@@ -1021,7 +1021,7 @@ def fast_simulate(
     add, waiting = eng.add, eng.waiting
     execute = eng.execute if planner is None else partial(eng.execute_plan, hold_until=stop)
     calls = 0  # plans, including those that scheduled nothing
-    watch = LivelockWatch()
+    watch = LivelockWatch(chunks)
     i = 0
     t = 0.0
     interrupted = False
@@ -1046,7 +1046,6 @@ def fast_simulate(
             if eng.preempt_total >= watch.next_at:
                 watch.check(
                     eng.preempt_total,
-                    chunks.rows_total,
                     i < n,
                     f"policy {getattr(policy, 'name', policy)!r} with {len(waiting)} waiting and "
                     f"{eng.R} running requests",

@@ -67,17 +67,19 @@ class LivelockWatch:
     """Stops a run that preempts :data:`LIVELOCK_PREEMPTIONS` times, after the last arrival,
     with no token emitted meanwhile (e.g. WAIT without its end-of-trace flush, seed-wait.md
     §9 #17, when a cohort outgrows the KV: the admitted prompt is the eviction victim, again
-    and again). A loop calls :meth:`check` only when the preemption count reaches
-    ``next_at`` (one comparison a step)."""
+    and again). ``chunks``: the run's token log. A loop calls :meth:`check` only when the
+    preemption count reaches ``next_at`` (one comparison a step)."""
 
-    __slots__ = ("next_at", "_rows")
+    __slots__ = ("next_at", "_chunks", "_rows")
 
-    def __init__(self) -> None:
+    def __init__(self, chunks: ChunkLog) -> None:
         self.next_at = LIVELOCK_PREEMPTIONS
+        self._chunks = chunks
         self._rows = -1
 
-    def check(self, preemptions: int, rows: int, arrivals_left: bool, what: str) -> None:
-        """``rows``: chunk rows (tokens) emitted so far; ``what``: the policy and state."""
+    def check(self, preemptions: int, arrivals_left: bool, what: str) -> None:
+        """``what``: the policy and its state, for the message."""
+        rows = self._chunks.rows_total
         if rows == self._rows and not arrivals_left:
             raise SimulationStalled(
                 f"{what}: {LIVELOCK_PREEMPTIONS:,} preemptions and no token since, no arrival "

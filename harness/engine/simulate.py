@@ -175,7 +175,7 @@ def _simulate(
     t = 0.0
     calls = 0
     stall = 0
-    watch = LivelockWatch()
+    watch = LivelockWatch(chunks)
     interrupted = False
     stalled = ""
     try:
@@ -216,7 +216,6 @@ def _simulate(
             if core.preemptions_total >= watch.next_at:
                 watch.check(
                     core.preemptions_total,
-                    chunks.rows_total,
                     i < n,
                     f"policy {getattr(policy, 'name', policy)!r} with {core.num_waiting} waiting "
                     f"and {core.num_running} running requests",
