@@ -31,19 +31,20 @@ def parse_params(items: Iterable[str] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _accepted(cls: type) -> list[str] | None:
-    """Keyword parameters of a policy's constructor; None when it takes ``**kwargs``."""
+def _accepted(cls: type) -> dict[str, inspect.Parameter] | None:
+    """Keyword parameters of a policy's constructor, by name; None when it takes
+    ``**kwargs``."""
     try:
         sig = inspect.signature(cls.__init__)
     except (TypeError, ValueError):
         return None
-    names = []
+    named = {}
     for p in sig.parameters.values():
         if p.kind is p.VAR_KEYWORD:
             return None
         if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            names.append(p.name)
-    return names
+            named[p.name] = p
+    return named
 
 
 def check_params(params: dict[str, dict[str, Any]], policies: Iterable[str]) -> None:
@@ -68,14 +69,13 @@ def check_params(params: dict[str, dict[str, Any]], policies: Iterable[str]) -> 
         accepted = _accepted(policy_class(pol))
         if accepted is None:
             continue
-        params = inspect.signature(policy_class(pol).__init__).parameters
         for name, value in kv.items():
             if name not in accepted:
                 valid = ", ".join(accepted) or "(none)"
                 raise ValueError(
                     f"--param {pol}.{name}: {pol} has no parameter {name!r}; valid: {valid}"
                 )
-            want = _wrong_kind(params[name], value)
+            want = _wrong_kind(accepted[name], value)
             if want:
                 raise ValueError(f"--param {pol}.{name}={value!r}: expected {want}")
 

@@ -259,8 +259,8 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 def _lag1_corr(u: np.ndarray) -> float:
     """``corrcoef(u[1:], u[:-1])`` (NaN when either is constant), by :func:`_dot`."""
     a, b = u[1:] - u[1:].mean(), u[:-1] - u[:-1].mean()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return _dot(a, b) / math.sqrt(_dot(a, a) * _dot(b, b))
+    den = math.sqrt(_dot(a, a) * _dot(b, b))  # Python floats: a zero would raise, not warn
+    return _dot(a, b) / den if den > 0 else math.nan
 
 
 def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None:

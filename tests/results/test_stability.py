@@ -217,3 +217,13 @@ def test_token_backlog_needs_the_chunk_log(tmp_path: Path) -> None:
     assert full["token_backlog_slope_tps"] is not None and full["conditional_drift"]
     assert bare["token_backlog_slope_tps"] is None and bare["conditional_drift"] is None
     assert bare["verdict"] == full["verdict"]
+
+
+def test_lag1_correlation_of_a_constant_side_is_nan_not_an_error() -> None:
+    # corrcoef's answer (NaN, which hac_trend reads as rho = 0) when u[1:] or u[:-1] is flat
+    from harness.results.stability import _lag1_corr
+
+    assert np.isnan(_lag1_corr(np.array([1.0, 2.0, 2.0, 2.0, 2.0])))
+    assert np.isnan(_lag1_corr(np.array([2.0, 2.0, 2.0, 2.0, 1.0])))
+    u = np.array([1.0, 3.0, 2.0, 5.0, 4.0, 6.0])
+    assert _lag1_corr(u) == pytest.approx(np.corrcoef(u[1:], u[:-1])[0, 1])
