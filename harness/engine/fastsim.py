@@ -72,6 +72,7 @@ from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 _NO_LEFT = 1 << 62  # min_left of an empty batch
+_FEW = 4  # run orders up to this long are granted and advanced in scalars
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -173,9 +174,10 @@ class ArrayEngine:
         self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
-        self.FA = np.full((3, cap), np.nan)  # first / last token time, arrival
+        self.FA = np.full((4, cap), np.nan)  # first / last token time, arrival, TBT SLO
         self.cols = (*self.IA, self.FA[0], self.FA[1])  # row views, made once (never move)
         self.AR = self.FA[2]  # arrival times (column policies read them)
+        self.TB = self.FA[3]  # TBT SLOs, NaN: none (column policies read them)
         self.R = 0  # running requests: the first R slots, in running (admission) order
         self.npf = 0  # running requests that are not decoding (prefilling or recomputing)
         self.used = 0
@@ -266,13 +268,24 @@ class ArrayEngine:
         plan = self.planner(
             ColumnView(
                 now=t,
-                running=RunningColumns(Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R], self.npf),
+                running=RunningColumns(
+                    Pr[:R],
+                    Or[:R],
+                    Cr[:R],
+                    Mr[:R],
+                    self.AR[:R],
+                    self.npf,
+                    IDr[:R],
+                    Lr[:R],
+                    self.TB[:R],
+                ),
                 num_waiting=len(waiting),
                 waiting_tokens=self._waiting_tokens,
                 waiting=WaitingRows(waiting, self.request),  # type: ignore[arg-type]
                 kv=KVView(bs, total, self.used),
                 token_budget=self.budget_cap,
                 max_num_seqs=self.max_seqs,
+                num_keys=len(self.rows.P),
             )
         )
         tok = plan.tokens
@@ -300,7 +313,7 @@ class ArrayEngine:
         prefill = n_prefill = n_decode = kv_read = 0
         n_sched = 0
         attn = 0.0
-        single: tuple[int, int] | None = None
+        granted: list[tuple[int, int]] | None = None  # (position, tokens) of a few-item step
         single_left = 0
         if R:
             if (
@@ -323,33 +336,27 @@ class ArrayEngine:
             if not pure and (isinstance(tok, np.ndarray) or tok > 0):
                 if order is None:
                     order = np.arange(R)
-                if len(order) == 1 and not self._evicted:  # one item: the same rule in scalars
-                    p = int(order[0])
-                    c = int(Cr[p])
-                    o = int(Or[p])
-                    rem = int(Pr[p]) + o - c
-                    g = max(
-                        0, min(int(tok[0] if isinstance(tok, np.ndarray) else tok), rem, budget)
-                    )
-                    nd = -(-(c + g) // bs) - int(NBr[p])
-                    if g > 0 and nd <= free:
-                        NBr[p] += nd
-                        self.used += nd
-                        free -= nd
-                        budget -= g
-                        single = (p, g)
-                        single_left = rem - g  # > 0: the step leaves p's row in place
-                        n_sched = 1
-                        if rem == 1 and o > 0:  # a decode
-                            n_decode = 1
-                        else:
-                            n_prefill = 1
-                            prefill = g
-                            attn = g * (c + g / 2)
-                        kv_read = c + g
+                if len(order) <= _FEW and not self._evicted:  # a few items: in scalars
+                    few, budget, need = self._few_items(order, tok, budget)
+                    if need <= free:  # everything fits: rule 2 preempts nothing
+                        for p, g, c, o, rem, nd in few:
+                            NBr[p] += nd
+                            kv_read += c + g
+                            if rem == 1 and o > 0:  # a decode
+                                n_decode += 1
+                            else:
+                                prefill += g
+                                attn += g * (c + g / 2)
+                        self.used += need
+                        free -= need
+                        n_sched = len(few)
+                        n_prefill = n_sched - n_decode
+                        if n_sched == 1:
+                            single_left = few[0][4] - few[0][1]  # > 0: p's row stays in place
+                        granted = [(f[0], f[1]) for f in few]
                         order = order[:0]  # done: skip the array pass
-                    elif g <= 0:
-                        order = order[:0]
+                    else:  # the array pass preempts
+                        budget += sum(f[1] for f in few)
                 if len(order):
                     req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
                     Co = Cr[order]
@@ -431,12 +438,38 @@ class ArrayEngine:
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
         else:
-            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, single)
+            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted)
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         if plan.prefill_run and single_left and n_prefill and not adm_g and self.fast_forward:
-            return self._prefill_run(end, single[0], int(single[1]), until)  # type: ignore[index]
+            return self._prefill_run(end, *granted[0], until)  # type: ignore[index]
         return end
+
+    def _few_items(
+        self, order: np.ndarray, tok: np.ndarray | int, budget: int
+    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int]:
+        """Rule 2's grants for a short run order, in scalars (numpy's per-call cost exceeds
+        the work below :data:`_FEW` items): each item gets its tokens clipped to its remaining
+        and the budget left; items granted nothing are dropped. Returns ``([(position,
+        tokens, computed, output, remaining, new blocks)], budget left, blocks needed)``;
+        nothing is allocated."""
+        Pr, Or, Cr, NBr = self.cols[0], self.cols[1], self.cols[2], self.cols[4]
+        bs = self.bs
+        few = []
+        need = 0
+        toks = tok.tolist() if isinstance(tok, np.ndarray) else [tok] * len(order)
+        for p, want in zip(order.tolist(), toks, strict=True):
+            c = int(Cr[p])
+            o = int(Or[p])
+            rem = int(Pr[p]) + o - c
+            g = min(want, rem, budget)
+            if g <= 0:
+                continue
+            nd = -(-(c + g) // bs) - int(NBr[p])
+            few.append((p, g, c, o, rem, nd))
+            budget -= g
+            need += nd
+        return few, budget, need
 
     def _prefill_run(self, t: float, p: int, tok: int, until: float) -> float:
         """The further chunks of position ``p``'s prefill (a ``ColumnPlan.prefill_run``), step
@@ -475,7 +508,7 @@ class ArrayEngine:
             if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
                 Cr[p] = c
                 NBr[p] = nb
-                t = self._advance(t, end, self.R, False, None, None, [], g, 0, (p, g))
+                t = self._advance(t, end, self.R, False, None, None, [], g, 0, [(p, g)])
                 done = True
                 break
             c += g
@@ -580,35 +613,38 @@ class ArrayEngine:
         adm_g: list[int],
         prefill: int,
         n_decode: int,
-        single: tuple[int, int] | None = None,
+        few: list[tuple[int, int]] | None = None,
     ) -> float:
         """Rule 5 for one step from ``t`` to ``end``: advance what ran (``pure``: every one of
-        the first ``R0`` decoded; ``single``: position p got g tokens, nothing was preempted,
+        the first ``R0`` decoded; ``few``: positions p got g tokens, nothing was preempted,
         in scalars (a lone prefill chunk: RAD's usual step); else positions ``sp`` got ``sg``
         tokens; then the admissions in slots ``R0`` on got ``adm_g``), sample, retire the
         finished, record the step."""
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         self.calls += 1
         self.stall = 0
-        if single is not None:
-            p, g = single
-            c = int(Cr[p]) + g
-            Cr[p] = c
-            self.sum_c += g
-            o = int(Or[p])
-            prompt = int(Pr[p])
-            was_decoding = o > 0 and prompt + o - c + g == 1
-            if c == prompt + o:
-                o += 1
-                Or[p] = o
-                Lr[p] = end
-                if Fr[p] != Fr[p]:
-                    Fr[p] = end
-                self.chunks.add_step(end, [int(IDr[p])])
-            self.npf += was_decoding - (o > 0 and prompt + o - c == 1)
-            m = int(Mr[p]) - o
-            if m < self.min_left:
-                self.min_left = m
+        if few is not None:
+            hits_few: list[int] = []
+            for p, g in few:
+                c = int(Cr[p]) + g
+                Cr[p] = c
+                self.sum_c += g
+                o = int(Or[p])
+                prompt = int(Pr[p])
+                was_decoding = o > 0 and prompt + o - c + g == 1
+                if c == prompt + o:
+                    o += 1
+                    Or[p] = o
+                    Lr[p] = end
+                    if Fr[p] != Fr[p]:
+                        Fr[p] = end
+                    hits_few.append(int(IDr[p]))
+                self.npf += was_decoding - (o > 0 and prompt + o - c == 1)
+                m = int(Mr[p]) - o
+                if m < self.min_left:
+                    self.min_left = m
+            if hits_few:
+                self.chunks.add_step(end, hits_few)
             samp_ids = None
         elif pure:
             Cr[:R0] += 1
@@ -651,7 +687,7 @@ class ArrayEngine:
             if hits:
                 self.chunks.add_step(end, hits)
             self.npf += len(adm_g) - len(hits)
-        if not (pure or single is not None):  # else min_left and npf were kept exactly above
+        if not (pure or few is not None):  # else min_left and npf were kept exactly above
             self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
             self._finish()
@@ -817,6 +853,8 @@ class ArrayEngine:
         Lr[R] = rows.last[j]
         if rows.meta is not None:
             self.AR[R] = rows.meta.arrival[j]
+            tbt = rows.meta.tbt[j]
+            self.TB[R] = math.nan if tbt is None else tbt
         self.R = R + 1
         self.used += nd
         return nd

@@ -17,6 +17,7 @@ for a policy that orders the queue itself, by request object.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -44,6 +45,12 @@ class RunningColumns(NamedTuple):
     max_tokens: np.ndarray  # int64
     arrival: np.ndarray  # float64: arrival_s
     num_prefilling: int  # how many are not decoding (base.is_decoding), kept by the host
+    # int64: a small integer naming each request for as long as the host holds it (through
+    # preemptions), below ColumnView.num_keys: a policy keeps per-request state in arrays
+    # indexed by it (the vectorised kernel: the trace row; object hosts: RequestKeys)
+    key: np.ndarray
+    last: np.ndarray  # float64: last_token_s, NaN before the first token
+    tbt: np.ndarray  # float64: tbt_slo_s, NaN when the request has none
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -101,6 +108,7 @@ class ColumnView(NamedTuple):
     kv: KVView
     token_budget: int
     max_num_seqs: int
+    num_keys: int  # every RunningColumns.key is below it
 
 
 @dataclass(slots=True)
@@ -211,8 +219,52 @@ def prefill_chunks(
     return positions[:k], got, budget - int(got.sum())
 
 
-def columns_of(view: View) -> ColumnView:
-    """The columns of an object host's view (what ``ColumnPolicy.schedule`` plans from)."""
+class RequestKeys:
+    """``RunningColumns.key`` on an object host: a small integer per request id, given when
+    the request is first seen running and kept while the host holds it (waiting again after a
+    preemption too), so a column policy's per-request arrays are indexed alike on every host
+    (the vectorised kernel uses trace rows). Keys are never reused: a policy's arrays grow
+    with the requests the host has served (8 bytes a request per array). Ids the host no
+    longer holds (finished, aborted) are dropped, amortised O(1) per request."""
+
+    __slots__ = ("_of", "next")
+
+    def __init__(self) -> None:
+        self._of: dict[str, int] = {}
+        self.next = 0  # ColumnView.num_keys
+
+    def key(self, rid: str) -> int:
+        """The key of request ``rid`` (a new one if it has none)."""
+        k = self._of.get(rid)
+        return self._new(rid) if k is None else k
+
+    def _new(self, rid: str) -> int:
+        k = self._of[rid] = self.next
+        self.next += 1
+        return k
+
+    def of(self, view: View) -> np.ndarray:
+        """The keys of ``view.running``, in running order."""
+        of = self._of
+        run = view.running
+        keys = [of[rid] if (rid := r.request_id) in of else self._new(rid) for r in run]
+        if len(of) > 2 * (len(run) + len(view.waiting)) + 1024:
+            held = {r.request_id for r in run}
+            held.update(r.request_id for r in view.waiting)
+            self._of = {rid: k for rid, k in of.items() if rid in held}
+        return np.array(keys, dtype=np.int64)
+
+
+def _nan_none(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def columns_of(view: View, keys: RequestKeys | None = None) -> ColumnView:
+    """The columns of an object host's view (what ``ColumnPolicy.schedule`` plans from);
+    ``keys``: the policy's :class:`RequestKeys` (a fresh one names requests for this call
+    only)."""
+    if keys is None:
+        keys = RequestKeys()
     run = view.running
     n = len(run)
     prompt = np.fromiter((r.num_prompt_tokens for r in run), np.int64, n)
@@ -220,21 +272,27 @@ def columns_of(view: View) -> ColumnView:
     computed = np.fromiter((r.num_computed_tokens for r in run), np.int64, n)
     max_tokens = np.fromiter((r.max_tokens for r in run), np.int64, n)
     arrival = np.fromiter((r.arrival_s for r in run), np.float64, n)
+    last = np.fromiter((_nan_none(r.last_token_s) for r in run), np.float64, n)
+    tbt = np.fromiter((_nan_none(r.tbt_slo_s) for r in run), np.float64, n)
     n_pre = n - int(np.count_nonzero(decoding_mask(prompt, output, computed)))
     waiting = view.waiting
 
     def waiting_tokens() -> Iterator[int]:
         return (r.num_tokens - r.num_computed_tokens for r in waiting)
 
+    running = RunningColumns(
+        prompt, output, computed, max_tokens, arrival, n_pre, keys.of(view), last, tbt
+    )
     return ColumnView(
         now=view.now,
-        running=RunningColumns(prompt, output, computed, max_tokens, arrival, n_pre),
+        running=running,
         num_waiting=len(waiting),
         waiting_tokens=waiting_tokens,
         waiting=waiting,
         kv=view.kv,
         token_budget=view.token_budget,
         max_num_seqs=view.max_num_seqs,
+        num_keys=keys.next,
     )
 
 
@@ -264,8 +322,19 @@ class ColumnPolicy(BasePolicy):
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def request_keys(self) -> RequestKeys:
+        """This policy's keys for object hosts' requests (RunningColumns.key)."""
+        keys = self.__dict__.get("_request_keys")
+        if keys is None:  # made here: subclasses' __init__ need not call ours
+            keys = self._request_keys = RequestKeys()
+        return keys
+
+    def columns(self, view: View) -> ColumnView:
+        """The columns of an object host's view, keyed by this policy's keys."""
+        return columns_of(view, self.request_keys())
+
     def schedule(self, view: View) -> Plan:
-        return plan_of(self.plan_columns(columns_of(view)), view)
+        return plan_of(self.plan_columns(self.columns(view)), view)
 
 
 def column_planner(policy: object) -> Callable[[ColumnView], ColumnPlan] | None:
@@ -292,6 +361,7 @@ __all__ = [
     "ColumnPlan",
     "ColumnPolicy",
     "ColumnView",
+    "RequestKeys",
     "RunningColumns",
     "admit_head",
     "admit_sizes",

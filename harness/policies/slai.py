@@ -29,33 +29,39 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §7):
   prompt of not-yet-started requests; started prefills keep their place. #12 chunks are
   Sarathi-style greedy fill (no tiling). #20 output lengths are never read.
 * A request without a TBT SLO uses ``default_tbt_s`` (0.2 s, the code's default).
+* It plans from the running set's columns (policies/columns.py), so the vectorised kernel
+  runs it: deadlines are cached per request key (``RunningColumns.key``), and partial
+  prefills are taken in running order, which is admission order on every host (admissions
+  join the end of the running set).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from harness.policies.base import (
-    BasePolicy,
-    Plan,
     RequestView,
     StepReport,
     View,
     blocks_for,
-    prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting, split_running
+from harness.policies.columns import (
+    ColumnPlan,
+    ColumnPolicy,
+    ColumnView,
+    prefill_chunks,
+)
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
-
-_LST_ARRIVAL = itemgetter(0, 1)  # sort (lst, arrival, request) by (lst, arrival)
 
 
 @register("slai")
-class SLAIPolicy(BasePolicy):
+class SLAIPolicy(ColumnPolicy):
     """SLO-Aware LLM Inference scheduler (seed-rad-slai.md §5.5)."""
 
     def __init__(
@@ -101,9 +107,10 @@ class SLAIPolicy(BasePolicy):
         self.critical_dropped = 0
         self._mean_dur = 0.0
         self._nb = 0
-        self._lst: dict[str, tuple[float | None, float]] = {}
-        self._adm: dict[str, int] = {}
-        self._seq = 0
+        # Eq. 8's cache per request key (RunningColumns.key): the token time it was computed
+        # for (NaN: never) and its value (#3)
+        self._lst_e = np.full(0, np.nan)
+        self._lst_v = np.zeros(0)
         # the prefill queue in its order, kept by the hooks (no per-step sort, issue 13)
         self._wq: SortedWaiting | None = None
         if prefill_order == "spf" and self.tier_priority:
@@ -119,128 +126,143 @@ class SLAIPolicy(BasePolicy):
         """``t̄_batch``: the running mean step duration (0 before the first step)."""
         return self._mean_dur
 
-    def current_offset(self, view: View) -> float:
+    def current_offset(self, view: View | ColumnView) -> float:
         """``δ`` now: fixed, or by KV block usage (§5.3, #9)."""
         if not self.dynamic_offset:
             return self.offset
         return self.offset_high if view.kv.usage >= self.memory_limit else self.offset_low
 
+    def _cache_for(self, num_keys: int) -> None:
+        """Grow the per-key cache to ``num_keys`` (doubling: amortised O(1) per request)."""
+        n = len(self._lst_e)
+        if num_keys > n:
+            m = max(num_keys, 2 * n, 64)
+            self._lst_e = np.concatenate([self._lst_e, np.full(m - n, np.nan)])
+            self._lst_v = np.concatenate([self._lst_v, np.zeros(m - n)])
+
+    def lsts(self, cv: ColumnView, positions: np.ndarray) -> np.ndarray:
+        """Eq. (8) for the next decode of the running requests at ``positions``: ``e + TBT_j
+        - δ·t̄_batch``, computed once per produced token with the δ and t̄ of that moment
+        (#3), from the per-key cache; ``e`` is the last token's time (#4: the final prefill
+        chunk's end), ``TBT_j`` the request's SLO or ``default_tbt_s``."""
+        rc = cv.running
+        return self._eq8(rc.key[positions], rc.last[positions], rc.tbt[positions], cv, cv.num_keys)
+
     def lst(self, r: RequestView, view: View) -> float:
-        """Eq. (8) for the request's next decode, computed once per produced token (#3)."""
-        e = r.last_token_s
-        cached = self._lst.get(r.request_id)
-        if cached is not None and cached[0] == e:
-            return cached[1]
-        tbt = r.tbt_slo_s if r.tbt_slo_s is not None else self.default_tbt_s
-        base = e if e is not None else view.now
-        value = base + tbt - self.current_offset(view) * self._mean_dur
-        self._lst[r.request_id] = (e, value)
+        """:meth:`lsts` for one request on an object host."""
+        keys = self.request_keys()
+        k = np.array([keys.key(r.request_id)])
+        e = np.array([math.nan if r.last_token_s is None else r.last_token_s])
+        tbt = np.array([math.nan if r.tbt_slo_s is None else r.tbt_slo_s])
+        return float(self._eq8(k, e, tbt, view, keys.next)[0])
+
+    def _eq8(
+        self,
+        k: np.ndarray,
+        e: np.ndarray,
+        tbt: np.ndarray,
+        view: View | ColumnView,
+        num_keys: int,
+    ) -> np.ndarray:
+        self._cache_for(num_keys)
+        miss = self._lst_e[k] != e  # NaN (never computed) misses
+        n_miss = int(np.count_nonzero(miss))
+        if not n_miss:  # every decode deferred since its deadline was set
+            return self._lst_v[k]
+        shift = self.current_offset(view) * self._mean_dur
+        # a decode has produced a token, so e is known (#4)
+        fresh = e + np.where(tbt == tbt, tbt, self.default_tbt_s) - shift
+        value = fresh if n_miss == len(k) else np.where(miss, fresh, self._lst_v[k])
+        self._lst_e[k] = e
+        self._lst_v[k] = value
         return value
 
-    def _keyed(self, decodes: list[RequestView], view: View) -> list[tuple[float, float, Any]]:
-        """``(lst, arrival, r)`` per decode: :meth:`lst` inlined (it runs per decode per step)."""
-        cache = self._lst
-        now = view.now
-        shift = None  # δ·t̄_batch, the same for every request of this step
-        out = []
-        for r in decodes:
-            e = r.last_token_s
-            rid = r.request_id
-            cached = cache.get(rid)
-            if cached is not None and cached[0] == e:
-                value = cached[1]
-            else:
-                if shift is None:
-                    shift = self.current_offset(view) * self._mean_dur
-                tbt = r.tbt_slo_s if r.tbt_slo_s is not None else self.default_tbt_s
-                value = (e if e is not None else now) + tbt - shift
-                cache[rid] = (e, value)
-            out.append((value, r.arrival_s, r))
-        return out
-
     # -- planning ------------------------------------------------------------------------
-    def schedule(self, view: View) -> Plan:
-        budget = view.token_budget
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        budget = cv.token_budget
         if self.token_budget is not None:
             budget = min(budget, self.token_budget)
         alpha = (
-            view.max_num_seqs
-            if self.max_active is None
-            else min(self.max_active, view.max_num_seqs)
+            cv.max_num_seqs if self.max_active is None else min(self.max_active, cv.max_num_seqs)
         )
         beta = alpha if self.max_decodes is None else self.max_decodes
-        bs = view.kv.block_size
-        free = view.kv.free_blocks
-        reserve = math.ceil(self.watermark * view.kv.total_blocks)
+        bs = cv.kv.block_size
+        rc = cv.running
 
-        # one pass: a running request that is not decoding has prefill left (base.py)
-        decodes, prefilling = split_running(view.running)
-        keyed = self._keyed(decodes, view)
-        keyed.sort(key=_LST_ARRIVAL)
-        now = view.now
-        critical = [t[2] for t in keyed if t[0] <= now]
-        noncritical = [t[2] for t in keyed if t[0] > now]
-        adm = self._adm
-        partial = sorted(prefilling, key=lambda r: (adm.get(r.request_id, -1), r.arrival_s))
-        if not view.waiting and not partial and len(decodes) <= min(budget, beta):
-            # Light load: every decode runs every step, as in Sarathi (work-conserving).
-            self.noncritical_total += len(noncritical)
-            self.critical_total += len(critical)
-            run = [(r.request_id, 1) for r in critical + noncritical]
-            return Plan(run=run, steady=bool(run))
+        # a running request that is not decoding has prefill (or recompute) left (base.py);
+        # the partial prefills in admission order = running order (#10: they keep it)
+        decodes, partial = rc.split()
+        nd = len(decodes)
+        if nd > 1:
+            lst = self.lsts(cv, decodes)
+            ranked = decodes[np.lexsort((rc.arrival[decodes], lst))]  # (C, arrival), stable #6
+            ncrit = int(np.count_nonzero(lst <= cv.now))  # critical: C <= now
+        elif nd:
+            ranked = decodes
+            ncrit = int(self.lsts(cv, decodes)[0] <= cv.now)
+        else:
+            ranked, ncrit = decodes, 0
+        if not cv.num_waiting and not len(partial) and nd <= min(budget, beta):
+            # Light load: every decode runs every step, as in Sarathi (work-conserving). When
+            # every decode's next block fits, the run order cannot matter (rule 2 preempts
+            # nothing): the host's running order, its fastest path.
+            self.noncritical_total += nd - ncrit
+            self.critical_total += ncrit
+            grow = int(np.count_nonzero(rc.computed[decodes] % bs == 0))
+            return ColumnPlan(None if grow <= cv.kv.free_blocks else ranked, 1, steady=nd > 0)
 
-        def grow(r: RequestView, n: int) -> int:
-            return blocks_for(r.num_computed_tokens + n, bs) - blocks_for(r.num_computed_tokens, bs)
+        # (1)+(2) critical decodes, capped by τ and β (#5): one token each
+        nc = min(ncrit, budget, beta)
+        self.critical_dropped += ncrit - nc
+        self.critical_total += nc
+        crit = ranked[:nc]
+        # (3a) partial prefills, FIFO, chunk = what the budget leaves
+        got: np.ndarray | int
+        if len(partial) == 1 and budget > nc:  # the usual case, in scalars
+            p = int(partial[0])
+            got = min(int(rc.prompt[p] + rc.output[p] - rc.computed[p]), budget - nc)
+            part, tokens = partial, nc + got
+        else:
+            part, got, left = prefill_chunks(rc, partial, budget - nc)
+            tokens = budget - left
+        # (3b) new prefills in prefill order, head-of-line: α and the full prompt's KV
+        admit: list[tuple[RequestView, int]] = []
+        active = len(rc)
+        if cv.num_waiting and tokens < budget and active < alpha:
+            # the KV left after the critical decodes' and the partial prefills' blocks
+            free = cv.kv.free_blocks - int(np.count_nonzero(rc.computed[crit] % bs == 0))
+            if len(part):
+                c0 = rc.computed[part]
+                free -= int(((c0 + got + bs - 1) // bs - (c0 + bs - 1) // bs).sum())
+            reserve = math.ceil(self.watermark * cv.kv.total_blocks)
+            for r in self._prefill_queue(cv):
+                if tokens >= budget or active >= alpha:
+                    break
+                need = blocks_for(r.num_tokens, bs)
+                if free - need < reserve:
+                    break
+                c = min(remaining_tokens(r), budget - tokens)
+                admit.append((r, c))
+                tokens += c
+                active += 1
+                free -= need
+        # (4) non-critical decodes, ascending C, while τ and β allow
+        nn = max(0, min(nd - ncrit, budget - tokens, beta - nc))
+        self.noncritical_total += nn
+        self.deferred_total += nd - ncrit - nn
+        if not nc and not nn:
+            return ColumnPlan(part, got, admit_requests=admit)
+        order = np.concatenate([crit, part, ranked[ncrit : ncrit + nn]])
+        tok = np.ones(len(order), np.int64)
+        tok[nc : nc + len(part)] = got
+        return ColumnPlan(order, tok, admit_requests=admit)
 
-        run: list[tuple[str, int]] = []
-        tokens = 0
-        ndec = 0
-        for i, r in enumerate(critical):  # (1)+(2)
-            if tokens >= budget or ndec >= beta:
-                self.critical_dropped += len(critical) - i
-                break
-            run.append((r.request_id, 1))
-            tokens += 1
-            ndec += 1
-            free -= grow(r, 1)
-        self.critical_total += ndec
-        for r in partial:  # (3a)
-            if tokens >= budget:
-                break
-            c = min(prefill_remaining(r), budget - tokens)
-            run.append((r.request_id, c))
-            tokens += c
-            free -= grow(r, c)
-        admit: list[tuple[str, int]] = []
-        active = len(view.running)
-        for r in self._prefill_queue(view):  # (3b), head-of-line
-            if tokens >= budget or active >= alpha:
-                break
-            need = blocks_for(r.num_tokens, bs)
-            if free - need < reserve:
-                break
-            c = min(remaining_tokens(r), budget - tokens)
-            admit.append((r.request_id, c))
-            tokens += c
-            active += 1
-            free -= need
-        ncrit = ndec
-        for r in noncritical:  # (4)
-            if tokens >= budget or ndec >= beta:
-                break
-            run.append((r.request_id, 1))
-            tokens += 1
-            ndec += 1
-        self.noncritical_total += ndec - ncrit
-        self.deferred_total += len(noncritical) - (ndec - ncrit)
-        return Plan(run=run, admit=admit)
-
-    def _prefill_queue(self, view: View) -> Iterable[RequestView]:
+    def _prefill_queue(self, cv: ColumnView) -> Iterable[RequestView]:
         """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first
         (a stable sort of the host's queue; kept incrementally, read lazily: head-of-line)."""
         if self._wq is None:
-            return view.waiting
-        self._wq.sync(view)
+            return cv.waiting
+        self._wq.sync(cv)
         return self._wq.iter()
 
     def on_arrival(self, request: RequestView, now: float) -> None:
@@ -266,14 +288,6 @@ class SLAIPolicy(BasePolicy):
     def _forget(self, report: StepReport) -> None:
         if self._wq is not None:
             self._wq.on_step(report)
-        for rid in report.admitted:
-            self._seq += 1
-            self._adm[rid] = self._seq
-        for rid in report.finished:
-            self._lst.pop(rid, None)
-            self._adm.pop(rid, None)
-        for rid in report.preempted:
-            self._adm.pop(rid, None)
 
     def params(self) -> dict[str, Any]:
         return {

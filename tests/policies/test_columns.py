@@ -8,6 +8,7 @@ from paper_host import FakeReq, decoding, make_view
 
 from harness.policies.columns import (
     ColumnPlan,
+    RequestKeys,
     admit_sizes,
     columns_of,
     plan_of,
@@ -40,6 +41,33 @@ def test_columns_of_reads_the_running_set_in_order() -> None:
     assert rc.remaining().tolist() == [1, 24, 1, 32]
     assert cv.num_waiting == 3 and list(cv.waiting_tokens()) == [12, 800, 3]
     assert cv.kv.free_blocks == 100 - cv.kv.used_blocks
+
+
+def test_columns_of_carries_keys_token_times_and_slos() -> None:
+    running = [
+        decoding("a", 10, 3, 50, last_token_s=1.5, tbt_slo_s=0.1),
+        FakeReq("b", 40, 20, num_computed_tokens=16),  # no token yet, no SLO
+    ]
+    keys = RequestKeys()
+    rc = columns_of(make_view([FakeReq("w", 5, 5)], running), keys).running
+    assert rc.key.tolist() == [0, 1]
+    assert rc.last[0] == 1.5 and np.isnan(rc.last[1])
+    assert rc.tbt[0] == 0.1 and np.isnan(rc.tbt[1])
+    # a key stays with its request while the host holds it: here "a" was preempted (waiting)
+    # and "w" admitted, then "a" comes back
+    cv = columns_of(make_view([running[0]], [running[1], FakeReq("w", 5, 5)]), keys)
+    assert cv.running.key.tolist() == [1, 2] and cv.num_keys == 3
+    assert keys.key("a") == 0
+    assert columns_of(make_view([], [running[0]]), keys).running.key.tolist() == [0]
+
+
+def test_request_keys_forget_what_the_host_no_longer_holds() -> None:
+    keys = RequestKeys()
+    for i in range(3000):  # one request at a time, each finished before the next
+        keys.of(make_view([], [FakeReq(f"r{i}", 5, 5)]))
+    assert len(keys._of) <= 2 * 1 + 1024 + 1  # pruned, amortised
+    assert keys.next == 3000  # never reused: a policy's per-key state cannot leak across
+    assert keys.key("r2999") == 2999
 
 
 def test_plan_of_maps_positions_and_the_queue_head_to_ids() -> None:
