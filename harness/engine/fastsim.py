@@ -42,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,7 @@ from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
 _NO_LEFT = 1 << 62  # min_left of an empty batch
+_row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
 
 
@@ -286,6 +288,8 @@ class ArrayEngine:
                 token_budget=self.budget_cap,
                 max_num_seqs=self.max_seqs,
                 num_keys=len(self.rows.P),
+                key_of=_row_of,
+                id_of=self.rows.meta.ids.__getitem__,
             )
         )
         tok = plan.tokens

@@ -109,6 +109,8 @@ class ColumnView(NamedTuple):
     token_budget: int
     max_num_seqs: int
     num_keys: int  # every RunningColumns.key is below it
+    key_of: Callable[[RequestView], int]  # the key a waiting request runs under
+    id_of: Callable[[int], str]  # the request id of a running request's key
 
 
 @dataclass(slots=True)
@@ -227,10 +229,11 @@ class RequestKeys:
     with the requests the host has served (8 bytes a request per array). Ids the host no
     longer holds (finished, aborted) are dropped, amortised O(1) per request."""
 
-    __slots__ = ("_of", "next")
+    __slots__ = ("_of", "_id", "next")
 
     def __init__(self) -> None:
         self._of: dict[str, int] = {}
+        self._id: dict[int, str] = {}  # the inverse
         self.next = 0  # ColumnView.num_keys
 
     def key(self, rid: str) -> int:
@@ -238,8 +241,17 @@ class RequestKeys:
         k = self._of.get(rid)
         return self._new(rid) if k is None else k
 
+    def key_of(self, r: RequestView) -> int:
+        """The key of request ``r`` (ColumnView.key_of)."""
+        return self.key(r.request_id)
+
+    def id_of(self, key: int) -> str:
+        """The request id of ``key`` (ColumnView.id_of)."""
+        return self._id[key]
+
     def _new(self, rid: str) -> int:
         k = self._of[rid] = self.next
+        self._id[k] = rid
         self.next += 1
         return k
 
@@ -252,7 +264,20 @@ class RequestKeys:
             held = {r.request_id for r in run}
             held.update(r.request_id for r in view.waiting)
             self._of = {rid: k for rid, k in of.items() if rid in held}
+            self._id = {k: rid for rid, k in self._of.items()}
         return np.array(keys, dtype=np.int64)
+
+
+def per_key(values: np.ndarray, num_keys: int, fill: float | int) -> np.ndarray:
+    """``values`` (a policy's per-key state, RunningColumns.key) with room for ``num_keys``
+    keys, new entries ``fill``: itself when it has room, else grown by doubling (amortised
+    O(1) a request)."""
+    n = len(values)
+    if num_keys <= n:
+        return values
+    grown = np.full(max(num_keys, 2 * n, 64), fill, dtype=values.dtype)
+    grown[:n] = values
+    return grown
 
 
 def _nan_none(v: float | None) -> float:
@@ -293,6 +318,8 @@ def columns_of(view: View, keys: RequestKeys | None = None) -> ColumnView:
         token_budget=view.token_budget,
         max_num_seqs=view.max_num_seqs,
         num_keys=keys.next,
+        key_of=keys.key_of,
+        id_of=keys.id_of,
     )
 
 
@@ -369,6 +396,7 @@ __all__ = [
     "columns_of",
     "decoding_mask",
     "has_hooks",
+    "per_key",
     "plan_of",
     "prefill_chunks",
 ]

@@ -31,29 +31,24 @@ Decisions on the spec's ambiguities (seed-mcsf.md §7):
   ``max_num_seqs`` so the plan is never clipped; a prompt longer than the budget left is
   admitted with a first chunk (its KV timeline then starts later than the check assumed,
   by the extra prefill steps; exact when the budget exceeds every prompt).
+* It plans from the running set's columns (policies/columns.py), so the vectorised kernel
+  runs it: running requests' estimates are kept per request key (``RunningColumns.key``),
+  set when the plan admits them; started order is the host's running order (admissions join
+  its end).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from harness.policies.base import (
-    BasePolicy,
-    Plan,
-    RequestView,
-    StepReport,
-    View,
-    remaining_tokens,
-)
+from harness.policies.base import RequestView, StepReport, remaining_tokens
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
-
-_START_ARRIVAL = itemgetter(0, 1)  # (admission seq, arrival) of a keyed running request
 
 
 def _unit_hash(seed: int, request_id: str) -> float:
@@ -102,7 +97,7 @@ def future_peak_ok(base: np.ndarray, end: np.ndarray, capacity: int, block_size:
 
 
 @register("mcsf")
-class MCSFPolicy(BasePolicy):
+class MCSFPolicy(ColumnPolicy):
     """Memory-constrained shortest-first (seed-mcsf.md §2.3)."""
 
     def __init__(
@@ -133,9 +128,8 @@ class MCSFPolicy(BasePolicy):
         self.seed = seed
         self.block_aware = block_aware
         self.memory_tokens = memory_tokens
-        self._est: dict[str, int] = {}
-        self._started: dict[str, int] = {}
-        self._seq = 0
+        self._est: dict[str, int] = {}  # by request id: the waiting queue's order reads it
+        self._est_k = np.zeros(0, np.int64)  # by RunningColumns.key: running requests' (0: unset)
         # waiting in A3 order, kept by the hooks (no per-step sort of the queue, issue 13); a
         # waiting request's estimate is fixed (its output count does not move while it waits)
         self._wq = SortedWaiting(lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens))
@@ -165,86 +159,74 @@ class MCSFPolicy(BasePolicy):
         return max(0, self.estimate(r) - r.num_output_tokens - 1 + extra)
 
     # -- planning ------------------------------------------------------------------------
-    def schedule(self, view: View) -> Plan:
-        # Running in admission order (then arrival). One pass per running request builds the
-        # run item (max(1, remaining): a decode's remaining is 1), its KV tokens and its last
-        # step offset (_last_step inlined: it runs per running request per step, the cost of
-        # an overloaded engine); estimate() is called where it could change anything.
-        started = self._started.get
-        keyed = [(started(r.request_id, -1), r.arrival_s, r) for r in view.running]
-        keyed.sort(key=_START_ARRIVAL)  # stable, like sorted(view.running, key=...)
-        est_of = self._est.get
+    def _running_estimates(self, cv: ColumnView) -> np.ndarray:
+        """``ô`` of each running request, from the per-key copy of the estimates (set at
+        admission), raised where a request has reached it without finishing (REC a; kept in
+        ``_est`` too, which a preempted request's place in the queue reads)."""
+        rc = cv.running
+        self._est_k = per_key(self._est_k, cv.num_keys, 0)
+        keys = rc.key
+        est = self._est_k[keys]
+        stale = rc.output >= est  # reached (or never set: 0)
+        if stale.any():
+            for p in np.flatnonzero(stale).tolist():
+                key = int(keys[p])
+                rid = cv.id_of(key)
+                o = int(rc.output[p])
+                e = int(est[p]) or self._est.get(rid) or int(rc.max_tokens[p])
+                if o >= e:  # under-estimate discovered (REC a)
+                    e = o + self.overrun_extra
+                self._est[rid] = e
+                self._est_k[key] = e
+            est = self._est_k[keys]
+        return est
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        # Running in admission order = the host's running order (admissions join its end).
+        # Each running request's run item is max(1, remaining) (a decode's remaining is 1),
+        # its KV tokens num_tokens and its last step offset (Convention A or B).
+        rc = cv.running
+        n = len(rc)
         extra = 1 if self.kv_convention == "A" else 0
-        run: list[tuple[str, int]] = []
-        base: list[int] = []
-        end: list[int] = []
-        tokens_used = 0
-        all_decoding = True
-        for _s, _a, r in keyed:
-            rid = r.request_id
-            o = r.num_output_tokens
-            tok = r.num_prompt_tokens + o
-            rem = tok - r.num_computed_tokens
-            if rem > 1:
-                run.append((rid, rem))
-                tokens_used += rem
-                all_decoding = False
-            else:
-                run.append((rid, 1))
-                tokens_used += 1
-                if o <= 0 or rem != 1:
-                    all_decoding = False
-            base.append(tok)
-            e = est_of(rid)
-            if e is None or o >= e:
-                e = self.estimate(r)
-            last = e - o - 1 + extra
-            end.append(last if last > 0 else 0)
-        running = [t[2] for t in keyed]
-        capacity = self.memory_tokens if self.memory_tokens is not None else view.kv.capacity_tokens
-        bs = view.kv.block_size if self.block_aware else 1
-        self._wq.sync(view)
-        cands = self._wq.iter()  # A3: (ô, arrival, prompt_len, id)
-        admit: list[tuple[str, int]] = []
-        seqs = len(running)
-        for r in cands:
-            if seqs >= view.max_num_seqs or tokens_used >= view.token_budget:
+        est = self._running_estimates(cv)
+        base = rc.prompt + rc.output
+        end = np.maximum(est - rc.output - 1 + extra, 0)
+        step: np.ndarray | int
+        if rc.num_prefilling == 0:  # every one decodes its one token
+            step, tokens_used = 1, n
+        else:
+            step = np.maximum(base - rc.computed, 1)
+            tokens_used = int(step.sum())
+        capacity = self.memory_tokens if self.memory_tokens is not None else cv.kv.capacity_tokens
+        bs = cv.kv.block_size if self.block_aware else 1
+        self._wq.sync(cv)
+        admit: list[tuple[RequestView, int]] = []
+        seqs = n
+        for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
+            if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
-            need = min(remaining_tokens(r), view.token_budget - tokens_used)  # chunked if long
-            ok = future_peak_ok(
-                np.array(base + [r.num_tokens], dtype=np.int64),
-                np.array(end + [self._last_step(r)], dtype=np.int64),
-                capacity,
-                bs,
-            )
-            if ok:
-                admit.append((r.request_id, need))
-                base.append(r.num_tokens)
-                end.append(self._last_step(r))
+            need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
+            b = np.append(base, r.num_tokens)
+            e = np.append(end, self._last_step(r))
+            if future_peak_ok(b, e, capacity, bs):
+                admit.append((r, need))
+                key = cv.key_of(r)  # the key it runs under
+                self._est_k = per_key(self._est_k, key + 1, 0)
+                self._est_k[key] = self.estimate(r)
+                base, end = b, e
                 tokens_used += need
                 seqs += 1
             elif self.on_fail == "break":
                 break
-        steady = (
-            not view.waiting
-            and bool(running)
-            and all_decoding
-            and len(running) <= view.token_budget
-        )
-        return Plan(run=run, admit=admit, steady=steady)
+        steady = not cv.num_waiting and n > 0 and rc.num_prefilling == 0 and n <= cv.token_budget
+        return ColumnPlan(None, step, admit_requests=admit, steady=steady)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)
 
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
-        for rid in report.admitted:
-            self._seq += 1
-            self._started[rid] = self._seq
-        for rid in report.preempted:
-            self._started.pop(rid, None)
         for rid in report.finished:
-            self._started.pop(rid, None)
             self._est.pop(rid, None)
 
     def params(self) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from harness.policies.columns import (
     ColumnPlan,
     ColumnPolicy,
     ColumnView,
+    per_key,
     prefill_chunks,
 )
 from harness.policies.common import SortedWaiting
@@ -132,14 +133,6 @@ class SLAIPolicy(ColumnPolicy):
             return self.offset
         return self.offset_high if view.kv.usage >= self.memory_limit else self.offset_low
 
-    def _cache_for(self, num_keys: int) -> None:
-        """Grow the per-key cache to ``num_keys`` (doubling: amortised O(1) per request)."""
-        n = len(self._lst_e)
-        if num_keys > n:
-            m = max(num_keys, 2 * n, 64)
-            self._lst_e = np.concatenate([self._lst_e, np.full(m - n, np.nan)])
-            self._lst_v = np.concatenate([self._lst_v, np.zeros(m - n)])
-
     def lsts(self, cv: ColumnView, positions: np.ndarray) -> np.ndarray:
         """Eq. (8) for the next decode of the running requests at ``positions``: ``e + TBT_j
         - δ·t̄_batch``, computed once per produced token with the δ and t̄ of that moment
@@ -164,7 +157,9 @@ class SLAIPolicy(ColumnPolicy):
         view: View | ColumnView,
         num_keys: int,
     ) -> np.ndarray:
-        self._cache_for(num_keys)
+        if num_keys > len(self._lst_e):
+            self._lst_e = per_key(self._lst_e, num_keys, math.nan)
+            self._lst_v = per_key(self._lst_v, num_keys, 0.0)
         miss = self._lst_e[k] != e  # NaN (never computed) misses
         n_miss = int(np.count_nonzero(miss))
         if not n_miss:  # every decode deferred since its deadline was set
