@@ -30,6 +30,24 @@ def test_future_peak_check_matches_brute_force(bs):
         assert future_peak_ok(base, end, cap, bs) == _brute(base, end, cap, bs)
 
 
+@pytest.mark.parametrize("bs", [1, 16])
+@pytest.mark.parametrize("n", [5, 200])
+def test_future_peak_check_around_the_sum_of_peaks(bs, n):
+    # capacities from well below to above the sum of the peaks: the quick accept (the sum
+    # fits) and the exact check (it does not) against brute force, both set sizes
+    rng = np.random.default_rng(n + bs)
+    answers = set()
+    for _ in range(60):
+        base = rng.integers(1, 40, n)
+        end = rng.integers(0, 30, n)
+        peaks = int((-(-(base + end) // bs) * bs).sum())
+        cap = int(peaks * rng.uniform(0.5, 1.1))
+        got = future_peak_ok(base, end, cap, bs)
+        assert got == _brute(base, end, cap, bs)
+        answers.add((got, cap >= peaks))
+    assert {(True, True), (False, False), (True, False)} <= answers
+
+
 def test_conventions_worked_example():
     # s = 10, o = 3 (seed-mcsf.md §1.2): peak 12 under B, 13 under A.
     req = FakeReq("x", 10, 3)
