@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -317,7 +317,7 @@ class ArrayEngine:
         prefill = n_prefill = n_decode = kv_read = 0
         n_sched = 0
         attn = 0.0
-        granted: list[tuple[int, int]] | None = None  # (position, tokens) of a few-item step
+        granted: list[tuple[int, int, int, int, int, int]] | None = None  # a few-item step's
         single_left = 0
         if R:
             if (
@@ -357,7 +357,7 @@ class ArrayEngine:
                         n_prefill = n_sched - n_decode
                         if n_sched == 1:
                             single_left = few[0][4] - few[0][1]  # > 0: p's row stays in place
-                        granted = [(f[0], f[1]) for f in few]
+                        granted = few
                         order = order[:0]  # done: skip the array pass
                     else:  # the array pass preempts
                         budget += sum(f[1] for f in few)
@@ -446,7 +446,7 @@ class ArrayEngine:
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         if plan.prefill_run and single_left and n_prefill and not adm_g and self.fast_forward:
-            return self._prefill_run(end, *granted[0], until)  # type: ignore[index]
+            return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]
         return end
 
     def _few_items(
@@ -617,38 +617,18 @@ class ArrayEngine:
         adm_g: list[int],
         prefill: int,
         n_decode: int,
-        few: list[tuple[int, int]] | None = None,
+        few: Sequence[tuple[int, ...]] | None = None,
     ) -> float:
         """Rule 5 for one step from ``t`` to ``end``: advance what ran (``pure``: every one of
-        the first ``R0`` decoded; ``few``: positions p got g tokens, nothing was preempted,
-        in scalars (a lone prefill chunk: RAD's usual step); else positions ``sp`` got ``sg``
+        the first ``R0`` decoded; ``few``: ``(p, g, ...)``, position p got g tokens, nothing
+        was preempted (:meth:`_give`: a short run order); else positions ``sp`` got ``sg``
         tokens; then the admissions in slots ``R0`` on got ``adm_g``), sample, retire the
         finished, record the step."""
         Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
         self.calls += 1
         self.stall = 0
         if few is not None:
-            hits_few: list[int] = []
-            for p, g in few:
-                c = int(Cr[p]) + g
-                Cr[p] = c
-                self.sum_c += g
-                o = int(Or[p])
-                prompt = int(Pr[p])
-                was_decoding = o > 0 and prompt + o - c + g == 1
-                if c == prompt + o:
-                    o += 1
-                    Or[p] = o
-                    Lr[p] = end
-                    if Fr[p] != Fr[p]:
-                        Fr[p] = end
-                    hits_few.append(int(IDr[p]))
-                self.npf += was_decoding - (o > 0 and prompt + o - c == 1)
-                m = int(Mr[p]) - o
-                if m < self.min_left:
-                    self.min_left = m
-            if hits_few:
-                self.chunks.add_step(end, hits_few)
+            self._give(few, end)
             samp_ids = None
         elif pure:
             Cr[:R0] += 1
@@ -670,27 +650,9 @@ class ArrayEngine:
             samp_ids = None
         if samp_ids is not None and len(samp_ids):
             self.chunks.add_step(end, samp_ids)
-        if adm_g:
-            hits: list[int] = []
-            left = self.min_left
-            for q, g in enumerate(adm_g, start=R0):
-                Cr[q] = g
-                self.sum_c += g
-                o = int(Or[q])
-                if g == Pr[q] + o:
-                    o += 1
-                    Or[q] = o
-                    Lr[q] = end
-                    if Fr[q] != Fr[q]:
-                        Fr[q] = end
-                    hits.append(int(IDr[q]))
-                m = int(Mr[q]) - o
-                if m < left:
-                    left = m
-            self.min_left = left
-            if hits:
-                self.chunks.add_step(end, hits)
-            self.npf += len(adm_g) - len(hits)
+        if adm_g:  # they join not decoding (no KV yet), then get their first chunks
+            self.npf += len(adm_g)
+            self._give(enumerate(adm_g, start=R0), end)
         if not (pure or few is not None):  # else min_left and npf were kept exactly above
             self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
@@ -699,6 +661,34 @@ class ArrayEngine:
         self._sample(end, t, 1, prefill, n_decode)
         self.steady = False
         return end
+
+    def _give(self, items: Iterable[tuple[int, ...]], end: float) -> None:
+        """Rule 5 in scalars for ``(position p, g tokens, ...)`` items of a step ending at
+        ``end``: p's KV grows by g, and a request whose KV then covers its prompt and output
+        emits a token at ``end``; ``npf`` and ``min_left`` are kept exactly (a request counted
+        in ``npf`` before the step is one that was not decoding)."""
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols[:4] + self.cols[5:]
+        hits: list[int] = []
+        for p, g, *_ in items:
+            c = int(Cr[p]) + g
+            Cr[p] = c
+            self.sum_c += g
+            o = int(Or[p])
+            prompt = int(Pr[p])
+            was_decoding = o > 0 and prompt + o - c + g == 1
+            if c == prompt + o:
+                o += 1
+                Or[p] = o
+                Lr[p] = end
+                if Fr[p] != Fr[p]:
+                    Fr[p] = end
+                hits.append(int(IDr[p]))
+            self.npf += was_decoding - (o > 0 and prompt + o - c == 1)
+            m = int(Mr[p]) - o
+            if m < self.min_left:
+                self.min_left = m
+        if hits:
+            self.chunks.add_step(end, hits)
 
     def _finish(self) -> bool:
         """Retire the running requests that reached max_tokens; refresh ``min_left``."""
