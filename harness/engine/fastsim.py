@@ -653,7 +653,7 @@ class ArrayEngine:
         if adm_g:  # they join not decoding (no KV yet), then get their first chunks
             self.npf += len(adm_g)
             self._give(enumerate(adm_g, start=R0), end)
-        if not (pure or few is not None):  # else min_left and npf were kept exactly above
+        if sp is not None:  # the array pass ran (pure, few and admissions keep them exactly)
             self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
             self._finish()
@@ -724,14 +724,15 @@ class ArrayEngine:
             left[p] = _NO_LEFT
             self.min_left = int(left.min())  # _NO_LEFT when it was the last one
             return True
-        ids = IA[5, :R][done]
+        out = IA[:, gone]  # the finished requests' columns, one gather
+        ids = out[5]
         rows.state[ids] = _FINISHED
-        rows.Orow[ids] = Or[:R][done]
-        rows.first[ids] = FA[0, :R][done]
-        rows.last[ids] = FA[1, :R][done]
-        self.used -= int(IA[4, :R][done].sum())
-        self.pm_total -= int((IA[0, :R][done] + IA[3, :R][done]).sum())
-        self.sum_c -= int(IA[2, :R][done].sum())
+        rows.Orow[ids] = out[1]
+        rows.first[ids], rows.last[ids] = FA[:2, gone]
+        pr, _, c, m, nb, _ = out.sum(axis=1).tolist()
+        self.used -= nb
+        self.pm_total -= pr + m
+        self.sum_c -= c
         self._retire(~done)
         self.finished_total += len(ids)
         R = self.R

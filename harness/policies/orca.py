@@ -38,7 +38,8 @@ class OrcaPolicy(ColumnPolicy):
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         rc = cv.running
         budget = cv.token_budget
-        decoding, prefilling = rc.split()
+        # the usual step has nobody prefilling: no position arrays unless decodes are cut
+        prefilling = rc.prefilling()
         bs = cv.kv.block_size
         pre_tok: list[int] = []
         if len(prefilling):
@@ -66,11 +67,12 @@ class OrcaPolicy(ColumnPolicy):
         # Decodes get 1 token each while budget is left. Every running request is listed (0
         # tokens when it gets none) so the whole running set stays in the run order that KV
         # preemption takes victims from (decodes last in priority, so first victims).
-        granted = min(len(decoding), max(budget, 0))
-        all_granted = granted == len(decoding)
-        if not len(prefilling) and all_granted:
+        n_decoding = len(rc) - len(prefilling)
+        granted = min(n_decoding, max(budget, 0))
+        if not len(prefilling) and granted == n_decoding:
             return ColumnPlan(None, 1, admit, steady=not admit)
-        dec_tok = np.zeros(len(decoding), np.int64)
+        decoding = rc.decoding()
+        dec_tok = np.zeros(n_decoding, np.int64)
         dec_tok[:granted] = 1
         return ColumnPlan(
             np.concatenate((prefilling, decoding)),
