@@ -12,6 +12,7 @@ from harness.engine.fastsim import fast_budget, fast_planner
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, BudgetRule, Plan, View
+from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns
 from harness.policies.orca import OrcaPolicy
 from harness.policies.rad import RADPolicy
 from harness.policies.sarathi import SarathiPolicy
@@ -336,3 +337,36 @@ def test_class_priority_declares_the_budget_rule_only_with_one_class() -> None:
     ref = simulate(tr, make_policy("class-priority"), cost, cfg, kernel="reference")
     assert fast.counters["kernel"] == "fast"
     _same(fast, ref)
+
+
+class _OrcaKeepsViews(OrcaPolicy):
+    """Orca that checks each view the kernel hands it against one built field by field."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = 0
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        assert type(cv) is ColumnView and len(cv) == len(ColumnView._fields)
+        assert type(rc) is RunningColumns and tuple.__len__(rc) == len(RunningColumns._fields)
+        n = len(rc)
+        for f in RunningColumns._fields:
+            v = getattr(rc, f)
+            assert isinstance(v, int) if f == "num_prefilling" else v.shape == (n,)
+        assert rc.num_prefilling == n - len(rc.decoding())
+        assert cv.num_waiting == len(cv.waiting) and cv.kv.used_blocks >= 0
+        assert [cv.id_of(k) for k in rc.key.tolist()] == [f"r{k}" for k in rc.key.tolist()]
+        self.checked += 1
+        return super().plan_columns(cv)
+
+
+def test_the_kernels_views_hold_every_field_current() -> None:
+    # the kernel builds its views from cached parts (views per running count): each must
+    # still be a whole ColumnView of the current state, plan after plan
+    cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
+    tr = poisson_trace(300, 8.0, seed=3, pmax=300, omax=250)
+    pol, ref = _OrcaKeepsViews(), OrcaPolicy()
+    res = simulate(tr, pol, get_cost_model("a100-llama2-7b"), cfg)
+    assert res.counters["kernel"] == "fast" and pol.checked == res.num_calls > 100
+    _same(res, simulate(tr, ref, get_cost_model("a100-llama2-7b"), cfg, kernel="core"))
