@@ -127,6 +127,13 @@ class Rows:
         return status
 
 
+def lists_each_once(order: np.ndarray, n: int) -> bool:
+    """Whether ``order`` lists each of the positions ``0 .. n-1`` exactly once. Such a run
+    order of one-token decodes that fit the budget and the free KV runs like ``None`` (every
+    running request): the order only matters when something is clipped or preempted."""
+    return len(order) == n and int(np.count_nonzero(np.bincount(order, minlength=n))) == n
+
+
 class ArrayEngine:
     """One engine's requests in numpy arrays and its budget-rule step (module docstring).
 
@@ -329,12 +336,12 @@ class ArrayEngine:
         single_left = 0
         if R:
             if (
-                order is None
-                and self.npf == 0
+                self.npf == 0
                 and budget >= R
                 and not isinstance(tok, np.ndarray)
                 and tok >= 1
-            ):  # every running request decodes its one token
+                and (order is None or lists_each_once(order, R))
+            ):  # every running request decodes its one token (in any order: all fit)
                 grow = Cr[:R] % bs == 0
                 need = int(np.count_nonzero(grow))
                 if need <= free:

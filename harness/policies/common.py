@@ -176,6 +176,11 @@ class SortedWaiting:
         for r in view.waiting:  # host order: positions 1, 2, ...
             self.add(r)
 
+    def known(self, rid: str) -> RequestView | None:
+        """The request ``rid`` as last reported (waiting or running), None once finished or
+        never reported."""
+        return self._known.get(rid)
+
     def head(self, n: int, b: int = 0) -> list[RequestView]:
         """The first ``n`` waiting requests of bucket ``b``, in order."""
         known = self._known

@@ -36,20 +36,20 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from harness.policies.base import (
-    Plan,
-    RequestView,
-    StepReport,
-    View,
-    blocks_for,
-    prefill_remaining,
-    remaining_tokens,
-)
+import numpy as np
+
+from harness.policies.base import RequestView, blocks_for
+from harness.policies.columns import ColumnPlan, ColumnView
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
-from harness.policies.wait import ThresholdFlushing, _age_key, int_thresholds
-
-_AGE = _age_key  # (arrival, request_id), in C
+from harness.policies.wait import (
+    NOTHING,
+    ThresholdFlushing,
+    _age_key,
+    by_age,
+    int_thresholds,
+    threshold_plan,
+)
 
 
 @register("nested-wait")
@@ -96,6 +96,9 @@ class NestedWaitPolicy(ThresholdFlushing):
         self._wq = SortedWaiting(_age_key)  # waiting, FIFO by arrival (#14), kept by the hooks
         # segment of every stage up to the last edge (a look-up: it runs per request per step)
         self._seg = [self._segment_of(k) for k in range(self.edges[-1] + 1)]
+        self._first = [self.first_stage(i) for i in range(len(self.edges))]
+        self._seg_a = np.array(self._seg, dtype=np.int64)
+        self._edge_a = np.array(self.edges, dtype=np.int64)
 
     def _segment_of(self, num_output_tokens: int) -> int:
         return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
@@ -105,113 +108,109 @@ class NestedWaitPolicy(ThresholdFlushing):
         seg = self._seg
         return seg[num_output_tokens] if 0 <= num_output_tokens < len(seg) else seg[-1]
 
-    def on_arrival(self, request: RequestView, now: float) -> None:
-        super().on_arrival(request, now)
-        self._wq.add(request)
-
-    def on_step(self, report: StepReport) -> None:
-        self._wq.on_step(report)
+    def _segments(self, stages: np.ndarray) -> np.ndarray:
+        """``segment_of`` of each stage in ``stages``."""
+        return self._seg_a[np.minimum(stages, len(self._seg_a) - 1)]
 
     def first_stage(self, i: int) -> int:
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
         return 0 if i == 0 else self.edges[i - 1]
 
     def _plan(
-        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
-    ) -> Plan:
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
+    ) -> ColumnPlan:
         m = len(self.edges)
         n = self.thresholds
-        self._wq.sync(view)
         num_waiting = len(self._wq)
-        decoding, partial = running
-        if not flush and not partial and self.seg_caps is None and num_waiting < n[0]:
-            return Plan()  # segment 1 misses its threshold: the prefix rule runs nothing
-        stages: dict[int, list[RequestView]] = {}
-        for r in sorted(decoding, key=_AGE):
-            stages.setdefault(r.num_output_tokens, []).append(r)
+        if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
+            return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
+        # The decodes by stage k (output tokens so far), oldest first inside a stage. In
+        # scalars: a stage group is a handful of requests (one per stage at low load), and a
+        # dict of them costs less than the numpy calls that would sort them.
+        dec = by_age(cv, decoding)
+        stages: dict[int, list[int]] = {}
+        for p, k in zip(dec.tolist(), cv.running.output[dec].tolist(), strict=True):
+            stages.setdefault(k, []).append(p)
         seg, last = self._seg, len(self._seg) - 1
         stage_seg = {k: seg[k if k < last else last] for k in stages}  # segment_of, once each
         with_work = set(stage_seg.values())
         if num_waiting:
             with_work.add(0)
 
-        def at_first_stage(i: int) -> int:
-            return num_waiting if i == 0 else len(stages.get(self.first_stage(i), ()))
-
+        first = self._first  # first_stage(i) of each segment
+        # prompts at each segment's first stage: waiting ones for segment 1
+        at_first = [num_waiting] + [len(stages.get(k, ())) for k in first[1:]]
         # Entry quota per segment: n_i, or with ``seg_caps`` (the authors' code, seed-wait.md
         # App. A) min(n_i, cap_i - prompts inside segment i past its first stage).
         quota = list(n)
         if self.seg_caps is not None:
             inside = [0] * m
             inside[0] = len(partial)
-            for k, rs in stages.items():
+            for k, ps in stages.items():
                 i = stage_seg[k]
-                if k != self.first_stage(i) or i == 0:
-                    inside[i] += len(rs)
+                if k != first[i] or i == 0:
+                    inside[i] += len(ps)
             quota = [max(0, min(n[i], self.seg_caps[i] - inside[i])) for i in range(m)]
         # Prefix rule: the largest i* such that every segment 1..i* meets its threshold.
         active = 0
         for i in range(m):
-            ready = at_first_stage(i) >= quota[i]
-            if ready or (flush and i in with_work):
+            if at_first[i] >= quota[i] or (flush and i in with_work):
                 active = i + 1
             elif not flush:
                 break
-        run: list[tuple[str, int]] = []
+        runs: list[int] = []  # latest stage first; a segment's first stage: its entry quota
         for k in sorted(stages, reverse=True):
             i = stage_seg[k]
             if i < active:
-                take = quota[i] if (i > 0 and k == self.first_stage(i)) else n[i]
-                run.extend((r.request_id, 1) for r in stages[k][:take])
+                take = quota[i] if (i > 0 and k == first[i]) else n[i]
+                runs.extend(stages[k][:take])
         steady = (
             flush
             and not num_waiting
-            and not partial
+            and not len(partial)
             and self.seg_caps is None
             and self.step_cap is None
-            and len(run) == len(decoding)
-            and self._groups_fit_ahead(stages, decoding)
+            and len(runs) == len(dec) > 0
+            and self._groups_fit_ahead(cv, stages, dec)
         )
-        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
         cands = self._wq.head(quota[0]) if active >= 1 else []
-        if self.step_cap is not None:
-            run = run[: self.step_cap]
-            cands = cands[: max(0, self.step_cap - len(run))]
+        if self.step_cap is not None:  # runs first (threshold_plan cuts them)
+            ran = min(len(runs) + len(partial), self.step_cap)
+            cands = cands[: max(0, self.step_cap - ran)]
         # the host admits at most the free seats (base.py rule 3): plan no more, so a full
         # engine (every seat held, the overload case) skips the guard's pass over running
-        cands = cands[: max(0, view.max_num_seqs - len(view.running))]
+        cands = cands[: max(0, cv.max_num_seqs - len(cv.running))]
         if self.memory_guard and cands:
-            cands = self._guard(view, cands)
-        admit = [(r.request_id, remaining_tokens(r)) for r in cands]
-        return Plan(run=run, admit=admit, steady=steady)
+            cands = self._guard(cv, cands)
+        order = np.array(runs, dtype=np.int64)
+        return threshold_plan(order, partial, cv, cands, self.step_cap, steady=steady)
 
     def _groups_fit_ahead(
-        self, stages: dict[int, list[RequestView]], decoding: list[RequestView]
+        self, cv: ColumnView, stages: dict[int, list[int]], dec: np.ndarray
     ) -> bool:
-        """Plan.steady for a flush plan that runs every request with nothing waiting: it
+        """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it
         repeats until the next arrival or finish if every stage group, advancing together,
         also fits the quota ``n_i`` of each segment it enters before the first finish (quotas
         are per segment, §4.3; with ``seg_caps`` they move with the counts, never steady)."""
-        horizon = min(r.max_tokens - r.num_output_tokens for r in decoding)  # steps to a finish
+        rc = cv.running
+        horizon = int((rc.max_tokens[dec] - rc.output[dec]).min())  # steps to a finish
         n, seg, last = self.thresholds, self._seg, len(self._seg) - 1
-        for k, rs in stages.items():
+        for k, ps in stages.items():
             lo = seg[k if k < last else last]
             end = k + horizon - 1
             hi = seg[end if end < last else last]
-            if len(rs) > min(n[lo : hi + 1]):
+            if len(ps) > min(n[lo : hi + 1]):
                 return False
         return True
 
-    def _guard(self, view: View, cands: list[RequestView]) -> list[RequestView]:
+    def _guard(self, cv: ColumnView, cands: list[RequestView]) -> list[RequestView]:
         """Admit only while every prompt's KV at the end of its current segment fits
         (seed-wait.md §9 #12, production mode: shrink the stage-0 admission)."""
-        bs = max(1, view.kv.block_size)
-        edges, seg, last = self.edges, self._seg, len(self._seg) - 1
-        committed = 0
-        for r in view.running:  # blocks_for(prompt + l'_i), i = the request's segment
-            o = r.num_output_tokens
-            committed -= -(r.num_prompt_tokens + edges[seg[o if o < last else last]]) // bs
-        room = view.kv.total_blocks - committed
+        bs = max(1, cv.kv.block_size)
+        rc = cv.running
+        # blocks_for(prompt + l'_i), i = each running request's segment
+        committed = int((-(-(rc.prompt + self._edge_a[self._segments(rc.output)]) // bs)).sum())
+        room = cv.kv.total_blocks - committed
         out: list[RequestView] = []
         for r in cands:
             need = blocks_for(

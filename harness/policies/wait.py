@@ -37,21 +37,19 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from harness.policies.base import (
-    BasePolicy,
-    Plan,
     RequestView,
     StepReport,
-    View,
     blocks_for,
-    prefill_remaining,
     remaining_tokens,
 )
-from harness.policies.common import SortedWaiting, split_running
+from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView, per_key
+from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 
 
@@ -64,38 +62,63 @@ def known_output_len(r: RequestView) -> int:
 _age_key = attrgetter("arrival_s", "request_id")
 
 
-def idle_since(r: RequestView) -> float:
-    """When the request last made progress (last token, else arrival)."""
-    return r.last_token_s if r.last_token_s is not None else r.arrival_s
+def by_age(cv: ColumnView, positions: np.ndarray) -> np.ndarray:
+    """Running ``positions`` oldest first, by (arrival, request id) (seed-wait.md §9 #14):
+    one stable sort by arrival; request ids break ties only when arrivals tie."""
+    if len(positions) < 2:
+        return positions
+    rc = cv.running
+    arrival = rc.arrival[positions]
+    o = np.argsort(arrival, kind="stable")
+    sa = arrival[o]
+    if not (sa[1:] == sa[:-1]).any():
+        return positions[o]
+    keys, id_of = rc.key, cv.id_of
+    ordered = sorted(positions.tolist(), key=lambda p: (float(rc.arrival[p]), id_of(int(keys[p]))))
+    return np.array(ordered, dtype=np.int64)
 
 
-def stuck(view: View, flush_after_s: float | None, last_arrival: float) -> bool:
+def runs_of(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sorted ``values``: the index where each one's run of equal values starts, and its
+    rank inside that run (0 for the first)."""
+    idx = np.arange(len(values))
+    new = np.empty(len(values), dtype=bool)
+    new[:1] = True
+    np.not_equal(values[1:], values[:-1], out=new[1:])
+    start_of = np.maximum.accumulate(idx * new)
+    return start_of, idx - start_of
+
+
+def stuck(cv: ColumnView, flush_after_s: float | None, last_arrival: float) -> bool:
     """End-of-run flush test (seed-wait.md §9 #17): nothing has arrived for ``flush_after_s``.
 
     ``last_arrival`` comes from ``on_arrival`` (every request in the view arrived through it,
     so it is the newest: O(1) per step); hosts that skip that hook are covered by the newest
     arrival among the requests in the view.
     """
-    if flush_after_s is None or not (view.waiting or view.running):
+    if flush_after_s is None or not (cv.num_waiting or len(cv.running)):
         return False
     newest = last_arrival
     if newest == float("-inf"):
-        newest = max(r.arrival_s for r in chain(view.waiting, view.running))
-    return view.now - newest >= flush_after_s
+        newest = max(
+            float(cv.running.arrival.max(initial=newest)),
+            max((r.arrival_s for r in cv.waiting), default=newest),
+        )
+    return cv.now - newest >= flush_after_s
 
 
-def executable(plan: Plan, view: View) -> bool:
+def executable(plan: ColumnPlan, cv: ColumnView) -> bool:
     """Whether the host would run anything of ``plan`` (base.py rules 2-3): it runs a request,
     or its first admission gets a seat and its first chunk's KV. A plan that only admits while
     every seat is taken by requests it pauses is empty in effect, and ``on_idle="flush"`` must
     treat it so, or a threshold rule deadlocks under overload (issue 13: 256 paused requests
     waiting for a later segment's quota, prompts waiting for a seat)."""
-    if plan.run:
+    if len(cv.running) if plan.order is None else len(plan.order):
         return True
-    if not plan.admit or len(view.running) >= view.max_num_seqs:
+    if not plan.admit_requests or len(cv.running) >= cv.max_num_seqs:
         return False
-    n = min(plan.admit[0][1], view.token_budget)
-    return blocks_for(max(1, n), view.kv.block_size) <= view.kv.free_blocks
+    n = min(plan.admit_requests[0][1], cv.token_budget)
+    return blocks_for(max(1, n), cv.kv.block_size) <= cv.kv.free_blocks
 
 
 def int_thresholds(values: Sequence[float]) -> list[int]:
@@ -103,59 +126,99 @@ def int_thresholds(values: Sequence[float]) -> list[int]:
     return [max(1, int(round(float(v)))) for v in values]
 
 
-class _Heads:
-    """Per-type waiting counts and heads (oldest first) read from a :class:`SortedWaiting`."""
+def threshold_plan(
+    decodes: np.ndarray,
+    partial: np.ndarray,
+    cv: ColumnView,
+    admit: list[RequestView],
+    step_cap: int | None,
+    *,
+    steady: bool,
+) -> ColumnPlan:
+    """The plan WAIT and Nested WAIT share: ``decodes`` one token each, then the partial
+    prefills with what they have left (committed work, listed last so they are the LIFO
+    victims, seed-wait.md §9 #12), then ``admit`` whole; ``step_cap`` cuts the requests run
+    per step (B read as a per-step request cap, seed-wait.md §9 #15), runs before admits.
+    Admissions past the free seats are left out (the host stops at a full engine, base.py
+    rule 3): same plan in effect, without sizing requests that cannot start."""
+    admit = admit[: max(0, cv.max_num_seqs - len(cv.running))]
+    order, tokens = decodes, 1
+    if len(partial):
+        order = np.concatenate((decodes, partial))
+        tokens = np.ones(len(order), dtype=np.int64)
+        tokens[len(decodes) :] = cv.running.remaining()[partial]
+    if step_cap is not None and len(order) + len(admit) > step_cap:
+        order = order[:step_cap]
+        tokens = tokens if isinstance(tokens, int) else tokens[:step_cap]
+        admit = admit[: max(0, step_cap - len(order))]
+        steady = False
+    return ColumnPlan(
+        order, tokens, admit_requests=[(r, remaining_tokens(r)) for r in admit], steady=steady
+    )
 
-    __slots__ = ("_wq",)
 
-    def __init__(self, wq: SortedWaiting) -> None:
-        self._wq = wq
-
-    def count(self, j: int) -> int:
-        return len(self._wq.queues[j])
-
-    def head(self, n: int, j: int) -> list[RequestView]:
-        return self._wq.head(n, j)
-
-
-class ThresholdFlushing(BasePolicy):
+class ThresholdFlushing(ColumnPolicy):
     """The end-of-trace rule WAIT and Nested WAIT share: plan normally; when stuck (no arrival
     for ``flush_after_s``, or past ``trace_end_s``), or when ``on_idle="flush"`` and the plan is
     empty with work left, plan again ignoring thresholds. Subclasses set ``flush_after_s``,
-    ``trace_end_s``, ``on_idle``, ``flushes`` and ``_last_arrival`` and implement ``_plan``."""
+    ``trace_end_s``, ``on_idle``, ``flushes``, ``_last_arrival`` and ``_wq`` (the waiting
+    queue, FIFO by arrival, kept by the hooks) and implement ``_plan``.
+
+    Both plan from the running set's columns (policies/columns.py), so the vectorised
+    simulator kernel runs them (issue 13); object hosts reach the same rule through
+    ``schedule``."""
 
     flush_after_s: float | None
     trace_end_s: float | None
     on_idle: str
     flushes: int
     _last_arrival: float
+    _wq: SortedWaiting
 
     def _plan(
-        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
-    ) -> Plan:  # pragma: no cover - abstract
-        """The plan for ``running`` = ``split_running(view.running)`` (read once a step)."""
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
+    ) -> ColumnPlan:  # pragma: no cover - abstract
+        """The plan, given the running positions that decode and those with prefill left."""
         raise NotImplementedError
 
-    def schedule(self, view: View) -> Plan:
-        flush = self._stuck(view) or (self.trace_end_s is not None and view.now >= self.trace_end_s)
-        running = split_running(view.running)
-        plan = self._plan(view, running, flush=flush)
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        flush = self._stuck(cv) or (self.trace_end_s is not None and cv.now >= self.trace_end_s)
+        self._wq.sync(cv)
+        rc = cv.running
+        decoding, partial = rc.decoding(), rc.prefilling()
+        plan = self._plan(cv, decoding, partial, flush=flush)
         if (
             not flush
             and self.on_idle == "flush"
-            and not executable(plan, view)
-            and (view.waiting or view.running)
+            and not executable(plan, cv)
+            and (cv.num_waiting or len(rc))
         ):
             flush = True
-            plan = self._plan(view, running, flush=True)
+            plan = self._plan(cv, decoding, partial, flush=True)
         self.flushes += int(flush)
         return plan
 
-    def _stuck(self, view: View) -> bool:
-        return stuck(view, self.flush_after_s, self._last_arrival)
+    def _stuck(self, cv: ColumnView) -> bool:
+        return stuck(cv, self.flush_after_s, self._last_arrival)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._last_arrival = max(self._last_arrival, request.arrival_s)
+        self._wq.add(request)
+
+    def on_step(self, report: StepReport) -> None:
+        self._wq.on_step(report)
+
+
+# up to this many decodes, WAIT groups them by (type, stage) in scalars
+_FEW = 32
+
+
+def _latest_stage(group: tuple[tuple[int, int], list[int]]) -> int:
+    return -group[0][1]
+
+
+# a plan that runs and admits nothing (shared, never written)
+NOTHING = ColumnPlan(NO_POSITIONS)
 
 
 @register("wait")
@@ -198,122 +261,122 @@ class WaitPolicy(ThresholdFlushing):
         self._last_arrival = float("-inf")
         # per-type waiting queues, FIFO by arrival (#14), kept by the hooks (no per-step sort)
         self._wq = SortedWaiting(_age_key, len(self.output_lens), self.type_of)
-        self._type_memo: dict[str, int] = {}  # request_id -> type, running requests
+        self._n = np.array(self.thresholds, dtype=np.int64)
+        # each running request's type, by RunningColumns.key (-1: not known yet); read from the
+        # request when first seen running (a request's type never changes)
+        self._type_k = np.full(0, -1, dtype=np.int64)
 
     def type_of(self, r: RequestView) -> int:
         """Index of the request's type: first ``l'_j >= o`` (§3.2; #7 binning)."""
         j = bisect.bisect_left(self.output_lens, known_output_len(r))
         return min(j, len(self.output_lens) - 1)
 
-    def _types_of(self, rs: list[RequestView]) -> list[int]:
-        """``type_of`` of each request, remembered per request (it never changes)."""
-        memo = self._type_memo
-        out = []
-        for r in rs:
-            j = memo.get(r.request_id)
-            if j is None:
-                j = memo[r.request_id] = self.type_of(r)
-            out.append(j)
-        return out
+    def _types(self, cv: ColumnView, positions: np.ndarray) -> np.ndarray:
+        """The type of each running request at ``positions``."""
+        keys = cv.running.key[positions]
+        self._type_k = per_key(self._type_k, cv.num_keys, -1)
+        types = self._type_k[keys]
+        if len(types) and types.min() < 0:  # newly running: from the request
+            for p in np.flatnonzero(types < 0).tolist():
+                key = int(keys[p])
+                r = self._wq.known(cv.id_of(key))
+                if r is not None:
+                    self._type_k[key] = self.type_of(r)
+                else:  # the host never reported it: max_tokens, as without a prediction
+                    o = int(cv.running.max_tokens[positions[p]])
+                    j = bisect.bisect_left(self.output_lens, o)
+                    self._type_k[key] = min(j, len(self.output_lens) - 1)
+            types = self._type_k[keys]
+        return types
 
-    def on_arrival(self, request: RequestView, now: float) -> None:
-        super().on_arrival(request, now)
-        self._wq.add(request)
-
-    def on_step(self, report: StepReport) -> None:
-        self._wq.on_step(report)
-        for rid in report.finished:
-            self._type_memo.pop(rid, None)
+    def _oldest_first(self, admits: list[RequestView]) -> list[RequestView]:
+        """``admits`` oldest first (#14)."""
+        admits.sort(key=_age_key)
+        return admits
 
     # -- planning ---------------------------------------------------------------------
     def _plan(
-        self, view: View, running: tuple[list[RequestView], list[RequestView]], *, flush: bool
-    ) -> Plan:
-        self._wq.sync(view)
-        waiting = _Heads(self._wq)
-        decoding, partial = running
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
+    ) -> ColumnPlan:
         if self.gating == "admission":
-            plan = self._plan_admission(view, waiting, partial, decoding, flush)
-        else:
-            plan = self._plan_type(waiting, partial, decoding, flush)
-        if self.step_cap is not None and len(plan.run) + len(plan.admit) > self.step_cap:
-            # B read as a per-step request cap (seed-wait.md §9 #15), not as KV holders.
-            plan.run = plan.run[: self.step_cap]
-            plan.admit = plan.admit[: max(0, self.step_cap - len(plan.run))]
-            plan.steady = False
-        return plan
+            return self._plan_admission(cv, decoding, partial, flush)
+        return self._plan_type(cv, decoding, partial, flush)
 
     def _plan_type(
-        self,
-        waiting: _Heads,
-        partial: list[RequestView],
-        decoding: list[RequestView],
-        flush: bool,
-    ) -> Plan:
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, flush: bool
+    ) -> ColumnPlan:
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
-        m = len(self.output_lens)
-        n = self.thresholds
-        eligible = [waiting.count(j) >= n[j] or (flush and waiting.count(j) > 0) for j in range(m)]
-        if not flush and not partial and not any(eligible):
-            return Plan()  # what the rest computes then (no stage runs, nothing admitted), fast
-        dec = sorted(decoding, key=_age_key)
-        types = self._types_of(dec)
+        queues, n = self._wq.queues, self.thresholds
+        eligible = [len(q) >= t or (flush and len(q) > 0) for q, t in zip(queues, n, strict=True)]
+        if not flush and not len(partial) and not any(eligible):
+            return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
+        dec = by_age(cv, decoding)
+        types = self._types(cv, dec)
+        ok = np.array(eligible)
         if flush:  # end-of-run flush: every type with anything to do runs (#17)
-            for j in types:
-                eligible[j] = True
-        # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3).
-        stages: dict[tuple[int, int], list[RequestView]] = {}
-        for r, j in zip(dec, types, strict=True):
-            if eligible[j]:
-                stages.setdefault((j, r.num_output_tokens), []).append(r)
-        run: list[tuple[str, int]] = []
-        for (j, _k), rs in sorted(stages.items(), key=lambda kv: -kv[0][1]):
-            run.extend((r.request_id, 1) for r in rs[: n[j]])
-        # Partial prefills are committed work; listed last so they are the LIFO victims.
-        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
+            ok[types] = True
+            at = np.arange(len(dec))  # age ranks of the eligible decodes: all
+        else:
+            at = np.flatnonzero(ok[types])
+        runs = NO_POSITIONS
+        if 0 < len(at) <= _FEW:  # the same groups in scalars (numpy's per-call cost exceeds it)
+            stages: dict[tuple[int, int], list[int]] = {}
+            ks, js = cv.running.output[dec].tolist(), types.tolist()
+            for p in at.tolist():
+                stages.setdefault((js[p], ks[p]), []).append(p)
+            out: list[int] = []
+            for (j, _k), ps in sorted(stages.items(), key=_latest_stage):
+                out.extend(ps[: n[j]])
+            runs = dec[out]
+        elif len(at):
+            # Per-stage quota min(n_j, inv[j][k]), oldest first (§3.3): group the eligible
+            # decodes by (type, stage) keeping age order inside a group, keep each group's
+            # first n_j, and list groups latest stage first (ties: the group whose oldest
+            # member is older first).
+            j, k = types[at], cv.running.output[dec[at]]
+            group = k * len(n) + j
+            s = np.argsort(group, kind="stable")
+            start_of, rank = runs_of(group[s])
+            kept = rank < self._n[j[s]]
+            first = at[s[start_of[kept]]]
+            sel = at[s[kept]]
+            runs = dec[sel[np.lexsort((sel, first, -k[s[kept]]))]]
         admits: list[RequestView] = []
-        for j in range(m):
-            if eligible[j]:
-                admits.extend(waiting.head(n[j], j))
-        admits.sort(key=_age_key)
-        # Plan.steady: a flush plan with nothing waiting that runs every running request
+        for jj, go in enumerate(ok.tolist()):
+            if go:
+                admits.extend(self._wq.head(n[jj], jj))
+        admits = self._oldest_first(admits)
+        # ColumnPlan.steady: a flush plan with nothing waiting that runs every running request
         # repeats until an arrival or a finish: the same (type, stage) groups advance one
         # stage each step, and a type's quota n_j does not change with the stage (§3.3).
-        steady = flush and not admits and not partial and len(run) == len(dec)
-        return Plan(
-            run=run, admit=[(r.request_id, remaining_tokens(r)) for r in admits], steady=steady
-        )
+        steady = flush and not admits and not len(partial) and len(runs) == len(dec)
+        return threshold_plan(runs, partial, cv, admits, self.step_cap, steady=steady)
 
     def _plan_admission(
-        self,
-        view: View,
-        waiting: _Heads,
-        partial: list[RequestView],
-        decoding: list[RequestView],
-        flush: bool,
-    ) -> Plan:
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, flush: bool
+    ) -> ColumnPlan:
         """The authors' Vidur variant (seed-wait.md Appendix A): gate admission only."""
         m = len(self.output_lens)
-        occupied = [0] * m
-        for j in self._types_of(partial + decoding):
-            occupied[j] += 1
+        occupied = np.bincount(self._types(cv, np.arange(len(cv.running))), minlength=m).tolist()
         quota = []
         for j in range(m):
             limit = self.thresholds[j] * (self.output_lens[j] + 1)
             quota.append(max(0, min(self.thresholds[j], limit - occupied[j])))
-        trigger = flush or any(q > 0 and waiting.count(j) >= q for j, q in enumerate(quota))
-        run = [(r.request_id, 1) for r in sorted(decoding, key=_age_key)]
-        run.extend((r.request_id, prefill_remaining(r)) for r in partial)
+        queues = self._wq.queues
+        trigger = flush or any(q > 0 and len(queues[j]) >= q for j, q in enumerate(quota))
         admits: list[RequestView] = []
         if trigger:
             for j in range(m):
-                admits.extend(waiting.head(quota[j], j))
-        admits.sort(key=_age_key)
-        steady = not view.waiting and not partial and bool(decoding)
-        return Plan(
-            run=run,
-            admit=[(r.request_id, remaining_tokens(r)) for r in admits],
-            steady=steady and len(decoding) <= view.token_budget,
+                admits.extend(self._wq.head(quota[j], j))
+        admits = self._oldest_first(admits)
+        steady = (
+            not cv.num_waiting
+            and not len(partial)
+            and len(decoding) > 0
+            and len(decoding) <= cv.token_budget
+        )
+        return threshold_plan(
+            by_age(cv, decoding), partial, cv, admits, self.step_cap, steady=steady
         )
 
     def params(self) -> dict[str, Any]:

@@ -236,9 +236,10 @@ class _OrcaPlansOtherwise(OrcaPolicy):
 def test_the_column_host_takes_column_policies_and_calls_their_hooks() -> None:
     cfg = EngineConfig(kv_tokens=3000, token_budget=256, max_num_seqs=32)
     cost = get_cost_model("a100-llama2-7b")
-    for name in (*COLUMN_POLICIES, "rad", "mcsf-alpha", "mcsf-alpha-beta", "slai", "mcsf"):
+    hooked_names = ("rad", "mcsf-alpha", "mcsf-alpha-beta", "slai", "mcsf", "wait", "nested-wait")
+    for name in (*COLUMN_POLICIES, *hooked_names):
         assert fast_planner(make_policy(name), cfg) is not None
-    for name in ("vllm", "sarathi", "wait", "nested-wait"):
+    for name in ("vllm", "sarathi"):
         assert fast_planner(make_policy(name), cfg) is None
     # a cleared request's output is discarded by the engine core only (seed-mcsf.md §7 A7)
     assert fast_planner(make_policy("mcsf-alpha", progress="lost"), cfg) is None
@@ -268,6 +269,16 @@ _HOOKED = {  # column policies with hooks: their parameters here, and the state 
     # noisy estimates: under-estimates raise the estimate (REC a), overflows preempt
     "mcsf-noisy": ({"noise_sigma": 0.8, "kv_convention": "A"}, ("_est",)),
     "mcsf-noisy-skip": ({"noise_sigma": 0.8, "on_fail": "skip"}, ("_est",)),
+    # WAIT's flushes (on_idle="flush"), cohorts capped per step, the authors' admission gate
+    "wait": ({}, ("flushes",)),
+    "wait:capped": ({"step_cap": 6, "thresholds": (4, 3, 2, 1, 1)}, ("flushes",)),
+    "wait:admission": ({"gating": "admission"}, ("flushes",)),
+    # Nested WAIT's memory guard and segment caps (seed-wait.md App. A)
+    "nested-wait": ({}, ("flushes", "guard_deferred")),
+    "nested-wait:caps": (
+        {"edges": (40, 80, 160), "thresholds": (6, 4, 2), "seg_caps": [12, 8, 4]},
+        ("flushes", "guard_deferred"),
+    ),
 }
 
 
@@ -276,7 +287,7 @@ def test_hooked_column_policies_match_the_engine_core(case: str) -> None:
     # a policy M below the KV makes the alpha-protection baselines clear (rule 1
     # preemptions); long prompts make RAD's lone prefills wait for KV; paid and free tiers
     # (make_trace) give SLAI two TBT deadlines
-    policy = case.split("-fcfs")[0].split("-noisy")[0]
+    policy = case.split(":")[0].split("-fcfs")[0].split("-noisy")[0]
     kw, state = _HOOKED[case]
     tr = poisson_trace(300, 25.0, seed=3, pmax=1500, omax=500)
     cfg = EngineConfig(kv_tokens=4096, token_budget=512, max_num_seqs=32, block_size=16)
