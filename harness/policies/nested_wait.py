@@ -48,6 +48,7 @@ from harness.policies.wait import (
     _age_key,
     by_age,
     int_thresholds,
+    runs_of,
     threshold_plan,
 )
 
@@ -96,9 +97,17 @@ class NestedWaitPolicy(ThresholdFlushing):
         self._wq = SortedWaiting(_age_key)  # waiting, FIFO by arrival (#14), kept by the hooks
         # segment of every stage up to the last edge (a look-up: it runs per request per step)
         self._seg = [self._segment_of(k) for k in range(self.edges[-1] + 1)]
-        self._first = [self.first_stage(i) for i in range(len(self.edges))]
+        m = len(self.edges)
+        self._first = [self.first_stage(i) for i in range(m)]
+        self._first_a = np.array(self._first, dtype=np.int64)
         self._seg_a = np.array(self._seg, dtype=np.int64)
         self._edge_a = np.array(self.edges, dtype=np.int64)
+        self._n = np.array(self.thresholds, dtype=np.int64)
+        # min(n[lo .. hi]) for every segment pair (0 when hi < lo: never fits)
+        self._min_n = np.array(
+            [[min(self.thresholds[lo : hi + 1] or [0]) for hi in range(m)] for lo in range(m)],
+            dtype=np.int64,
+        )
 
     def _segment_of(self, num_output_tokens: int) -> int:
         return min(bisect.bisect_right(self.edges, num_output_tokens), len(self.edges) - 1)
@@ -124,46 +133,26 @@ class NestedWaitPolicy(ThresholdFlushing):
         num_waiting = len(self._wq)
         if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
             return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
-        # The decodes by stage k (output tokens so far), oldest first inside a stage. In
-        # scalars: a stage group is a handful of requests (one per stage at low load), and a
-        # dict of them costs less than the numpy calls that would sort them.
         dec = by_age(cv, decoding)
-        stages: dict[int, list[int]] = {}
-        for p, k in zip(dec.tolist(), cv.running.output[dec].tolist(), strict=True):
-            stages.setdefault(k, []).append(p)
-        seg, last = self._seg, len(self._seg) - 1
-        stage_seg = {k: seg[k if k < last else last] for k in stages}  # segment_of, once each
-        with_work = set(stage_seg.values())
-        if num_waiting:
-            with_work.add(0)
-
-        first = self._first  # first_stage(i) of each segment
+        groups = (_StagesInScalars if len(dec) <= _FEW else _StagesInArrays)(self, cv, dec)
         # prompts at each segment's first stage: waiting ones for segment 1
-        at_first = [num_waiting] + [len(stages.get(k, ())) for k in first[1:]]
+        at_first = [num_waiting, *groups.at_first_stages()]
         # Entry quota per segment: n_i, or with ``seg_caps`` (the authors' code, seed-wait.md
         # App. A) min(n_i, cap_i - prompts inside segment i past its first stage).
         quota = list(n)
         if self.seg_caps is not None:
-            inside = [0] * m
-            inside[0] = len(partial)
-            for k, ps in stages.items():
-                i = stage_seg[k]
-                if k != first[i] or i == 0:
-                    inside[i] += len(ps)
+            inside = groups.past_first_stage()
+            inside[0] += len(partial)
             quota = [max(0, min(n[i], self.seg_caps[i] - inside[i])) for i in range(m)]
         # Prefix rule: the largest i* such that every segment 1..i* meets its threshold.
+        with_work = groups.segments() | ({0} if num_waiting else set()) if flush else set()
         active = 0
         for i in range(m):
             if at_first[i] >= quota[i] or (flush and i in with_work):
                 active = i + 1
             elif not flush:
                 break
-        runs: list[int] = []  # latest stage first; a segment's first stage: its entry quota
-        for k in sorted(stages, reverse=True):
-            i = stage_seg[k]
-            if i < active:
-                take = quota[i] if (i > 0 and k == first[i]) else n[i]
-                runs.extend(stages[k][:take])
+        runs = groups.runs(active, quota)
         steady = (
             flush
             and not num_waiting
@@ -171,7 +160,7 @@ class NestedWaitPolicy(ThresholdFlushing):
             and self.seg_caps is None
             and self.step_cap is None
             and len(runs) == len(dec) > 0
-            and self._groups_fit_ahead(cv, stages, dec)
+            and groups.fit_ahead(int((cv.running.max_tokens[dec] - groups.stage).min()))
         )
         cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:  # runs first (threshold_plan cuts them)
@@ -182,26 +171,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         cands = cands[: max(0, cv.max_num_seqs - len(cv.running))]
         if self.memory_guard and cands:
             cands = self._guard(cv, cands)
-        order = np.array(runs, dtype=np.int64)
-        return threshold_plan(order, partial, cv, cands, self.step_cap, steady=steady)
-
-    def _groups_fit_ahead(
-        self, cv: ColumnView, stages: dict[int, list[int]], dec: np.ndarray
-    ) -> bool:
-        """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it
-        repeats until the next arrival or finish if every stage group, advancing together,
-        also fits the quota ``n_i`` of each segment it enters before the first finish (quotas
-        are per segment, §4.3; with ``seg_caps`` they move with the counts, never steady)."""
-        rc = cv.running
-        horizon = int((rc.max_tokens[dec] - rc.output[dec]).min())  # steps to a finish
-        n, seg, last = self.thresholds, self._seg, len(self._seg) - 1
-        for k, ps in stages.items():
-            lo = seg[k if k < last else last]
-            end = k + horizon - 1
-            hi = seg[end if end < last else last]
-            if len(ps) > min(n[lo : hi + 1]):
-                return False
-        return True
+        return threshold_plan(runs, partial, cv, cands, self.step_cap, steady=steady)
 
     def _guard(self, cv: ColumnView, cands: list[RequestView]) -> list[RequestView]:
         """Admit only while every prompt's KV at the end of its current segment fits
@@ -234,3 +204,108 @@ class NestedWaitPolicy(ThresholdFlushing):
             "step_cap": self.step_cap,
             "seg_caps": self.seg_caps,
         }
+
+
+# Up to this many decodes, the stage groups are built in scalars: a group is a handful of
+# requests (one per stage at low load), and a dict of them costs less than the numpy calls
+# that would sort them; above it (hundreds running, overload) arrays cost less.
+_FEW = 32
+
+
+class _StagesInScalars:
+    """The decodes ``dec`` (oldest first) grouped by stage k (output tokens so far), oldest
+    first inside a group (§4.3): what the prefix rule and the run order read."""
+
+    def __init__(self, pol: NestedWaitPolicy, cv: ColumnView, dec: np.ndarray) -> None:
+        self.pol = pol
+        self.stage = cv.running.output[dec]  # in dec's order
+        stages: dict[int, list[int]] = {}
+        for p, k in zip(dec.tolist(), self.stage.tolist(), strict=True):
+            stages.setdefault(k, []).append(p)
+        self.stages = stages
+        seg, last = pol._seg, len(pol._seg) - 1
+        self.stage_seg = {k: seg[k if k < last else last] for k in stages}  # segment_of
+
+    def at_first_stages(self) -> list[int]:
+        """Decodes at the first stage of segments 2.. (l'_1, l'_2, ...)."""
+        return [len(self.stages.get(k, ())) for k in self.pol._first[1:]]
+
+    def past_first_stage(self) -> list[int]:
+        """Per segment, the decodes in it past its first stage (segment 1: all)."""
+        inside = [0] * len(self.pol.edges)
+        first = self.pol._first
+        for k, ps in self.stages.items():
+            i = self.stage_seg[k]
+            if k != first[i] or i == 0:
+                inside[i] += len(ps)
+        return inside
+
+    def segments(self) -> set[int]:
+        """The segments with a decode in them."""
+        return set(self.stage_seg.values())
+
+    def runs(self, active: int, quota: list[int]) -> np.ndarray:
+        """Latest stage first, each stage of segments ``< active`` its first ``n_i`` (a
+        segment's first stage: its entry quota)."""
+        first, n = self.pol._first, self.pol.thresholds
+        out: list[int] = []
+        for k in sorted(self.stages, reverse=True):
+            i = self.stage_seg[k]
+            if i < active:
+                take = quota[i] if (i > 0 and k == first[i]) else n[i]
+                out.extend(self.stages[k][:take])
+        return np.array(out, dtype=np.int64)
+
+    def fit_ahead(self, horizon: int) -> bool:
+        """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it
+        repeats until the next arrival or finish (``horizon`` steps away) if every stage group,
+        advancing together, also fits the quota ``n_i`` of each segment it enters before then
+        (quotas are per segment, §4.3; with ``seg_caps`` they move with the counts, never
+        steady)."""
+        n, seg, last = self.pol.thresholds, self.pol._seg, len(self.pol._seg) - 1
+        for k, ps in self.stages.items():
+            lo = self.stage_seg[k]
+            end = k + horizon - 1
+            hi = seg[end if end < last else last]
+            if len(ps) > min(n[lo : hi + 1]):
+                return False
+        return True
+
+
+class _StagesInArrays:
+    """:class:`_StagesInScalars` in arrays: the decodes sorted by stage, latest first, stable
+    (so oldest first inside a stage), each one's rank in its stage group."""
+
+    def __init__(self, pol: NestedWaitPolicy, cv: ColumnView, dec: np.ndarray) -> None:
+        self.pol = pol
+        self.dec = dec
+        self.stage = cv.running.output[dec]  # in dec's order
+        self.order = np.argsort(-self.stage, kind="stable")
+        self.ks = self.stage[self.order]
+        self.start_of, self.rank = runs_of(self.ks)
+        self.seg = pol._segments(self.ks)
+
+    def at_first_stages(self) -> list[int]:
+        neg = -self.ks  # ascending
+        firsts = -self.pol._first_a[1:]
+        return (
+            np.searchsorted(neg, firsts, side="right") - np.searchsorted(neg, firsts, side="left")
+        ).tolist()
+
+    def past_first_stage(self) -> list[int]:
+        past = (self.seg == 0) | (self.ks != self.pol._first_a[self.seg])
+        return np.bincount(self.seg[past], minlength=len(self.pol.edges)).tolist()
+
+    def segments(self) -> set[int]:
+        return set(np.unique(self.seg).tolist())
+
+    def runs(self, active: int, quota: list[int]) -> np.ndarray:
+        seg = self.seg
+        entry = (seg > 0) & (self.ks == self.pol._first_a[seg])
+        take = np.where(entry, np.array(quota, dtype=np.int64)[seg], self.pol._n[seg])
+        return self.dec[self.order[(seg < active) & (self.rank < take)]]
+
+    def fit_ahead(self, horizon: int) -> bool:
+        ends = np.append(np.flatnonzero(self.start_of[1:] != self.start_of[:-1]), len(self.ks) - 1)
+        hi = self.pol._segments(self.ks[ends] + horizon - 1)  # each group's last member
+        return bool((self.rank[ends] + 1 <= self.pol._min_n[self.seg[ends], hi]).all())
