@@ -31,6 +31,9 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   from the host's ``max_num_seqs`` (requests holding KV, paused ones included).
 * Output length: ``predicted_output_len`` when the host gives one, else ``max_tokens``
   (ignore-EOS traces make that the true length).
+* It plans from the running set's columns (policies/columns.py), so the vectorised kernel
+  runs it (issue 13); a running request's type is kept per ``RunningColumns.key``, read from
+  the request the first time it is seen running.
 """
 
 from __future__ import annotations
