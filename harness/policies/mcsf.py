@@ -211,18 +211,34 @@ class MCSFPolicy(ColumnPolicy):
         self._wq.sync(cv)
         admit: list[tuple[RequestView, int]] = []
         seqs = n
+        # future_peak_ok's quick accept (the sum of the peaks fits), kept as a running sum so
+        # an admission that passes it builds no arrays; admitted (base, end) pairs join the
+        # arrays only when a candidate needs the exact check
+        peak_sum = -1
+        added_b: list[int] = []
+        added_e: list[int] = []
         for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
             need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
-            b = np.append(base, r.num_tokens)
-            e = np.append(end, self._last_step(r))
-            if future_peak_ok(b, e, capacity, bs):
+            if peak_sum < 0:
+                peaks = base + end
+                peak_sum = int((-(-peaks // bs) * bs).sum() if bs > 1 else peaks.sum())
+            b_r, e_r = r.num_tokens, self._last_step(r)
+            peak = -(-(b_r + e_r) // bs) * bs
+            if peak_sum + peak <= capacity or future_peak_ok(
+                np.concatenate((base, np.array([*added_b, b_r], dtype=np.int64))),
+                np.concatenate((end, np.array([*added_e, e_r], dtype=np.int64))),
+                capacity,
+                bs,
+            ):
                 admit.append((r, need))
                 key = cv.key_of(r)  # the key it runs under
                 self._est_k = per_key(self._est_k, key + 1, 0)
                 self._est_k[key] = self.estimate(r)
-                base, end = b, e
+                added_b.append(b_r)
+                added_e.append(e_r)
+                peak_sum += peak
                 tokens_used += need
                 seqs += 1
             elif self.on_fail == "break":
