@@ -55,7 +55,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.special import stdtrit  # Student-t quantile; scipy.stats costs ~1 s to import
+
+from harness.results.student_t import two_sided_t
 
 VERDICT_STABLE = "stable"
 VERDICT_UNSTABLE = "unstable"
@@ -288,7 +289,7 @@ def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None
         s += 2 * (1 - ell / (lag + 1)) * _dot(u[ell:], u[:-ell])
     se = math.sqrt(max(s, 0.0)) / sxx
     df = max(2, n // (lag + 1))
-    q = float(stdtrit(df, 0.5 + level / 2))
+    q = two_sided_t(df, level)
     return Trend(slope, (slope - q * se, slope + q * se), se, lag, n)
 
 
