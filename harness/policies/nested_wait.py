@@ -49,6 +49,7 @@ from harness.policies.wait import (
     by_age,
     int_thresholds,
     runs_of,
+    runs_whole,
     threshold_plan,
 )
 
@@ -133,7 +134,12 @@ class NestedWaitPolicy(ThresholdFlushing):
         num_waiting = len(self._wq)
         if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
             return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
-        dec = by_age(cv, decoding)
+        # A flush plan usually runs every decode: the group counts (what the prefix rule, the
+        # quotas and the steady check read) do not depend on the order inside a stage, so
+        # they are built from running order first; only when a quota cuts a group (its
+        # oldest go first) or the host would cut the run (runs_whole) is age order needed.
+        unsorted = self._flush_in_running_order(flush, decoding)
+        dec = decoding if unsorted else by_age(cv, decoding)
         groups = (_StagesInScalars if len(dec) <= _FEW else _StagesInArrays)(self, cv, dec)
         # prompts at each segment's first stage: waiting ones for segment 1
         at_first = [num_waiting, *groups.at_first_stages()]
@@ -153,6 +159,10 @@ class NestedWaitPolicy(ThresholdFlushing):
             elif not flush:
                 break
         runs = groups.runs(active, quota)
+        if unsorted and (len(runs) < len(dec) or not runs_whole(cv, decoding, partial)):
+            dec = by_age(cv, decoding)  # the same counts, in the stage rule's order
+            groups = (_StagesInScalars if len(dec) <= _FEW else _StagesInArrays)(self, cv, dec)
+            runs = groups.runs(active, quota)
         steady = (
             flush
             and not num_waiting
@@ -172,6 +182,11 @@ class NestedWaitPolicy(ThresholdFlushing):
         if self.memory_guard and cands:
             cands = self._guard(cv, cands)
         return threshold_plan(runs, partial, cv, cands, self.step_cap, steady=steady)
+
+    def _flush_in_running_order(self, flush: bool, decoding: np.ndarray) -> bool:
+        """Whether a plan builds its stage groups from running order first (:meth:`_plan`):
+        flush plans, where every decode usually runs, without a step cap that could cut them."""
+        return flush and len(decoding) > 1 and self.step_cap is None
 
     def _guard(self, cv: ColumnView, cands: list[RequestView]) -> list[RequestView]:
         """Admit only while every prompt's KV at the end of its current segment fits

@@ -124,6 +124,27 @@ def executable(plan: ColumnPlan, cv: ColumnView) -> bool:
     return blocks_for(max(1, n), cv.kv.block_size) <= cv.kv.free_blocks
 
 
+def runs_whole(cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> bool:
+    """Whether a plan of every decode (one token each) and then the partial prefills (what
+    they have left, in running order) leaves nothing for the host to cut: every decode gets
+    its token within the budget and the whole step's KV fits the free blocks, so rule 2 clips
+    only the prefills (listed last either way) and preempts nothing (base.py rule 2). Then the
+    decodes' order changes nothing, and a flush plan may list them in running order instead
+    of sorting them (issue 13)."""
+    rc = cv.running
+    left = cv.token_budget - len(decoding)
+    if left < 0:
+        return False
+    bs = cv.kv.block_size
+    need = int(np.count_nonzero(rc.computed[decoding] % bs == 0))  # a decode's next block
+    for p in partial.tolist():  # the sequential clip of the prefills, their new blocks
+        c = int(rc.computed[p])
+        g = min(int(rc.prompt[p] + rc.output[p]) - c, left)
+        left -= g
+        need += -(-(c + g) // bs) - -(-c // bs)
+    return need <= cv.kv.free_blocks
+
+
 def int_thresholds(values: Sequence[float]) -> list[int]:
     """Round fractional thresholds the way the authors' code does: ``max(1, round(x))``."""
     return [max(1, int(round(float(v)))) for v in values]
@@ -292,6 +313,20 @@ class WaitPolicy(ThresholdFlushing):
             types = self._type_k[keys]
         return types
 
+    def _all_in_quota(self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> bool:
+        """Whether a flush plan runs every decode, each (type, stage) group within its quota
+        ``n_j`` (§3.3), nothing cut by ``step_cap``, the budget or the KV (:func:`runs_whole`)."""
+        if len(decoding) < 2:
+            return False  # nothing to sort
+        if self.step_cap is not None and len(decoding) + len(partial) > self.step_cap:
+            return False  # the cap may cut the runs: their order matters
+        if not runs_whole(cv, decoding, partial):
+            return False
+        types = self._types(cv, decoding)
+        group = np.sort(cv.running.output[decoding] * len(self.thresholds) + types)
+        _, rank = runs_of(group)
+        return bool((rank < self._n[group % len(self.thresholds)]).all())
+
     def _oldest_first(self, admits: list[RequestView]) -> list[RequestView]:
         """``admits`` oldest first (#14)."""
         admits.sort(key=_age_key)
@@ -313,15 +348,21 @@ class WaitPolicy(ThresholdFlushing):
         eligible = [len(q) >= t or (flush and len(q) > 0) for q, t in zip(queues, n, strict=True)]
         if not flush and not len(partial) and not any(eligible):
             return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
-        dec = by_age(cv, decoding)
-        types = self._types(cv, dec)
         ok = np.array(eligible)
-        if flush:  # end-of-run flush: every type with anything to do runs (#17)
-            ok[types] = True
-            at = np.arange(len(dec))  # age ranks of the eligible decodes: all
+        if flush and self._all_in_quota(cv, decoding, partial):
+            # every decode runs and nothing is cut: the order that the stage rule gives them
+            # changes nothing, so they stay in running order (no age or group sort)
+            dec = runs = decoding
+            at = NO_POSITIONS
         else:
-            at = np.flatnonzero(ok[types])
-        runs = NO_POSITIONS
+            dec = by_age(cv, decoding)
+            types = self._types(cv, dec)
+            if flush:  # end-of-run flush: every type with anything to do runs (#17)
+                ok[types] = True
+                at = np.arange(len(dec))  # age ranks of the eligible decodes: all
+            else:
+                at = np.flatnonzero(ok[types])
+            runs = NO_POSITIONS
         if 0 < len(at) <= _FEW:  # the same groups in scalars (numpy's per-call cost exceeds it)
             stages: dict[tuple[int, int], list[int]] = {}
             ks, js = cv.running.output[dec].tolist(), types.tolist()

@@ -13,10 +13,12 @@ from harness.engine.simulate import simulate
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, BudgetRule, Plan, View
 from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns
+from harness.policies.nested_wait import NestedWaitPolicy
 from harness.policies.orca import OrcaPolicy
 from harness.policies.rad import RADPolicy
 from harness.policies.sarathi import SarathiPolicy
 from harness.policies.vllm_v1 import VLLMV1Policy
+from harness.policies.wait import WaitPolicy, by_age
 
 CASES = [
     # (kv_tokens, budget, max_num_seqs, rate): tight KV (preemptions), seat cap, small budget
@@ -305,6 +307,95 @@ def test_hooked_column_policies_match_the_engine_core(case: str) -> None:
             assert not policy.startswith("mcsf-alpha") or pf.clearings > 0
     if policy == "slai":  # the run exercised both kinds of decode
         assert pf.critical_total > 0 and pf.deferred_total > 0
+
+
+class _SortingWait(WaitPolicy):
+    """WAIT that always sorts its flush plan's decodes (age, then stage groups)."""
+
+    def _all_in_quota(self, cv, decoding, partial) -> bool:
+        return False
+
+
+class _CountingWait(WaitPolicy):
+    """WAIT counting the flush plans that keep their decodes in running order."""
+
+    unsorted = 0
+
+    def _all_in_quota(self, cv, decoding, partial) -> bool:
+        whole = super()._all_in_quota(cv, decoding, partial)
+        self.unsorted += whole
+        return whole
+
+
+@pytest.mark.parametrize(
+    "kv_tokens, kw",
+    [(1 << 20, {}), (6000, {"thresholds": (2, 1, 1, 1, 1)}), (6000, {"step_cap": 12})],
+    ids=["kv-free", "kv-tight-small-quotas", "capped"],
+)
+def test_wait_flush_plans_that_run_every_decode_need_no_sort(kv_tokens: int, kw) -> None:
+    # a flush plan that runs every decode with nothing cut (runs_whole) and every (type,
+    # stage) group within its quota keeps running order; the step is the same as with the
+    # stage rule's order (base.py rule 2). In the tight KV, preempted requests re-join at
+    # stages where others of their type are: groups over their quota (small quotas), which
+    # the shortcut must leave to the sort
+    tr = poisson_trace(400, 30.0, seed=11, pmax=800, omax=300)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=1024, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    for kernel in ("auto", "core"):
+        counting, sorting = _CountingWait(**kw), _SortingWait(**kw)
+        a = simulate(tr, counting, cost, cfg, kernel=kernel)
+        b = simulate(tr, sorting, cost, cfg, kernel=kernel)
+        _same(a, b)
+        assert counting.flushes == sorting.flushes
+        assert counting.unsorted > 0
+        if kv_tokens < 1 << 20:
+            assert a.counters["preemptions_total"] > 0
+
+
+class _SortingNestedWait(NestedWaitPolicy):
+    """Nested WAIT that builds every plan's stage groups in age order."""
+
+    def _flush_in_running_order(self, flush, decoding) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "kv_tokens, kw",
+    [
+        (1 << 20, {}),
+        (6000, {}),
+        (6000, {"edges": (40, 80, 160), "thresholds": (2, 1, 1)}),
+    ],
+    ids=["kv-free", "kv-tight", "kv-tight-small-quotas"],
+)
+def test_nested_wait_flush_plans_group_running_order_first(
+    kv_tokens: int, kw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a flush plan's stage counts come from running order; age order (by_age) only when a
+    # quota cuts a group or the host would cut the run: the same steps as sorting every plan
+    import harness.policies.nested_wait as nested
+
+    sorts = {"n": 0}
+
+    def counting_by_age(cv, positions):
+        sorts["n"] += 1
+        return by_age(cv, positions)
+
+    monkeypatch.setattr(nested, "by_age", counting_by_age)
+    tr = poisson_trace(400, 30.0, seed=11, pmax=800, omax=300)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=1024, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    for kernel in ("auto", "core"):
+        sorts["n"] = 0
+        a = simulate(tr, NestedWaitPolicy(**kw), cost, cfg, kernel=kernel)
+        shortcut_sorts = sorts["n"]
+        sorts["n"] = 0
+        sorting = _SortingNestedWait(**kw)
+        b = simulate(tr, sorting, cost, cfg, kernel=kernel)
+        _same(a, b)
+        assert shortcut_sorts < sorts["n"]  # some flush plans needed no sort
+        if kv_tokens < 1 << 20:
+            assert a.counters["preemptions_total"] > 0
 
 
 class _CountingRAD(RADPolicy):

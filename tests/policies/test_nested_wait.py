@@ -211,3 +211,26 @@ def test_seg_caps_limit_entry_like_the_authors_code():
     full = [decoding(f"d{i}", 10, 2 + i, 20, arrival_s=i) for i in range(3)]
     plan = pol.schedule(make_view(wait, full))
     assert plan.admit == [] and len(plan.run) == 3  # segment 1 full: decodes run, none enter
+
+
+@pytest.mark.parametrize("policy", ["nested-wait", "wait"])
+def test_flush_plans_keep_age_order_where_it_decides(policy: str) -> None:
+    # Running order (admission) differs from age order (arrival) after a re-admission. A
+    # flush plan lists its decodes in running order only when every one runs and nothing is
+    # cut; where a quota cuts a stage group its oldest still run (§4.3, seed-wait.md §9 #14),
+    # and where the KV cannot take every decode the run order (oldest first) decides who the
+    # host preempts (base.py rule 2).
+    kw = {"edges": [20, 40]} if policy == "nested-wait" else {"output_lens": [100, 200]}
+    running = [
+        decoding("young", 13, 2, 100, arrival_s=5.0),
+        decoding("old", 13, 2, 100, arrival_s=1.0),
+    ]
+    now = 10.0  # nothing arrived for 5 s: the end-of-run flush (flush_after_s = 1)
+    cut = make_policy(policy, thresholds=[1, 1], **kw)
+    assert [rid for rid, _ in cut.schedule(make_view(running=running, now=now)).run] == ["old"]
+    # quotas of 2: both run; a free KV: any order; one free block for two new blocks: by age
+    both = make_policy(policy, thresholds=[2, 2], **kw)
+    roomy = both.schedule(make_view(running=running, now=now, block_size=7))
+    assert sorted(rid for rid, _ in roomy.run) == ["old", "young"]
+    tight = both.schedule(make_view(running=running, now=now, block_size=7, total_blocks=5))
+    assert [rid for rid, _ in tight.run] == ["old", "young"]
