@@ -54,6 +54,7 @@ from harness.policies.columns import (
     ColumnPlan,
     ColumnPolicy,
     ColumnView,
+    RunningColumns,
     per_key,
     prefill_chunks,
 )
@@ -188,15 +189,9 @@ class SLAIPolicy(ColumnPolicy):
         # the partial prefills in admission order = running order (#10: they keep it)
         decodes, partial = rc.split()
         nd = len(decodes)
-        if nd > 1:
-            lst = self.lsts(cv, decodes)
-            ranked = decodes[np.lexsort((rc.arrival[decodes], lst))]  # (C, arrival), stable #6
-            ncrit = int(np.count_nonzero(lst <= cv.now))  # critical: C <= now
-        elif nd:
-            ranked = decodes
-            ncrit = int(self.lsts(cv, decodes)[0] <= cv.now)
-        else:
-            ranked, ncrit = decodes, 0
+        lst = self.lsts(cv, decodes) if nd else decodes  # Eq. 8 every plan (#3's moment)
+        is_crit = lst <= cv.now  # critical: C <= now
+        ncrit = int(np.count_nonzero(is_crit))
         if not cv.num_waiting and not len(partial) and nd <= min(budget, beta):
             # Light load: every decode runs every step, as in Sarathi (work-conserving). When
             # every decode's next block fits, the run order cannot matter (rule 2 preempts
@@ -204,13 +199,13 @@ class SLAIPolicy(ColumnPolicy):
             self.noncritical_total += nd - ncrit
             self.critical_total += ncrit
             grow = int(np.count_nonzero(rc.computed[decodes] % bs == 0))
-            return ColumnPlan(None if grow <= cv.kv.free_blocks else ranked, 1, steady=nd > 0)
+            order = None if grow <= cv.kv.free_blocks else self._ranked(rc, decodes, lst)
+            return ColumnPlan(order, 1, steady=nd > 0)
 
         # (1)+(2) critical decodes, capped by τ and β (#5): one token each
         nc = min(ncrit, budget, beta)
         self.critical_dropped += ncrit - nc
         self.critical_total += nc
-        crit = ranked[:nc]
         # (3a) partial prefills, FIFO, chunk = what the budget leaves
         got: np.ndarray | int
         if len(partial) == 1 and budget > nc:  # the usual case, in scalars
@@ -223,8 +218,15 @@ class SLAIPolicy(ColumnPolicy):
         # (3b) new prefills in prefill order, head-of-line: α and the full prompt's KV
         admit: list[tuple[RequestView, int]] = []
         active = len(rc)
+        ranked: np.ndarray | None = None
         if cv.num_waiting and tokens < budget and active < alpha:
-            # the KV left after the critical decodes' and the partial prefills' blocks
+            # the KV left after the critical decodes' and the partial prefills' blocks (when
+            # every critical decode runs, they are the critical set: no ranking needed)
+            if nc == ncrit:
+                crit = decodes[is_crit]
+            else:
+                ranked = self._ranked(rc, decodes, lst)
+                crit = ranked[:nc]
             free = cv.kv.free_blocks - int(np.count_nonzero(rc.computed[crit] % bs == 0))
             if len(part):
                 c0 = rc.computed[part]
@@ -247,10 +249,27 @@ class SLAIPolicy(ColumnPolicy):
         self.deferred_total += nd - ncrit - nn
         if not nc and not nn:
             return ColumnPlan(part, got, admit_requests=admit)
-        order = np.concatenate([crit, part, ranked[ncrit : ncrit + nn]])
+        if not len(part) and nc + nn == nd:
+            # every decode runs one token and nothing else runs: when their next blocks fit,
+            # rule 2 clips and preempts nothing, so the run order cannot matter (as above)
+            grow = int(np.count_nonzero(rc.computed[decodes] % bs == 0))
+            if grow <= cv.kv.free_blocks:
+                return ColumnPlan(None, 1, admit_requests=admit)
+        if ranked is None:
+            ranked = self._ranked(rc, decodes, lst)
+        order = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
+        if not len(part):
+            return ColumnPlan(order, 1, admit_requests=admit)
         tok = np.ones(len(order), np.int64)
         tok[nc : nc + len(part)] = got
         return ColumnPlan(order, tok, admit_requests=admit)
+
+    @staticmethod
+    def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:
+        """The decodes in ``(C, arrival)`` order, stable (#6)."""
+        if len(decodes) <= 1:
+            return decodes
+        return decodes[np.lexsort((rc.arrival[decodes], lst))]
 
     def _prefill_queue(self, cv: ColumnView) -> Iterable[RequestView]:
         """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first
