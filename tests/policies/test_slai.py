@@ -78,6 +78,21 @@ def test_light_load_is_work_conserving_and_steady():
     assert len(plan.run) == 5 and plan.steady
 
 
+def test_a_plan_of_every_decode_keeps_running_order_only_when_nothing_is_cut():
+    # every decode runs one token: when their next blocks fit, the order cannot matter and
+    # the plan keeps running order (the host's all-decode path); when they do not, the host
+    # preempts from the tail of the run order, so the critical decode must come first
+    pol = make_policy("slai", dynamic_offset=False, offset=0.0)
+    non = decoding("non", 10, 2, 50, last_token_s=0.0, tbt_slo_s=0.5, arrival_s=0.0)
+    crit = decoding("crit", 10, 2, 50, last_token_s=0.0, tbt_slo_s=0.1, arrival_s=1.0)
+    waiting = [FakeReq("w", 4, 5, arrival_s=0.1)]
+    roomy = pol.schedule(make_view(waiting, [non, crit], now=0.2))
+    assert roomy.run == [("non", 1), ("crit", 1)] and roomy.admit == [("w", 4)]
+    tight = pol.schedule(make_view(waiting, [non, crit], now=0.2, total_blocks=23))
+    assert tight.run == [("crit", 1), ("non", 1)] and not tight.admit
+    assert pol.critical_total == 2 and pol.noncritical_total == 2
+
+
 def test_kv_watermark_blocks_admission_head_of_line():
     pol = make_policy("slai", prefill_order="fcfs")
     waiting = [FakeReq("a", 50, 5), FakeReq("b", 5, 5)]
