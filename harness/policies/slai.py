@@ -193,14 +193,10 @@ class SLAIPolicy(ColumnPolicy):
         is_crit = lst <= cv.now  # critical: C <= now
         ncrit = int(np.count_nonzero(is_crit))
         if not cv.num_waiting and not len(partial) and nd <= min(budget, beta):
-            # Light load: every decode runs every step, as in Sarathi (work-conserving). When
-            # every decode's next block fits, the run order cannot matter (rule 2 preempts
-            # nothing): the host's running order, its fastest path.
+            # Light load: every decode runs every step, as in Sarathi (work-conserving)
             self.noncritical_total += nd - ncrit
             self.critical_total += ncrit
-            grow = int(np.count_nonzero(rc.computed[decodes] % bs == 0))
-            order = None if grow <= cv.kv.free_blocks else self._ranked(rc, decodes, lst)
-            return ColumnPlan(order, 1, steady=nd > 0)
+            return ColumnPlan(self._every_decode_order(cv, decodes, lst), 1, steady=nd > 0)
 
         # (1)+(2) critical decodes, capped by τ and β (#5): one token each
         nc = min(ncrit, budget, beta)
@@ -249,20 +245,26 @@ class SLAIPolicy(ColumnPolicy):
         self.deferred_total += nd - ncrit - nn
         if not nc and not nn:
             return ColumnPlan(part, got, admit_requests=admit)
-        if not len(part) and nc + nn == nd:
-            # every decode runs one token and nothing else runs: when their next blocks fit,
-            # rule 2 clips and preempts nothing, so the run order cannot matter (as above)
-            grow = int(np.count_nonzero(rc.computed[decodes] % bs == 0))
-            if grow <= cv.kv.free_blocks:
-                return ColumnPlan(None, 1, admit_requests=admit)
+        if not len(part) and nc + nn == nd:  # every decode runs one token, nothing else
+            order = self._every_decode_order(cv, decodes, lst)
+            return ColumnPlan(order, 1, admit_requests=admit)
         if ranked is None:
             ranked = self._ranked(rc, decodes, lst)
         order = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
-        if not len(part):
-            return ColumnPlan(order, 1, admit_requests=admit)
         tok = np.ones(len(order), np.int64)
         tok[nc : nc + len(part)] = got
         return ColumnPlan(order, tok, admit_requests=admit)
+
+    def _every_decode_order(
+        self, cv: ColumnView, decodes: np.ndarray, lst: np.ndarray
+    ) -> np.ndarray | None:
+        """The run order of a plan in which every decode runs one token and nothing else:
+        running order (None, the host's all-decode path) when their next blocks fit, since
+        rule 2 then clips and preempts nothing and the order cannot matter; else ranked, so
+        the host preempts from the non-critical tail."""
+        rc = cv.running
+        grow = int(np.count_nonzero(rc.computed[decodes] % cv.kv.block_size == 0))
+        return None if grow <= cv.kv.free_blocks else self._ranked(rc, decodes, lst)
 
     @staticmethod
     def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:
