@@ -76,6 +76,7 @@ _NO_LEFT = 1 << 62  # min_left of an empty batch
 _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
+_FEW_DONE = 8  # up to this many finishing in one step are retired in scalars (_finish)
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -576,18 +577,21 @@ class ArrayEngine:
         ids = self.rows.meta.ids
         assert self.hooks is not None
         self.hooks.on_step(
-            StepReport(
-                start_s=t,
-                duration_s=end - t,
-                num_steps=k,
-                prefill_tokens=prefill,
-                decode_tokens=decode_tokens,
-                num_prefill_seqs=n_prefill,
-                num_decode_seqs=n_decode,
-                kv_used_blocks=self.used,
-                preempted=tuple([ids[j] for j in self._evicted]) if self._evicted else (),
-                admitted=tuple([ids[j] for j in admitted]) if admitted else (),
-                finished=tuple([ids[j] for j in fin]) if (fin := self._finished_rows) else (),
+            _tuple_new(  # StepReport's fields in order, without its keyword call
+                StepReport,
+                (
+                    t,  # start_s
+                    end - t,  # duration_s
+                    k,  # num_steps
+                    prefill,  # prefill_tokens
+                    decode_tokens,
+                    n_prefill,  # num_prefill_seqs
+                    n_decode,  # num_decode_seqs
+                    self.used,  # kv_used_blocks
+                    tuple([ids[j] for j in self._evicted]) if self._evicted else (),  # preempted
+                    tuple([ids[j] for j in admitted]) if admitted else (),  # admitted
+                    tuple([ids[j] for j in fin]) if (fin := self._finished_rows) else (),
+                ),
             )
         )
 
@@ -722,22 +726,24 @@ class ArrayEngine:
                 self._finished_rows.extend(fin)
             for j in fin:
                 self._objects.pop(j, None)
-        if len(gone) == 1:  # the usual case: scalar reads, one shift of the tails
-            p = int(gone[0])
-            pr, o, c, m, nb, j = IA[:, p].tolist()
-            rows.state[j] = _FINISHED
-            rows.Orow[j] = o
-            rows.first[j] = FA[0, p]
-            rows.last[j] = FA[1, p]
-            self.used -= nb
-            self.pm_total -= pr + m
-            self.sum_c -= c
-            IA[:, p : R - 1] = IA[:, p + 1 : R]
-            FA[:, p : R - 1] = FA[:, p + 1 : R]
-            self.R = R - 1
-            self.finished_total += 1
-            left[p] = _NO_LEFT
-            self.min_left = int(left.min())  # _NO_LEFT when it was the last one
+        if len(gone) <= _FEW_DONE:  # the usual case: scalar reads, one shift of the tails each
+            state, Orow, first, last = rows.state, rows.Orow, rows.first, rows.last
+            for p in gone[::-1].tolist():  # from the tail: the positions before stay put
+                pr, o, c, m, nb, j = IA[:, p].tolist()
+                state[j] = _FINISHED
+                Orow[j] = o
+                first[j] = FA[0, p]
+                last[j] = FA[1, p]
+                self.used -= nb
+                self.pm_total -= pr + m
+                self.sum_c -= c
+                IA[:, p : R - 1] = IA[:, p + 1 : R]
+                FA[:, p : R - 1] = FA[:, p + 1 : R]
+                R -= 1
+            self.R = R
+            self.finished_total += len(gone)
+            left[gone] = _NO_LEFT
+            self.min_left = int(left.min())  # _NO_LEFT when they were the last ones
             return True
         out = IA[:, gone]  # the finished requests' columns, one gather
         ids = out[5]

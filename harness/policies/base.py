@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -214,12 +214,14 @@ def declared_rule(policy: object) -> BudgetRule | None:
     return rule
 
 
-@dataclass(frozen=True, slots=True)
-class StepReport:
+class StepReport(NamedTuple):
     """What the host tells the policy (and telemetry) after each step or fast-forwarded run.
 
     ``num_steps > 1`` means the host fast-forwarded that many identical decode steps after a
     ``steady`` plan; token and time fields then cover all of them.
+
+    Immutable, built once a step: a NamedTuple, which a host makes in ~0.3 µs (a frozen
+    dataclass's ``__init__`` took ~3 µs, ~2% of a hooked policy's simulation, issue 13).
     """
 
     start_s: float

@@ -313,6 +313,22 @@ class WaitPolicy(ThresholdFlushing):
             types = self._type_k[keys]
         return types
 
+    def _note_types(self, cv: ColumnView, requests: list[RequestView], j: int) -> None:
+        """Record type ``j`` for ``requests`` (the head of its queue, planned for admission)
+        under the keys they will run by, so :meth:`_types` finds them when they run instead
+        of reading each newcomer from its request (a type never changes, so a plan the host
+        does not carry out leaves nothing wrong behind)."""
+        key_of = cv.key_of
+        keys = [key_of(r) for r in requests]
+        top = max(keys) + 1
+        tk = self._type_k
+        if top > len(tk):
+            tk = self._type_k = per_key(tk, max(cv.num_keys, top), -1)
+        if len(keys) == 1:
+            tk[keys[0]] = j
+        else:
+            tk[keys] = j
+
     def _all_in_quota(self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> bool:
         """Whether a flush plan runs every decode, each (type, stage) group within its quota
         ``n_j`` (§3.3), nothing cut by ``step_cap``, the budget or the KV (:func:`runs_whole`)."""
@@ -388,7 +404,10 @@ class WaitPolicy(ThresholdFlushing):
         admits: list[RequestView] = []
         for jj, go in enumerate(ok.tolist()):
             if go:
-                admits.extend(self._wq.head(n[jj], jj))
+                head = self._wq.head(n[jj], jj)
+                if head:
+                    self._note_types(cv, head, jj)
+                    admits.extend(head)
         admits = self._oldest_first(admits)
         # ColumnPlan.steady: a flush plan with nothing waiting that runs every running request
         # repeats until an arrival or a finish: the same (type, stage) groups advance one
