@@ -282,7 +282,7 @@ class ArrayEngine:
             )
         running = _tuple_new(RunningColumns, cols[0] + (self.npf,) + cols[1])
         fixed_a, fixed_b = self._view_fixed
-        kv = KVView(self.bs, self.total, self.used)
+        kv = _tuple_new(KVView, (self.bs, self.total, self.used))
         return _tuple_new(ColumnView, (t, running, len(self.waiting), *fixed_a, kv, *fixed_b))
 
     def _waiting_tokens(self) -> Iterator[int]:
@@ -598,23 +598,20 @@ class ArrayEngine:
     def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
         IA, FA = self.IA, self.FA
-        Or, Cr, NBr, IDr = IA[1], IA[2], IA[4], IA[5]
+        Cr, NBr, IDr = IA[2], IA[4], IA[5]
         bs = self.bs
         end = float(ends[-1])
         self.calls += 1
         self.stall = 0
         if k > 1:
-            Cv = Cr[:R]
-            Cv += k
-            Or[:R] += k
-            nb = (Cv + (bs - 1)) // bs
+            IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
+            nb = (Cr[:R] + (bs - 1)) // bs
             self.used += int(nb.sum() - NBr[:R].sum())
             NBr[:R] = nb
             FA[1, :R] = end
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:
-            Cr[:R] += 1
-            Or[:R] += 1
+            IA[1:3, :R] += 1  # outputs and computed tokens
             FA[1, :R] = end
             self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
@@ -650,8 +647,7 @@ class ArrayEngine:
             self._give(few, end)
             samp_ids = None
         elif pure:
-            Cr[:R0] += 1
-            Or[:R0] += 1
+            self.IA[1:3, :R0] += 1  # outputs and computed tokens (adjacent rows: one call)
             Lr[:R0] = end
             samp_ids = IDr[:R0]  # logged below, before anything moves
             self.sum_c += R0

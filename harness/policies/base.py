@@ -91,9 +91,10 @@ def prefill_remaining(r: RequestView) -> int:
     return 0 if is_decoding(r) else remaining_tokens(r)
 
 
-@dataclass(frozen=True, slots=True)
-class KVView:
-    """KV-cache state in blocks; token figures are derived so policies can think in tokens."""
+class KVView(NamedTuple):
+    """KV-cache state in blocks; token figures are derived so policies can think in tokens.
+
+    (Immutable; a NamedTuple because a host builds one every step, issue 13.)"""
 
     block_size: int
     total_blocks: int
