@@ -606,7 +606,7 @@ class ArrayEngine:
         if k > 1:
             IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
             nb = (Cr[:R] + (bs - 1)) // bs
-            self.used += int(nb.sum() - NBr[:R].sum())
+            self.used = int(nb.sum())  # the running requests hold every used block
             NBr[:R] = nb
             FA[1, :R] = end
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows

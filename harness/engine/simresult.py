@@ -118,13 +118,16 @@ class SimResult:
 
 class ChunkLog:
     """Token-time accumulator: each step's (or fast-forwarded run's) rows are written straight
-    into two preallocated columns (int32 trace rows, float64 times), in time order.
+    into a preallocated column of int32 trace rows, in time order; their times are kept as
+    one (time, row count) pair a step and expanded into the float64 column when the rows are
+    sealed (one ``np.repeat``: a step's rows all share its time).
 
     Why preallocated: a 100k-request run makes ~200k single steps and ~35k runs; keeping each
     as a small array (or list) and concatenating them at flush cost about a second (a Python
     object, a length and a dtype cast per group), where a slice assignment into a buffer is one
     C copy. A run of ``k`` steps over ``R`` rows is written as a ``(k, R)`` view of the buffer
-    by two broadcasts (rows down, ends across): no ``tile``/``repeat`` temporaries.
+    by one broadcast (rows down): no ``tile``/``repeat`` temporaries. Why times as pairs: two
+    list appends cost less than a numpy fill per step, the kernel's most frequent call.
     With a ``sink``, rows leave memory in batches of at least ``every`` rows (and once more at
     the end): each sink call builds and buffers an Arrow table, seconds of overhead if called
     per run. The batches are exactly those of a flush after the first call that reaches
@@ -139,18 +142,17 @@ class ChunkLog:
         # huge ``every`` (no sink, keep all) starts small and doubles as it fills
         self._cap = min(max(int(every), 1), 1 << 22) + (1 << 12)
         self._req = np.empty(self._cap, dtype=np.int32)
-        self._t = np.empty(self._cap, dtype=np.float64)
+        self._times: list[float] = []  # the held rows' times: one per step ...
+        self._counts: list[int] = []  # ... and how many rows that step emitted
         self._n = 0  # rows held in the buffers since the last flush
         self._sealed = 0  # rows sealed before those
 
     def _grow(self, need: int) -> None:
-        """Room for ``need`` rows: new buffers (double, or ``need``), the held rows copied."""
+        """Room for ``need`` rows: a new buffer (double, or ``need``), the held rows copied."""
         cap = max(2 * self._cap, need)
         req = np.empty(cap, dtype=np.int32)
-        t = np.empty(cap, dtype=np.float64)
         req[: self._n] = self._req[: self._n]
-        t[: self._n] = self._t[: self._n]
-        self._req, self._t, self._cap = req, t, cap
+        self._req, self._cap = req, cap
 
     def add_step(self, t: float, rows: Any) -> None:
         """One step's sampled trace rows (a list or an int array), all at time ``t``."""
@@ -159,7 +161,8 @@ class ChunkLog:
         if b > self._cap:
             self._grow(b)
         self._req[a:b] = rows
-        self._t[a:b] = t
+        self._times.append(t)
+        self._counts.append(b - a)
         self._n = b
         if b >= self.every:
             self.flush()
@@ -173,19 +176,23 @@ class ChunkLog:
         if b > self._cap:
             self._grow(b)
         self._req[a:b].reshape(k, r)[:] = rows
-        self._t[a:b].reshape(k, r)[:] = np.asarray(ends, dtype=np.float64)[:, None]
+        self._times.extend(np.asarray(ends, dtype=np.float64).tolist())
+        self._counts.extend([r] * k)
         self._n = b
         if b >= self.every:
             self.flush()
 
     def _seal(self) -> None:
-        """Move the held rows into ``parts`` (views of the full buffers; fresh ones follow)."""
+        """Move the held rows into ``parts`` (a view of the full row buffer, the times
+        expanded; a fresh buffer follows)."""
         if not self._n:
             return
         self._sealed += self._n
-        self.parts.append((self._req[: self._n], self._t[: self._n]))
+        times = np.repeat(np.array(self._times, dtype=np.float64), self._counts)
+        self.parts.append((self._req[: self._n], times))
         self._req = np.empty(self._cap, dtype=np.int32)
-        self._t = np.empty(self._cap, dtype=np.float64)
+        self._times = []
+        self._counts = []
         self._n = 0
 
     def _joined(self) -> tuple[np.ndarray, np.ndarray]:
