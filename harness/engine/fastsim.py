@@ -76,7 +76,7 @@ _NO_LEFT = 1 << 62  # min_left of an empty batch
 _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
-_FEW_DONE = 8  # up to this many finishing in one step are retired in scalars (_finish)
+_FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -255,7 +255,7 @@ class ArrayEngine:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
         IA, FA, R = self.IA, self.FA, self.R
         gone = np.flatnonzero(~keep)
-        if len(gone) <= 8:
+        if len(gone) <= _FEW_GONE:
             for p in gone[::-1].tolist():
                 IA[:, p : R - 1] = IA[:, p + 1 : R]
                 FA[:, p : R - 1] = FA[:, p + 1 : R]
@@ -722,7 +722,7 @@ class ArrayEngine:
                 self._finished_rows.extend(fin)
             for j in fin:
                 self._objects.pop(j, None)
-        if len(gone) <= _FEW_DONE:  # the usual case: scalar reads, one shift of the tails each
+        if len(gone) <= _FEW_GONE:  # the usual case: scalar reads, one shift of the tails each
             state, Orow, first, last = rows.state, rows.Orow, rows.first, rows.last
             for p in gone[::-1].tolist():  # from the tail: the positions before stay put
                 pr, o, c, m, nb, j = IA[:, p].tolist()

@@ -320,11 +320,9 @@ class WaitPolicy(ThresholdFlushing):
         does not carry out leaves nothing wrong behind)."""
         key_of = cv.key_of
         keys = [key_of(r) for r in requests]
-        top = max(keys) + 1
-        tk = self._type_k
-        if top > len(tk):
-            tk = self._type_k = per_key(tk, max(cv.num_keys, top), -1)
-        if len(keys) == 1:
+        # an object host may name a request after building the view: room for its key too
+        tk = self._type_k = per_key(self._type_k, max(cv.num_keys, max(keys) + 1), -1)
+        if len(keys) == 1:  # the usual admission: a scalar store
             tk[keys[0]] = j
         else:
             tk[keys] = j
