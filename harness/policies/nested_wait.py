@@ -312,13 +312,19 @@ class _StagesInArrays:
         return np.bincount(self.seg[past], minlength=len(self.pol.edges)).tolist()
 
     def segments(self) -> set[int]:
-        return set(np.unique(self.seg).tolist())
+        return set(np.flatnonzero(np.bincount(self.seg)).tolist())
 
     def runs(self, active: int, quota: list[int]) -> np.ndarray:
-        seg = self.seg
-        entry = (seg > 0) & (self.ks == self.pol._first_a[seg])
-        take = np.where(entry, np.array(quota, dtype=np.int64)[seg], self.pol._n[seg])
-        return self.dec[self.order[(seg < active) & (self.rank < take)]]
+        seg, pol = self.seg, self.pol
+        if quota == pol.thresholds:  # entry quotas are n_i too: one quota per segment
+            take = pol._n[seg]
+        else:
+            entry = (seg > 0) & (self.ks == pol._first_a[seg])
+            take = np.where(entry, np.array(quota, dtype=np.int64)[seg], pol._n[seg])
+        keep = self.rank < take
+        if active < len(pol.edges):  # segments from ``active`` on do not run
+            keep &= seg < active
+        return self.dec[self.order[keep]]
 
     def fit_ahead(self, horizon: int) -> bool:
         ends = np.append(np.flatnonzero(self.start_of[1:] != self.start_of[:-1]), len(self.ks) - 1)

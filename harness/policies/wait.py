@@ -136,13 +136,16 @@ def runs_whole(cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> boo
     if left < 0:
         return False
     bs = cv.kv.block_size
-    need = int(np.count_nonzero(rc.computed[decoding] % bs == 0))  # a decode's next block
+    need = 0
     for p in partial.tolist():  # the sequential clip of the prefills, their new blocks
         c = int(rc.computed[p])
         g = min(int(rc.prompt[p] + rc.output[p]) - c, left)
         left -= g
         need += -(-(c + g) // bs) - -(-c // bs)
-    return need <= cv.kv.free_blocks
+    free = cv.kv.free_blocks
+    if need + len(decoding) <= free:  # fits even if every decode opens a block
+        return True
+    return need + int(np.count_nonzero(rc.computed[decoding] % bs == 0)) <= free
 
 
 def int_thresholds(values: Sequence[float]) -> list[int]:
@@ -286,6 +289,7 @@ class WaitPolicy(ThresholdFlushing):
         # per-type waiting queues, FIFO by arrival (#14), kept by the hooks (no per-step sort)
         self._wq = SortedWaiting(_age_key, len(self.output_lens), self.type_of)
         self._n = np.array(self.thresholds, dtype=np.int64)
+        self._n_of_group = self._n  # _all_in_quota: n_j of group g = stage * m + j, tiled
         # each running request's type, by RunningColumns.key (-1: not known yet); read from the
         # request when first seen running (a request's type never changes)
         self._type_k = np.full(0, -1, dtype=np.int64)
@@ -336,10 +340,13 @@ class WaitPolicy(ThresholdFlushing):
             return False  # the cap may cut the runs: their order matters
         if not runs_whole(cv, decoding, partial):
             return False
+        # members per (type, stage) group against the type's quota, group = stage * m + type
+        # (one bincount instead of a sort and run ranks)
         types = self._types(cv, decoding)
-        group = np.sort(cv.running.output[decoding] * len(self.thresholds) + types)
-        _, rank = runs_of(group)
-        return bool((rank < self._n[group % len(self.thresholds)]).all())
+        counts = np.bincount(cv.running.output[decoding] * len(self.thresholds) + types)
+        if len(counts) > len(self._n_of_group):  # the quota of every group index, by type
+            self._n_of_group = np.resize(self._n, 2 * len(counts))
+        return not (counts > self._n_of_group[: len(counts)]).any()
 
     def _oldest_first(self, admits: list[RequestView]) -> list[RequestView]:
         """``admits`` oldest first (#14)."""
