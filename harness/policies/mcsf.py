@@ -139,6 +139,11 @@ class MCSFPolicy(ColumnPolicy):
         self.memory_tokens = memory_tokens
         self._est: dict[str, int] = {}  # by request id: the waiting queue's order reads it
         self._est_k = np.zeros(0, np.int64)  # by RunningColumns.key: running requests' (0: unset)
+        # by key, set with _est_k: a running request's KV peak (its tokens at its last step,
+        # rounded up to whole blocks of _pk_bs), constant while its estimate is: the quick
+        # accept's running sum without per-step arithmetic over the running set
+        self._pk_k = np.zeros(0, np.int64)
+        self._pk_bs = 0
         # waiting in A3 order, kept by the hooks (no per-step sort of the queue, issue 13); a
         # waiting request's estimate is fixed (its output count does not move while it waits)
         self._wq = SortedWaiting(lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens))
@@ -168,12 +173,26 @@ class MCSFPolicy(ColumnPolicy):
         return max(0, self.estimate(r) - r.num_output_tokens - 1 + extra)
 
     # -- planning ------------------------------------------------------------------------
+    def _peak(self, prompt: int, est: int) -> int:
+        """A request's KV peak in tokens, rounded up to whole blocks of ``_pk_bs``: its tokens
+        at its last step, ``s + ô - 1`` (+1 under Convention A); as ``base + end`` of
+        :meth:`plan_columns`, whatever it has generated (``ô`` stays above that, REC a)."""
+        extra = 1 if self.kv_convention == "A" else 0
+        bs = self._pk_bs
+        return -(-(prompt + est - 1 + extra) // bs) * bs
+
+    def _set_estimate(self, key: int, prompt: int, est: int) -> None:
+        """Record a running request's estimate and its KV peak under its key."""
+        self._est_k[key] = est
+        self._pk_k[key] = self._peak(prompt, est)
+
     def _running_estimates(self, cv: ColumnView) -> np.ndarray:
         """``ô`` of each running request, from the per-key copy of the estimates (set at
         admission), raised where a request has reached it without finishing (REC a; kept in
         ``_est`` too, which a preempted request's place in the queue reads)."""
         rc = cv.running
         self._est_k = per_key(self._est_k, cv.num_keys, 0)
+        self._pk_k = per_key(self._pk_k, cv.num_keys, 0)
         keys = rc.key
         est = self._est_k[keys]
         stale = rc.output >= est  # reached (or never set: 0)
@@ -186,7 +205,7 @@ class MCSFPolicy(ColumnPolicy):
                 if o >= e:  # under-estimate discovered (REC a)
                     e = o + self.overrun_extra
                 self._est[rid] = e
-                self._est_k[key] = e
+                self._set_estimate(key, int(rc.prompt[p]), e)
             est = self._est_k[keys]
         return est
 
@@ -197,17 +216,19 @@ class MCSFPolicy(ColumnPolicy):
         rc = cv.running
         n = len(rc)
         extra = 1 if self.kv_convention == "A" else 0
+        bs = cv.kv.block_size if self.block_aware else 1
+        if bs != self._pk_bs:  # the per-key peaks are in whole blocks of this size
+            self._pk_bs = bs
+            self._pk_k = np.zeros(0, np.int64)
+            self._est_k = np.zeros(0, np.int64)  # both set again (stale) on their next read
         est = self._running_estimates(cv)
-        base = rc.prompt + rc.output
-        end = np.maximum(est - rc.output - 1 + extra, 0)
         step: np.ndarray | int
         if rc.num_prefilling == 0:  # every one decodes its one token
             step, tokens_used = 1, n
         else:
-            step = np.maximum(base - rc.computed, 1)
+            step = np.maximum(rc.prompt + rc.output - rc.computed, 1)
             tokens_used = int(step.sum())
         capacity = self.memory_tokens if self.memory_tokens is not None else cv.kv.capacity_tokens
-        bs = cv.kv.block_size if self.block_aware else 1
         self._wq.sync(cv)
         admit: list[tuple[RequestView, int]] = []
         seqs = n
@@ -221,21 +242,18 @@ class MCSFPolicy(ColumnPolicy):
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
             need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
-            if peak_sum < 0:
-                peaks = base + end
-                peak_sum = int((-(-peaks // bs) * bs).sum() if bs > 1 else peaks.sum())
+            if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
+                peak_sum = int(self._pk_k[rc.key].sum())
             b_r, e_r = r.num_tokens, self._last_step(r)
             peak = -(-(b_r + e_r) // bs) * bs
-            if peak_sum + peak <= capacity or future_peak_ok(
-                np.concatenate((base, np.array([*added_b, b_r], dtype=np.int64))),
-                np.concatenate((end, np.array([*added_e, e_r], dtype=np.int64))),
-                capacity,
-                bs,
+            if peak_sum + peak <= capacity or self._future_fits(
+                cv, est, extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
             ):
                 admit.append((r, need))
                 key = cv.key_of(r)  # the key it runs under
                 self._est_k = per_key(self._est_k, key + 1, 0)
-                self._est_k[key] = self.estimate(r)
+                self._pk_k = per_key(self._pk_k, key + 1, 0)
+                self._set_estimate(key, r.num_prompt_tokens, self.estimate(r))
                 added_b.append(b_r)
                 added_e.append(e_r)
                 peak_sum += peak
@@ -245,6 +263,28 @@ class MCSFPolicy(ColumnPolicy):
                 break
         steady = not cv.num_waiting and n > 0 and rc.num_prefilling == 0 and n <= cv.token_budget
         return ColumnPlan(None, step, admit_requests=admit, steady=steady)
+
+    @staticmethod
+    def _future_fits(
+        cv: ColumnView,
+        est: np.ndarray,
+        extra: int,
+        added_b: list[int],
+        added_e: list[int],
+        capacity: int,
+        bs: int,
+    ) -> bool:
+        """Eq. (1) exactly (:func:`future_peak_ok`) for the running requests, with their KV
+        tokens now and last step offsets (Convention A or B), and the planned admissions."""
+        rc = cv.running
+        base = rc.prompt + rc.output
+        end = np.maximum(est - rc.output - 1 + extra, 0)
+        return future_peak_ok(
+            np.concatenate((base, np.array(added_b, dtype=np.int64))),
+            np.concatenate((end, np.array(added_e, dtype=np.int64))),
+            capacity,
+            bs,
+        )
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)
