@@ -104,6 +104,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         self._seg_a = np.array(self._seg, dtype=np.int64)
         self._edge_a = np.array(self.edges, dtype=np.int64)
         self._n = np.array(self.thresholds, dtype=np.int64)
+        self._n_stage = self._n[self._seg_a]  # n_i of each stage's segment (_every_decode)
         # min(n[lo .. hi]) for every segment pair (0 when hi < lo: never fits)
         self._min_n = np.array(
             [[min(self.thresholds[lo : hi + 1] or [0]) for hi in range(m)] for lo in range(m)],
@@ -134,11 +135,15 @@ class NestedWaitPolicy(ThresholdFlushing):
         num_waiting = len(self._wq)
         if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
             return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
+        unsorted = self._flush_in_running_order(flush, decoding)
+        if unsorted and self.seg_caps is None:
+            plan = self._every_decode(cv, decoding, partial)
+            if plan is not None:
+                return plan
         # A flush plan usually runs every decode: the group counts (what the prefix rule, the
         # quotas and the steady check read) do not depend on the order inside a stage, so
         # they are built from running order first; only when a quota cuts a group (its
         # oldest go first) or the host would cut the run (runs_whole) is age order needed.
-        unsorted = self._flush_in_running_order(flush, decoding)
         dec = decoding if unsorted else by_age(cv, decoding)
         groups = (_StagesInScalars if len(dec) <= _FEW else _StagesInArrays)(self, cv, dec)
         # prompts at each segment's first stage: waiting ones for segment 1
@@ -172,6 +177,41 @@ class NestedWaitPolicy(ThresholdFlushing):
             and len(runs) == len(dec) > 0
             and groups.fit_ahead(int((cv.running.max_tokens[dec] - groups.stage).min()))
         )
+        return self._admitting(cv, runs, partial, active, quota, steady)
+
+    def _every_decode(
+        self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray
+    ) -> ColumnPlan | None:
+        """A flush plan's usual case, from the decodes per stage alone: when no stage holds more
+        than its segment's ``n_i`` (§4.3, the quotas without ``seg_caps``), every decode runs
+        (every segment with work is active), and when the host cuts none of them
+        (:func:`runs_whole`) the stage rule's order changes nothing, so they run in running
+        order, as in WAIT's flush. None otherwise: the stage groups decide."""
+        rc = cv.running
+        stages = rc.output[decoding]
+        counts = np.bincount(stages)
+        if len(counts) > len(self._n_stage):  # stages past the last edge: the last segment's
+            self._n_stage = np.append(self._n_stage, np.full(len(counts), self.thresholds[-1]))
+        if (counts > self._n_stage[: len(counts)]).any() or not runs_whole(cv, decoding, partial):
+            return None
+        steady = (
+            not len(self._wq)
+            and not len(partial)
+            and self._counts_fit_ahead(counts, int((rc.max_tokens[decoding] - stages).min()))
+        )
+        return self._admitting(cv, decoding, partial, 1, self.thresholds, steady)
+
+    def _admitting(
+        self,
+        cv: ColumnView,
+        runs: np.ndarray,
+        partial: np.ndarray,
+        active: int,
+        quota: list[int],
+        steady: bool,
+    ) -> ColumnPlan:
+        """The plan: ``runs``, the partial prefills, then segment 1's entrants (oldest first,
+        its entry quota, when segment 1 is ``active``) within the memory guard."""
         cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:  # runs first (threshold_plan cuts them)
             ran = min(len(runs) + len(partial), self.step_cap)
@@ -182,6 +222,12 @@ class NestedWaitPolicy(ThresholdFlushing):
         if self.memory_guard and cands:
             cands = self._guard(cv, cands)
         return threshold_plan(runs, partial, cv, cands, self.step_cap, steady=steady)
+
+    def _counts_fit_ahead(self, counts: np.ndarray, horizon: int) -> bool:
+        """:meth:`_StagesInArrays.fit_ahead` from the decodes per stage (``counts``)."""
+        ks = np.flatnonzero(counts)
+        hi = self._segments(ks + horizon - 1)
+        return bool((counts[ks] <= self._min_n[self._segments(ks), hi]).all())
 
     def _flush_in_running_order(self, flush: bool, decoding: np.ndarray) -> bool:
         """Whether a plan builds its stage groups from running order first (:meth:`_plan`):
