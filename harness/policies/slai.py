@@ -216,14 +216,13 @@ class SLAIPolicy(ColumnPolicy):
         active = len(rc)
         ranked: np.ndarray | None = None
         if cv.num_waiting and tokens < budget and active < alpha:
-            # the KV left after the critical decodes' and the partial prefills' blocks (when
-            # every critical decode runs, they are the critical set: no ranking needed)
-            if nc == ncrit:
-                crit = decodes[is_crit]
-            else:
+            # the KV left after the critical decodes' and the partial prefills' blocks: first
+            # as if every critical decode opened a block; which of them do (those at a block
+            # boundary) is counted only if an admission would not fit otherwise
+            if nc != ncrit:
                 ranked = self._ranked(rc, decodes, lst)
-                crit = ranked[:nc]
-            free = cv.kv.free_blocks - int(np.count_nonzero(rc.computed[crit] % bs == 0))
+            free = cv.kv.free_blocks - nc
+            unsure = nc > 0
             if len(part):
                 c0 = rc.computed[part]
                 free -= int(((c0 + got + bs - 1) // bs - (c0 + bs - 1) // bs).sum())
@@ -232,6 +231,11 @@ class SLAIPolicy(ColumnPolicy):
                 if tokens >= budget or active >= alpha:
                     break
                 need = blocks_for(r.num_tokens, bs)
+                if unsure and free - need < reserve:
+                    # when every critical decode runs, they are the critical set: no ranking
+                    crit = decodes[is_crit] if ranked is None else ranked[:nc]
+                    free += nc - int(np.count_nonzero(rc.computed[crit] % bs == 0))
+                    unsure = False
                 if free - need < reserve:
                     break
                 c = min(remaining_tokens(r), budget - tokens)
@@ -263,8 +267,11 @@ class SLAIPolicy(ColumnPolicy):
         rule 2 then clips and preempts nothing and the order cannot matter; else ranked, so
         the host preempts from the non-critical tail."""
         rc = cv.running
+        free = cv.kv.free_blocks
+        if len(decodes) <= free:  # fits even if every decode opens a block
+            return None
         grow = int(np.count_nonzero(rc.computed[decodes] % cv.kv.block_size == 0))
-        return None if grow <= cv.kv.free_blocks else self._ranked(rc, decodes, lst)
+        return None if grow <= free else self._ranked(rc, decodes, lst)
 
     @staticmethod
     def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:
