@@ -234,3 +234,32 @@ def test_flush_plans_keep_age_order_where_it_decides(policy: str) -> None:
     assert sorted(rid for rid, _ in roomy.run) == ["old", "young"]
     tight = both.schedule(make_view(running=running, now=now, block_size=7, total_blocks=5))
     assert [rid for rid, _ in tight.run] == ["old", "young"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flush_plan_from_stage_counts_runs_what_the_stage_groups_run(seed: int) -> None:
+    # A flush plan decides "every decode runs" from one count of the decodes per stage
+    # (issue 13); seg_caps too large to bind keep the same quotas (§4.3) but always build the
+    # stage groups, so both plans must run the same requests and admit the same ones.
+    rng = np.random.default_rng(seed)
+    edges, n = [4, 8, 16], [3, 2, 1]
+    running = [
+        decoding(f"d{i}", 10, int(rng.integers(1, 48)), 60, arrival_s=float(rng.random()))
+        for i in range(2 + 4 * seed)  # from every decode running to quotas cutting groups
+    ]
+    waiting = [FakeReq(f"w{i}", 10, 40, arrival_s=float(i)) for i in range(int(seed % 3))]
+    view = make_view(waiting, running, now=10.0, block_size=4)  # flush: nothing new for 5 s
+    counted, grouped = (
+        make_policy("nested-wait", edges=edges, thresholds=n, seg_caps=caps)
+        for caps in (None, [10**9] * 3)
+    )
+    for pol in (counted, grouped):
+        for r in waiting:
+            pol.on_arrival(r, 0.0)
+    a, b = counted.schedule(view), grouped.schedule(view)
+    assert sorted(rid for rid, _ in a.run) == sorted(rid for rid, _ in b.run)
+    assert a.admit == b.admit
+    stages = [r.num_output_tokens for r in running]
+    seg = [min(sum(k >= e for e in edges), 2) for k in stages]
+    every = all(stages.count(k) <= n[s] for k, s in zip(stages, seg, strict=True))
+    assert (len(a.run) == len(running)) == every

@@ -139,3 +139,29 @@ def test_step_cap_is_a_per_step_request_cap():
     wait = [FakeReq(f"w{i}", 5, 10, arrival_s=10 + i) for i in range(3)]
     plan = pol.schedule(make_view(wait, run))
     assert len(plan.run) + len(plan.admit) == 4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flush_plan_keeps_each_type_stage_groups_oldest_quota(seed: int) -> None:
+    # The end-of-run flush runs, of every (type, stage) group, its oldest n_j (§3.3, #14);
+    # whether that is every decode is counted per group (issue 13): check against a count
+    # done here by hand.
+    rng = np.random.default_rng(seed)
+    lens, n = [32, 64, 128], [3, 2, 1]
+    running = [
+        decoding(
+            f"d{i}",
+            10,
+            int(rng.integers(1, 24)),
+            int(rng.choice(lens)),
+            arrival_s=float(rng.random()),
+        )
+        for i in range(2 + 6 * seed)  # from every decode running to quotas cutting groups
+    ]
+    pol = make_policy("wait", output_lens=lens, thresholds=n)
+    plan = pol.schedule(make_view(running=running, now=10.0))  # flush: nothing new for 5 s
+    groups: dict[tuple[int, int], list] = {}
+    for r in sorted(running, key=lambda r: (r.arrival_s, r.request_id)):
+        groups.setdefault((lens.index(r.max_tokens), r.num_output_tokens), []).append(r)
+    expect = {r.request_id for (j, _k), rs in groups.items() for r in rs[: n[j]]}
+    assert {rid for rid, _ in plan.run} == expect
