@@ -447,23 +447,16 @@ class ArrayEngine:
         if (
             plan.steady and self.fast_forward and n_prefill == 0 and not preempted and n_sched == R
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            lim = hold_until if plan.hold else until
-            # a run has a second step only if it starts before ``lim`` (decode_run_ends' rule:
-            # its start is step 1's end, t + dur bit for bit)
-            k_max = self.min_left if t + dur < lim else 1
+            k_max = self.min_left
             if k_max > 1 and R * ((k_max + bs - 2) // bs) > free:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
-            if k_max > 1 or not pure:
-                if k_max > 1:
-                    ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, lim)
-                else:
-                    ends = np.array([t + dur])
-                k = len(ends)
-                end = self._finish_run(t, ends, k, R)
-            else:  # one step of every running request: the plain step does the same
-                done = self.finished_total
-                end = self._advance(t, t + dur, R0, True, None, None, adm_g, prefill, n_decode)
-                self.steady = self.finished_total == done  # as _finish_run leaves it
+            if k_max > 1:
+                lim = hold_until if plan.hold else until
+                ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, lim)
+            else:
+                ends = np.array([t + dur])
+            k = len(ends)
+            end = self._finish_run(t, ends, k, R)
         else:
             end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted)
         if self.hooks is not None:
