@@ -79,6 +79,15 @@ class RunningColumns(NamedTuple):
             return np.arange(n - 1)
         return np.flatnonzero(decoding_mask(self.prompt, self.output, self.computed))
 
+    def decode_blocks(self, positions: np.ndarray, block_size: int) -> int:
+        """New KV blocks a decode step of the requests at ``positions`` allocates: those at a
+        block boundary (common.decode_blocks_needed over columns)."""
+        return int(np.count_nonzero(self.computed[positions] % block_size == 0))
+
+    def decodes_fit(self, positions: np.ndarray, block_size: int, free: int) -> bool:
+        """Whether those new blocks fit in ``free``; not counted when one block each would."""
+        return len(positions) <= free or self.decode_blocks(positions, block_size) <= free
+
     def prefilling(self) -> np.ndarray:
         """Positions of the requests with prefill (or recompute) left, in running order."""
         if self.num_prefilling == 0:

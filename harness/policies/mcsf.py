@@ -183,6 +183,8 @@ class MCSFPolicy(ColumnPolicy):
 
     def _set_estimate(self, key: int, prompt: int, est: int) -> None:
         """Record a running request's estimate and its KV peak under its key."""
+        self._est_k = per_key(self._est_k, key + 1, 0)
+        self._pk_k = per_key(self._pk_k, key + 1, 0)
         self._est_k[key] = est
         self._pk_k[key] = self._peak(prompt, est)
 
@@ -251,8 +253,6 @@ class MCSFPolicy(ColumnPolicy):
             ):
                 admit.append((r, need))
                 key = cv.key_of(r)  # the key it runs under
-                self._est_k = per_key(self._est_k, key + 1, 0)
-                self._pk_k = per_key(self._pk_k, key + 1, 0)
                 self._set_estimate(key, r.num_prompt_tokens, self.estimate(r))
                 added_b.append(b_r)
                 added_e.append(e_r)

@@ -175,7 +175,9 @@ class NestedWaitPolicy(ThresholdFlushing):
             and self.seg_caps is None
             and self.step_cap is None
             and len(runs) == len(dec) > 0
-            and groups.fit_ahead(int((cv.running.max_tokens[dec] - groups.stage).min()))
+            and self._counts_fit_ahead(
+                np.bincount(groups.stage), int((cv.running.max_tokens[dec] - groups.stage).min())
+            )
         )
         return self._admitting(cv, runs, partial, active, quota, steady)
 
@@ -224,7 +226,11 @@ class NestedWaitPolicy(ThresholdFlushing):
         return threshold_plan(runs, partial, cv, cands, self.step_cap, steady=steady)
 
     def _counts_fit_ahead(self, counts: np.ndarray, horizon: int) -> bool:
-        """:meth:`_StagesInArrays.fit_ahead` from the decodes per stage (``counts``)."""
+        """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it
+        repeats until the next arrival or finish (``horizon`` steps away) if every stage group
+        (``counts``: decodes per stage), advancing together, also fits the quota ``n_i`` of each
+        segment it enters before then (quotas are per segment, §4.3; with ``seg_caps`` they
+        move with the counts, never steady)."""
         ks = np.flatnonzero(counts)
         hi = self._segments(ks + horizon - 1)
         return bool((counts[ks] <= self._min_n[self._segments(ks), hi]).all())
@@ -317,21 +323,6 @@ class _StagesInScalars:
                 out.extend(self.stages[k][:take])
         return np.array(out, dtype=np.int64)
 
-    def fit_ahead(self, horizon: int) -> bool:
-        """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it
-        repeats until the next arrival or finish (``horizon`` steps away) if every stage group,
-        advancing together, also fits the quota ``n_i`` of each segment it enters before then
-        (quotas are per segment, §4.3; with ``seg_caps`` they move with the counts, never
-        steady)."""
-        n, seg, last = self.pol.thresholds, self.pol._seg, len(self.pol._seg) - 1
-        for k, ps in self.stages.items():
-            lo = self.stage_seg[k]
-            end = k + horizon - 1
-            hi = seg[end if end < last else last]
-            if len(ps) > min(n[lo : hi + 1]):
-                return False
-        return True
-
 
 class _StagesInArrays:
     """:class:`_StagesInScalars` in arrays: the decodes sorted by stage, latest first, stable
@@ -343,7 +334,7 @@ class _StagesInArrays:
         self.stage = cv.running.output[dec]  # in dec's order
         self.order = np.argsort(-self.stage, kind="stable")
         self.ks = self.stage[self.order]
-        self.start_of, self.rank = runs_of(self.ks)
+        _, self.rank = runs_of(self.ks)
         self.seg = pol._segments(self.ks)
 
     def at_first_stages(self) -> list[int]:
@@ -371,8 +362,3 @@ class _StagesInArrays:
         if active < len(pol.edges):  # segments from ``active`` on do not run
             keep &= seg < active
         return self.dec[self.order[keep]]
-
-    def fit_ahead(self, horizon: int) -> bool:
-        ends = np.append(np.flatnonzero(self.start_of[1:] != self.start_of[:-1]), len(self.ks) - 1)
-        hi = self.pol._segments(self.ks[ends] + horizon - 1)  # each group's last member
-        return bool((self.rank[ends] + 1 <= self.pol._min_n[self.seg[ends], hi]).all())

@@ -234,7 +234,7 @@ class SLAIPolicy(ColumnPolicy):
                 if unsure and free - need < reserve:
                     # when every critical decode runs, they are the critical set: no ranking
                     crit = decodes[is_crit] if ranked is None else ranked[:nc]
-                    free += nc - int(np.count_nonzero(rc.computed[crit] % bs == 0))
+                    free += nc - rc.decode_blocks(crit, bs)
                     unsure = False
                 if free - need < reserve:
                     break
@@ -267,11 +267,9 @@ class SLAIPolicy(ColumnPolicy):
         rule 2 then clips and preempts nothing and the order cannot matter; else ranked, so
         the host preempts from the non-critical tail."""
         rc = cv.running
-        free = cv.kv.free_blocks
-        if len(decodes) <= free:  # fits even if every decode opens a block
+        if rc.decodes_fit(decodes, cv.kv.block_size, cv.kv.free_blocks):
             return None
-        grow = int(np.count_nonzero(rc.computed[decodes] % cv.kv.block_size == 0))
-        return None if grow <= free else self._ranked(rc, decodes, lst)
+        return self._ranked(rc, decodes, lst)
 
     @staticmethod
     def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:

@@ -142,10 +142,7 @@ def runs_whole(cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> boo
         g = min(int(rc.prompt[p] + rc.output[p]) - c, left)
         left -= g
         need += -(-(c + g) // bs) - -(-c // bs)
-    free = cv.kv.free_blocks
-    if need + len(decoding) <= free:  # fits even if every decode opens a block
-        return True
-    return need + int(np.count_nonzero(rc.computed[decoding] % bs == 0)) <= free
+    return rc.decodes_fit(decoding, bs, cv.kv.free_blocks - need)
 
 
 def int_thresholds(values: Sequence[float]) -> list[int]:
