@@ -182,9 +182,8 @@ class _ClusterEngine(ArrayEngine):
         k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
         k = max(1, min(k, len(ends)))
         R = self.R
-        grow = self.IA[2, :R] % self.bs == 0  # step 1's blocks
-        self.IA[4, :R] += grow
-        self.used += int(np.count_nonzero(grow))
+        # step 1's blocks (a block each for the decodes at a block boundary)
+        self.used += int(np.count_nonzero(self.IA[2, :R] % self.bs == 0))
         return self._finish_run(t, ends[:k], k, R)
 
 

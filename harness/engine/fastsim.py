@@ -184,7 +184,10 @@ class ArrayEngine:
         self.cost_model = cost_model
         self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
-        self.IA = np.zeros((6, cap), np.int64)  # prompt, outputs, computed, max_tokens, blocks, row
+        # prompt, outputs, computed, max_tokens, row; a running request's KV blocks are not
+        # kept: between steps they are ceil(computed / block) (a step allocates exactly what
+        # it computes), so they are derived where needed
+        self.IA = np.zeros((5, cap), np.int64)
         self.FA = np.full((4, cap), np.nan)  # first / last token time, arrival, TBT SLO
         self.cols = (*self.IA, self.FA[0], self.FA[1])  # row views, made once (never move)
         self.AR = self.FA[2]  # arrival times (column policies read them)
@@ -275,7 +278,7 @@ class ArrayEngine:
         tuples are made directly (a NamedTuple's keyword call costs ~1 µs more a plan)."""
         cols = self._col_views.get(R)
         if cols is None:
-            Pr, Or, Cr, Mr, _, IDr, _, Lr = self.cols
+            Pr, Or, Cr, Mr, IDr, _, Lr = self.cols
             cols = self._col_views[R] = (
                 (Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R]),
                 (IDr[:R], Lr[:R], self.TB[:R]),
@@ -300,7 +303,7 @@ class ArrayEngine:
         (EngineCore._fast_forward_len); the policy's ``on_step`` hears of it as from the
         engine core. Returns as :meth:`execute`."""
         assert self.planner is not None
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         bs = self.bs
         total = self.total
         R = self.R
@@ -346,7 +349,6 @@ class ArrayEngine:
                 grow = Cr[:R] % bs == 0
                 need = int(np.count_nonzero(grow))
                 if need <= free:
-                    NBr[:R] += grow
                     self.used += need
                     free -= need
                     budget -= R
@@ -359,8 +361,7 @@ class ArrayEngine:
                 if len(order) <= _FEW and not self._evicted:  # a few items: in scalars
                     few, budget, need = self._few_items(order, tok, budget)
                     if need <= free:  # everything fits: rule 2 preempts nothing
-                        for p, g, c, o, rem, nd in few:
-                            NBr[p] += nd
+                        for _, g, c, o, rem, _ in few:
                             kv_read += c + g
                             if rem == 1 and o > 0:  # a decode
                                 n_decode += 1
@@ -473,7 +474,7 @@ class ArrayEngine:
         and the budget left; items granted nothing are dropped. Returns ``([(position,
         tokens, computed, output, remaining, new blocks)], budget left, blocks needed)``;
         nothing is allocated."""
-        Pr, Or, Cr, NBr = self.cols[0], self.cols[1], self.cols[2], self.cols[4]
+        Pr, Or, Cr = self.cols[0], self.cols[1], self.cols[2]
         bs = self.bs
         few = []
         need = 0
@@ -485,7 +486,7 @@ class ArrayEngine:
             g = min(want, rem, budget)
             if g <= 0:
                 continue
-            nd = -(-(c + g) // bs) - int(NBr[p])
+            nd = -(-(c + g) // bs) - -(-c // bs)
             few.append((p, g, c, o, rem, nd))
             budget -= g
             need += nd
@@ -500,12 +501,12 @@ class ArrayEngine:
         before a step that would start at or after ``until``. A chunk that leaves prompt to
         do emits nothing, so it is advanced here in scalars (what :meth:`_advance` does for
         it); the completing chunk goes through :meth:`_advance`."""
-        Cr, NBr = self.cols[2], self.cols[4]
+        Cr = self.cols[2]
         o = int(self.cols[1][p])
         whole = int(self.cols[0][p]) + o  # tokens to compute; fixed until the prompt is done
-        c = int(Cr[p])
-        nb = int(NBr[p])
         bs, cap, total = self.bs, self.budget_cap, self.total
+        c = int(Cr[p])
+        nb = -(-c // bs)
         step_time, sample = self._step_time, self._sample
         self._evicted.clear()
         self._finished_rows.clear()
@@ -527,7 +528,6 @@ class ArrayEngine:
             end = t + step_time(g, 0, c + g, g * (c + g / 2))
             if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
                 Cr[p] = c
-                NBr[p] = nb
                 t = self._advance(t, end, self.R, False, None, None, [], g, 0, [(p, g)])
                 done = True
                 break
@@ -541,7 +541,6 @@ class ArrayEngine:
             t = end
         if not done:
             Cr[p] = c
-            NBr[p] = nb
         if k:
             self.stall = 0
             self.steady = False
@@ -597,22 +596,21 @@ class ArrayEngine:
 
     def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
-        IA, FA = self.IA, self.FA
-        Cr, NBr, IDr = IA[2], IA[4], IA[5]
+        IA = self.IA
+        Cr, IDr, Lr = self.cols[2], self.cols[4], self.cols[6]
         bs = self.bs
         end = float(ends[-1])
         self.calls += 1
         self.stall = 0
         if k > 1:
             IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
-            nb = (Cr[:R] + (bs - 1)) // bs
-            self.used = int(nb.sum())  # the running requests hold every used block
-            NBr[:R] = nb
-            FA[1, :R] = end
+            # the running requests hold every used block
+            self.used = int(((Cr[:R] + (bs - 1)) // bs).sum())
+            Lr[:R] = end
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:
             IA[1:3, :R] += 1  # outputs and computed tokens
-            FA[1, :R] = end
+            Lr[:R] = end
             self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
         self.min_left -= k
@@ -640,7 +638,7 @@ class ArrayEngine:
         was preempted (:meth:`_give`: a short run order); else positions ``sp`` got ``sg``
         tokens; then the admissions in slots ``R0`` on got ``adm_g``), sample, retire the
         finished, record the step."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         self.calls += 1
         self.stall = 0
         if few is not None:
@@ -682,7 +680,7 @@ class ArrayEngine:
         ``end``: p's KV grows by g, and a request whose KV then covers its prompt and output
         emits a token at ``end``; ``npf`` and ``min_left`` are kept exactly (a request counted
         in ``npf`` before the step is one that was not decoding)."""
-        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols[:4] + self.cols[5:]
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         hits: list[int] = []
         for p, g, *_ in items:
             c = int(Cr[p]) + g
@@ -709,52 +707,61 @@ class ArrayEngine:
         """Retire the running requests that reached max_tokens; refresh ``min_left``."""
         R = self.R
         IA, FA = self.IA, self.FA
-        Or, Mr = IA[1], IA[3]
+        Or, Mr = self.cols[1], self.cols[3]
         left = Mr[:R] - Or[:R]
         done = left <= 0
         gone = done.nonzero()[0]
         if len(gone) == 0:
             return False
         rows = self.rows
-        if self.hooks is not None or self._objects:
-            fin = IA[5, :R][gone].tolist()
-            if self.hooks is not None:
-                self._finished_rows.extend(fin)
-            for j in fin:
-                self._objects.pop(j, None)
         if len(gone) <= _FEW_GONE:  # the usual case: scalar reads, one shift of the tails each
             state, Orow, first, last = rows.state, rows.Orow, rows.first, rows.last
+            bs = self.bs
+            fin = []
             for p in gone[::-1].tolist():  # from the tail: the positions before stay put
-                pr, o, c, m, nb, j = IA[:, p].tolist()
+                pr, o, c, m, j = IA[:, p].tolist()
+                fin.append(j)
                 state[j] = _FINISHED
                 Orow[j] = o
                 first[j] = FA[0, p]
                 last[j] = FA[1, p]
-                self.used -= nb
+                self.used -= -(-c // bs)
                 self.pm_total -= pr + m
                 self.sum_c -= c
                 IA[:, p : R - 1] = IA[:, p + 1 : R]
                 FA[:, p : R - 1] = FA[:, p + 1 : R]
                 R -= 1
+                left[p] = _NO_LEFT
             self.R = R
-            self.finished_total += len(gone)
-            left[gone] = _NO_LEFT
+            self.finished_total += len(fin)
             self.min_left = int(left.min())  # _NO_LEFT when they were the last ones
+            fin.reverse()  # running order
+            self._forget(fin)
             return True
         out = IA[:, gone]  # the finished requests' columns, one gather
-        ids = out[5]
+        ids = out[4]
         rows.state[ids] = _FINISHED
         rows.Orow[ids] = out[1]
         rows.first[ids], rows.last[ids] = FA[:2, gone]
-        pr, _, c, m, nb, _ = out.sum(axis=1).tolist()
-        self.used -= nb
+        pr, _, c, m, _ = out.sum(axis=1).tolist()
+        self.used -= int(((out[2] + (self.bs - 1)) // self.bs).sum())
         self.pm_total -= pr + m
         self.sum_c -= c
         self._retire(~done)
         self.finished_total += len(ids)
         R = self.R
-        self.min_left = int((IA[3, :R] - IA[1, :R]).min()) if R else _NO_LEFT
+        self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
+        self._forget(ids.tolist())
         return True
+
+    def _forget(self, fin: list[int]) -> None:
+        """The finished rows ``fin`` (running order): reported to the policy with the step,
+        their request objects dropped."""
+        if self.hooks is not None:
+            self._finished_rows.extend(fin)
+        if self._objects:
+            for j in fin:
+                self._objects.pop(j, None)
 
     def _run_items(
         self, order: np.ndarray, want: np.ndarray, comp: np.ndarray, budget: int
@@ -770,11 +777,10 @@ class ArrayEngine:
         else:  # the sequential clip: budget left before an item = budget - sum of earlier wants
             before = np.cumsum(want) - want
             grant = np.minimum(want, np.maximum(budget - before, 0))
-        NBr = self.cols[4]
-        need = (comp + grant + (self.bs - 1)) // self.bs - NBr[order]
+        bs = self.bs
+        need = (comp + grant + (bs - 1)) // bs - (comp + (bs - 1)) // bs
         tot = int(need.sum())
         if tot <= self.total - self.used:
-            NBr[order] += need
             self.used += tot
             return order, grant, budget - int(grant.sum()), False
         return self._run_preempting(order, grant, need, budget)
@@ -806,18 +812,17 @@ class ArrayEngine:
         clip, which a prefix does not change), ``need``: their new blocks. The running arrays
         are then compacted. Returns ``(scheduled positions after compaction, their tokens,
         budget left, True)``; ``self.used`` is updated."""
-        NBr = self.cols[4]
+        bs = self.bs
         need = np.where(grant > 0, need, 0)  # an item given nothing allocates nothing
-        held = NBr[order]
+        held = (self.cols[2][order] + (bs - 1)) // bs
         # fits[k]: the first k items' need <= free + what the items from k on hold
         spent = np.concatenate(([0], np.cumsum(need)))
         freed = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
         k = int(np.count_nonzero(spent <= (self.total - self.used) + freed)) - 1
         for v in order[k:][::-1].tolist():  # the tail first, as the pass meets them
             self._evict(v)
-        kept, g, nd = order[:k], grant[:k], need[:k]
-        NBr[kept] += nd
-        self.used += int(nd.sum())
+        kept, g = order[:k], grant[:k]
+        self.used += int(need[:k].sum())
         alive = np.ones(self.R, dtype=bool)
         alive[order[k:]] = False
         ran = g > 0
@@ -829,9 +834,9 @@ class ArrayEngine:
         """Recompute-preempt running slot ``v`` (base.py rules 1-2): its KV freed, its progress
         kept in the rows, its row at the front of waiting. The slot is left for the caller
         to compact away (``_retire``)."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         rows = self.rows
-        self.used -= int(NBr[v])
+        self.used -= -(-int(Cr[v]) // self.bs)
         row = int(IDr[v])
         rows.Orow[row] = Or[v]
         rows.first[row] = Fr[v]
@@ -846,7 +851,7 @@ class ArrayEngine:
     def _admit_head(self, g: int, j: int | None = None) -> int:
         """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
         chunk of ``g`` tokens (allocated, not yet computed); returns the blocks it took."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         rows = self.rows
         R = self.R
         if j is None:
@@ -859,7 +864,6 @@ class ArrayEngine:
         Or[R] = rows.Orow[j]
         Cr[R] = 0
         Mr[R] = rows.M[j]
-        NBr[R] = nd
         IDr[R] = j
         Fr[R] = rows.first[j]
         Lr[R] = rows.last[j]
@@ -891,7 +895,7 @@ class ArrayEngine:
         admission), fast-forwarding a steady decode run over the steps that start before
         ``until``; the step's end, ``t`` to plan again after a preemption that scheduled
         nothing, or None when nothing can run before a release."""
-        Pr, Or, Cr, Mr, NBr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         rows = self.rows
         bs = self.bs
         total = self.total
@@ -913,7 +917,6 @@ class ArrayEngine:
                 grow = Cv % bs == 0
                 tot_need = int(np.count_nonzero(grow))
                 if tot_need <= free:
-                    NBr[:R] += grow
                     used += tot_need
                     free -= tot_need
                     budget -= R
@@ -1120,7 +1123,7 @@ def fast_simulate(
 
     # Requests still running at stop_at_s keep what they produced (cancelled).
     R = eng.R
-    ids = eng.IA[5, :R]
+    ids = eng.IA[4, :R]
     rows.Orow[ids] = eng.IA[1, :R]
     rows.first[ids] = eng.FA[0, :R]
     rows.last[ids] = eng.FA[1, :R]
