@@ -167,7 +167,9 @@ class SortedWaiting:
 
     def sync(self, view: View | ColumnView) -> None:
         """Rebuild from the view when the hooks missed something (sizes disagree)."""
-        if len(self._where) == len(view.waiting):
+        # a column view counts its waiting requests (its ``waiting`` is a lazy sequence)
+        n = view.num_waiting if type(view) is ColumnView else len(view.waiting)
+        if len(self._where) == n:
             return
         for q in self.queues:
             q.clear()

@@ -201,7 +201,7 @@ class NestedWaitPolicy(ThresholdFlushing):
             and not len(partial)
             and self._counts_fit_ahead(counts, int((rc.max_tokens[decoding] - stages).min()))
         )
-        return self._admitting(cv, decoding, partial, 1, self.thresholds, steady)
+        return self._admitting(cv, decoding, partial, 1, self.thresholds, steady, True)
 
     def _admitting(
         self,
@@ -211,9 +211,11 @@ class NestedWaitPolicy(ThresholdFlushing):
         active: int,
         quota: list[int],
         steady: bool,
+        in_running_order: bool = False,
     ) -> ColumnPlan:
         """The plan: ``runs``, the partial prefills, then segment 1's entrants (oldest first,
-        its entry quota, when segment 1 is ``active``) within the memory guard."""
+        its entry quota, when segment 1 is ``active``) within the memory guard
+        (``in_running_order``: as threshold_plan's)."""
         cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:  # runs first (threshold_plan cuts them)
             ran = min(len(runs) + len(partial), self.step_cap)
@@ -223,7 +225,15 @@ class NestedWaitPolicy(ThresholdFlushing):
         cands = cands[: max(0, cv.max_num_seqs - len(cv.running))]
         if self.memory_guard and cands:
             cands = self._guard(cv, cands)
-        return threshold_plan(runs, partial, cv, cands, self.step_cap, steady=steady)
+        return threshold_plan(
+            runs,
+            partial,
+            cv,
+            cands,
+            self.step_cap,
+            steady=steady,
+            in_running_order=in_running_order,
+        )
 
     def _counts_fit_ahead(self, counts: np.ndarray, horizon: int) -> bool:
         """ColumnPlan.steady for a flush plan that runs every request with nothing waiting: it

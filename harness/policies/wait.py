@@ -158,13 +158,17 @@ def threshold_plan(
     step_cap: int | None,
     *,
     steady: bool,
+    in_running_order: bool = False,
 ) -> ColumnPlan:
     """The plan WAIT and Nested WAIT share: ``decodes`` one token each, then the partial
     prefills with what they have left (committed work, listed last so they are the LIFO
     victims, seed-wait.md §9 #12), then ``admit`` whole; ``step_cap`` cuts the requests run
     per step (B read as a per-step request cap, seed-wait.md §9 #15), runs before admits.
     Admissions past the free seats are left out (the host stops at a full engine, base.py
-    rule 3): same plan in effect, without sizing requests that cannot start."""
+    rule 3): same plan in effect, without sizing requests that cannot start.
+    ``in_running_order``: ``decodes`` are listed in running order (RunningColumns.decoding);
+    when they are every running request the plan says so (order None: the host's
+    all-decode path needs no check that the order lists each request once)."""
     admit = admit[: max(0, cv.max_num_seqs - len(cv.running))]
     order, tokens = decodes, 1
     if len(partial):
@@ -176,6 +180,8 @@ def threshold_plan(
         tokens = tokens if isinstance(tokens, int) else tokens[:step_cap]
         admit = admit[: max(0, step_cap - len(order))]
         steady = False
+    elif in_running_order and not len(partial) and len(order) == len(cv.running):
+        order = None
     return ColumnPlan(
         order, tokens, admit_requests=[(r, remaining_tokens(r)) for r in admit], steady=steady
     )
@@ -214,7 +220,7 @@ class ThresholdFlushing(ColumnPolicy):
         if (
             not flush
             and self.on_idle == "flush"
-            and not executable(plan, cv)
+            and (plan is NOTHING or not executable(plan, cv))
             and (cv.num_waiting or len(rc))
         ):
             flush = True
@@ -415,7 +421,15 @@ class WaitPolicy(ThresholdFlushing):
         # repeats until an arrival or a finish: the same (type, stage) groups advance one
         # stage each step, and a type's quota n_j does not change with the stage (§3.3).
         steady = flush and not admits and not len(partial) and len(runs) == len(dec)
-        return threshold_plan(runs, partial, cv, admits, self.step_cap, steady=steady)
+        return threshold_plan(
+            runs,
+            partial,
+            cv,
+            admits,
+            self.step_cap,
+            steady=steady,
+            in_running_order=runs is decoding,
+        )
 
     def _plan_admission(
         self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, flush: bool
