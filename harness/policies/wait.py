@@ -220,7 +220,7 @@ class ThresholdFlushing(ColumnPolicy):
         if (
             not flush
             and self.on_idle == "flush"
-            and (plan is NOTHING or not executable(plan, cv))
+            and not executable(plan, cv)
             and (cv.num_waiting or len(rc))
         ):
             flush = True
