@@ -1,7 +1,12 @@
-"""Build of the optional C scanner (issue 18); the project's metadata is in pyproject.toml.
+"""Build of the optional C extensions; the project's metadata is in pyproject.toml.
 
-``optional=True``: where the extension cannot be compiled (no compiler, no Python headers)
-the install still succeeds and :mod:`harness.loadgen.fastscan` uses its pure-Python scan.
+- ``harness.loadgen._sse_scan``: the load generator's SSE byte scan (issue 18);
+- ``harness.engine._rows``: the simulator kernel's scalar loops over its running arrays
+  (issue 13).
+
+``optional=True``: where an extension cannot be compiled (no compiler, no Python headers)
+the install still succeeds and its module uses the pure-Python code that does the same
+(:mod:`harness.loadgen.fastscan`, :mod:`harness.engine.fastsim`).
 """
 
 from setuptools import Extension, setup
@@ -12,6 +17,11 @@ setup(
             "harness.loadgen._sse_scan",
             sources=["harness/loadgen/_sse_scan.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "harness.engine._rows",
+            sources=["harness/engine/_rows.c"],
+            optional=True,
+        ),
     ]
 )

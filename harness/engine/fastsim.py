@@ -38,6 +38,7 @@ with preemptions, seat and budget limits.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -77,6 +78,13 @@ _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its tra
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
+
+try:  # the optional C extension (setup.py): scalar loops over the running arrays
+    from harness.engine import _rows
+except ImportError:  # not built (no C compiler at install): the same rules in Python
+    _rows = None  # type: ignore[assignment]
+HAVE_C = _rows is not None
+USE_C = HAVE_C and os.environ.get("HARNESS_PURE_KERNEL") != "1"
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -596,21 +604,16 @@ class ArrayEngine:
 
     def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
-        IA = self.IA
-        Cr, IDr, Lr = self.cols[2], self.cols[4], self.cols[6]
-        bs = self.bs
+        IDr = self.cols[4]
         end = float(ends[-1])
         self.calls += 1
         self.stall = 0
         if k > 1:
-            IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
             # the running requests hold every used block
-            self.used = int(((Cr[:R] + (bs - 1)) // bs).sum())
-            Lr[:R] = end
+            self.used = self._decode(R, k, end, True)
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:
-            IA[1:3, :R] += 1  # outputs and computed tokens
-            Lr[:R] = end
+            self._decode(R, 1, end, False)
             self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
         self.min_left -= k
@@ -645,8 +648,7 @@ class ArrayEngine:
             self._give(few, end)
             samp_ids = None
         elif pure:
-            self.IA[1:3, :R0] += 1  # outputs and computed tokens (adjacent rows: one call)
-            Lr[:R0] = end
+            self._decode(R0, 1, end, False)
             samp_ids = IDr[:R0]  # logged below, before anything moves
             self.sum_c += R0
             self.min_left -= 1
@@ -675,7 +677,31 @@ class ArrayEngine:
         self.steady = False
         return end
 
-    def _give(self, items: Iterable[tuple[int, ...]], end: float) -> None:
+    def _decode_c(self, R: int, k: int, end: float, blocks: bool) -> int:
+        """:meth:`_decode_py` in one pass of the C extension (``_rows.decode``)."""
+        return _rows.decode(self.IA, self.FA, R, k, end, self.bs)  # type: ignore[union-attr]
+
+    def _decode_py(self, R: int, k: int, end: float, blocks: bool) -> int:
+        """Each of the first ``R`` running requests computes and emits ``k`` tokens, the last
+        at ``end``; with ``blocks``, returns the KV blocks they then hold (else 0: the
+        caller keeps ``used`` itself)."""
+        self.IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
+        self.cols[6][:R] = end
+        if not blocks:
+            return 0
+        return int(((self.cols[2][:R] + (self.bs - 1)) // self.bs).sum())
+
+    def _give_c(self, items: Iterable[tuple[int, ...]], end: float) -> None:
+        """:meth:`_give_py` in one pass of the C extension (``_rows.give``)."""
+        hits, g, npf, m = _rows.give(self.IA, self.FA, items, end)  # type: ignore[union-attr]
+        self.sum_c += g
+        self.npf += npf
+        if m < self.min_left:
+            self.min_left = m
+        if hits:
+            self.chunks.add_step(end, hits)
+
+    def _give_py(self, items: Iterable[tuple[int, ...]], end: float) -> None:
         """Rule 5 in scalars for ``(position p, g tokens, ...)`` items of a step ending at
         ``end``: p's KV grows by g, and a request whose KV then covers its prompt and output
         emits a token at ``end``; ``npf`` and ``min_left`` are kept exactly (a request counted
@@ -703,7 +729,23 @@ class ArrayEngine:
         if hits:
             self.chunks.add_step(end, hits)
 
-    def _finish(self) -> bool:
+    def _finish_c(self) -> bool:
+        """:meth:`_finish_py` in one pass of the C extension (``_rows.finish``)."""
+        rows = self.rows
+        got = _rows.finish(  # type: ignore[union-attr]
+            self.IA, self.FA, self.R, self.bs, rows.state, rows.Orow, rows.first, rows.last
+        )
+        if got is None:
+            return False
+        self.R, fin, blocks, pm, c, self.min_left = got
+        self.used -= blocks
+        self.pm_total -= pm
+        self.sum_c -= c
+        self.finished_total += len(fin)
+        self._forget(fin)
+        return True
+
+    def _finish_py(self) -> bool:
         """Retire the running requests that reached max_tokens; refresh ``min_left``."""
         R = self.R
         IA, FA = self.IA, self.FA
@@ -753,6 +795,11 @@ class ArrayEngine:
         self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
         self._forget(ids.tolist())
         return True
+
+    # the C passes where the extension is built, unless HARNESS_PURE_KERNEL=1 (module docstring)
+    _finish = _finish_c if USE_C else _finish_py
+    _decode = _decode_c if USE_C else _decode_py
+    _give = _give_c if USE_C else _give_py
 
     def _forget(self, fin: list[int]) -> None:
         """The finished rows ``fin`` (running order): reported to the policy with the step,

@@ -1,0 +1,233 @@
+"""The kernel's C passes over its running arrays do what their Python versions do (issue 13).
+
+``harness.engine._rows`` (optional C extension, built by setup.py where a compiler is present)
+runs three of :class:`~harness.engine.fastsim.ArrayEngine`'s scalar loops: retiring finished
+requests (``_finish``), every running request decoding (``_decode``) and rule 5 for a few
+items (``_give``). Each test here puts two engines in the same random state (finished and
+unfinished requests, prefilling and decoding ones, requests without a first token), runs the
+C method on one and the Python method on the other, and compares every array and counter;
+then whole simulations with each set of methods give the same token times; then the
+environment variable that selects them, and the C code's answers to bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from engine_traces import poisson_trace
+
+from harness.engine import fastsim
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import get_cost_model
+from harness.engine.fastsim import ArrayEngine, Rows
+from harness.engine.simresult import ChunkLog
+from harness.engine.simulate import simulate
+from harness.policies import make_policy
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        not fastsim.HAVE_C,
+        reason="the C extension harness.engine._rows is not built (no C compiler at install)",
+    ),
+]
+
+BS = 16
+METHODS = ("_finish", "_decode", "_give")
+
+
+def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
+    """An engine whose first R running slots hold random requests (some finished)."""
+    P = rng.integers(1, 300, n_rows).tolist()
+    M = rng.integers(1, 200, n_rows).tolist()
+    rows = Rows(P, M)
+    cfg = EngineConfig(kv_tokens=1 << 20, token_budget=2048, max_num_seqs=cap, block_size=BS)
+    eng = ArrayEngine(
+        2048, cfg, get_cost_model("a100-llama2-7b"), rows, ChunkLog(None, 1 << 30), cap
+    )
+    R = int(rng.integers(0, cap + 1))
+    picked = rng.choice(n_rows, size=R, replace=False)
+    for p, j in enumerate(picked.tolist()):
+        m = M[j]
+        o = int(rng.integers(0, m + 1))  # o == m: finished
+        if rng.random() < 0.1:
+            o = m + int(rng.integers(0, 3))  # past max_tokens: finished too
+        prompt = P[j]
+        # decoding (KV covers all but the last token), or prefilling / recomputing
+        c = prompt + o - 1 if o > 0 and rng.random() < 0.7 else int(rng.integers(0, prompt + o))
+        eng.IA[:, p] = (prompt, o, c, m, j)
+        eng.FA[:, p] = (
+            np.nan if o == 0 else rng.random() * 10,
+            np.nan if o == 0 else 10 + rng.random(),
+            rng.random(),
+            np.nan if rng.random() < 0.5 else 0.1,
+        )
+        rows.state[j] = fastsim._RUNNING
+    eng.R = R
+    Pr, Or, Cr, Mr = eng.IA[:4, :R]
+    eng.used = int(((Cr + BS - 1) // BS).sum())
+    eng.sum_c = int(Cr.sum())
+    eng.pm_total = int((Pr + Mr).sum())
+    eng.min_left = int((Mr - Or).min()) if R else fastsim._NO_LEFT
+    eng.npf = R - int(np.count_nonzero(fastsim.decoding_mask(Pr, Or, Cr)))
+    return eng
+
+
+def _state(eng: ArrayEngine) -> dict:
+    rows = eng.rows
+    return {
+        "IA": eng.IA[:, : eng.R].copy(),
+        "FA": eng.FA[:, : eng.R].copy(),
+        "rows": [rows.Orow.copy(), rows.first.copy(), rows.last.copy(), rows.state.copy()],
+        "scalars": (eng.R, eng.used, eng.sum_c, eng.pm_total, eng.min_left, eng.npf),
+        "finished": (eng.finished_total, list(eng._finished_rows)),
+        "chunks": (eng.chunks._req[: eng.chunks._n].copy(), list(eng.chunks._times)),
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    np.testing.assert_array_equal(a["IA"], b["IA"])
+    np.testing.assert_array_equal(a["FA"], b["FA"])  # NaN == NaN here
+    for x, y in zip(a["rows"], b["rows"], strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert a["scalars"] == b["scalars"]
+    assert a["finished"] == b["finished"]
+    np.testing.assert_array_equal(a["chunks"][0], b["chunks"][0])
+    assert a["chunks"][1] == b["chunks"][1]
+
+
+def _pair(seed: int) -> tuple[ArrayEngine, ArrayEngine]:
+    """Two engines in the same state (built twice: a deep copy would detach the engine's
+    row views from its arrays)."""
+    pair = []
+    for _ in range(2):
+        eng = _engine(np.random.default_rng(seed))
+        eng.hooks = object()  # type: ignore[assignment]  # _forget then keeps finished rows
+        pair.append(eng)
+    return pair[0], pair[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_finish_retires_what_the_python_pass_retires(seed: int) -> None:
+    c, py = _pair(seed)
+    assert c._finish_c() == py._finish_py()
+    _assert_same(_state(c), _state(py))
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("k", [1, 7])
+def test_decode_advances_as_the_python_pass(seed: int, k: int) -> None:
+    c, py = _pair(seed)
+    R = c.R
+    assert c._decode_c(R, k, 12.5, True) == py._decode_py(R, k, 12.5, True)
+    _assert_same(_state(c), _state(py))
+    # without the block count the arrays move the same way (Python then answers 0)
+    c._decode_c(R, 1, 13.0, False)
+    py._decode_py(R, 1, 13.0, False)
+    _assert_same(_state(c), _state(py))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
+    c, py = _pair(seed)
+    rng = np.random.default_rng(1000 + seed)
+    R = c.R
+    if R == 0:
+        return
+    # distinct positions, each granted at most its remaining tokens (the host's clip)
+    ps = rng.choice(R, size=int(rng.integers(1, min(R, 6) + 1)), replace=False).tolist()
+    items = []
+    for p in ps:
+        prompt, o, comp = (int(x) for x in c.IA[:3, p])
+        rem = prompt + o - comp
+        if rem > 0:
+            items.append((p, int(rng.integers(1, rem + 1)), 0, 0))
+    c._give_c(list(items), 20.0)
+    py._give_py(list(items), 20.0)
+    _assert_same(_state(c), _state(py))
+    # an iterator of (position, tokens) pairs, as the admissions pass it
+    c._give_c(enumerate([1], start=0), 21.0)
+    py._give_py(enumerate([1], start=0), 21.0)
+    _assert_same(_state(c), _state(py))
+
+
+@pytest.mark.parametrize(
+    "policy", ["vllm", "sarathi", "orca", "rad", "slai", "wait", "nested-wait", "mcsf"]
+)
+@pytest.mark.parametrize("kv_tokens", [3000, 1 << 20])  # preemptions / none
+def test_simulations_with_either_pass_give_the_same_token_times(
+    policy: str, kv_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tr = poisson_trace(300, 12.0, seed=7, pmax=400, omax=300)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=512, max_num_seqs=48, block_size=BS)
+    cost = get_cost_model("a100-llama2-7b")
+    runs = []
+    for impl in ("c", "py"):
+        for m in METHODS:
+            monkeypatch.setattr(ArrayEngine, m, getattr(ArrayEngine, f"{m}_{impl}"))
+        runs.append(simulate(tr, make_policy(policy), cost, cfg))
+    a, b = runs
+    assert a.counters["kernel"] == "fast"
+    assert a.num_steps == b.num_steps
+    np.testing.assert_array_equal(a.status, b.status)
+    np.testing.assert_array_equal(a.out_tokens, b.out_tokens)
+    np.testing.assert_array_equal(a.first_s, b.first_s)
+    np.testing.assert_array_equal(a.last_s, b.last_s)
+    np.testing.assert_array_equal(a.chunk_req, b.chunk_req)
+    np.testing.assert_array_equal(a.chunk_t, b.chunk_t)
+    np.testing.assert_array_equal(a.preemptions, b.preemptions)
+    if kv_tokens == 3000 and policy in ("vllm", "sarathi"):
+        assert a.counters["preemptions_total"] > 0  # the tight case does preempt
+
+
+@pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
+def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
+    code = (
+        "from harness.engine.fastsim import ArrayEngine as A;"
+        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give')])"
+    )
+    env = {**os.environ, "HARNESS_PURE_KERNEL": value}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [f"{m}_{expected}" for m in METHODS]
+
+
+def test_bad_input_raises_and_writes_nothing() -> None:
+    from harness.engine import _rows
+
+    eng = _engine(np.random.default_rng(3))
+    rows = eng.rows
+    IA, FA = eng.IA, eng.FA
+    with pytest.raises(ValueError, match="shapes"):
+        _rows.finish(IA[:4].copy(), FA, eng.R, BS, rows.state, rows.Orow, rows.first, rows.last)
+    with pytest.raises(TypeError, match="8-byte"):
+        _rows.finish(IA.astype(np.int32), FA, 0, BS, rows.state, rows.Orow, rows.first, rows.last)
+    with pytest.raises(ValueError, match="block size"):
+        _rows.decode(IA, FA, 0, 1, 1.0, 0)
+    with pytest.raises(ValueError, match="running count"):
+        _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS)
+    # a finished request whose trace row is out of range: an error, nothing retired
+    IA[1, 0], IA[3, 0], IA[4, 0] = 5, 5, len(rows.state)
+    R = max(eng.R, 1)
+    before = (IA.copy(), FA.copy(), rows.state.copy())
+    with pytest.raises(IndexError):
+        _rows.finish(IA, FA, R, BS, rows.state, rows.Orow, rows.first, rows.last)
+    np.testing.assert_array_equal(IA, before[0])
+    np.testing.assert_array_equal(rows.state, before[2])
+    # give: a position past the arrays, or an item that is not a tuple; nothing written
+    with pytest.raises(IndexError):
+        _rows.give(IA, FA, [(0, 1), (IA.shape[1], 1)], 1.0)
+    with pytest.raises(TypeError):
+        _rows.give(IA, FA, [(0, 1), [1, 1]], 1.0)
+    np.testing.assert_array_equal(IA, before[0])
+    np.testing.assert_array_equal(FA, before[1])
+    # read-only arrays are refused (the passes write in place)
+    ro = IA.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _rows.decode(ro, FA, 0, 1, 1.0, BS)
