@@ -1,22 +1,24 @@
-/* Scalar loops of the vectorised simulator's running arrays in C (issue 13).
+/* Loops over the vectorised simulator's running arrays, in C (issue 13).
  *
  * Why: harness.engine.fastsim.ArrayEngine keeps its running requests in two small 2-D numpy
  * arrays (IA: int64 rows prompt, outputs, computed, max_tokens, trace row; FA: float64 rows
  * first token, last token, arrival, TBT SLO; one column per running request, in running
- * order). Retiring the requests that reached max_tokens takes ~20 numpy calls and scalar
- * reads of ~0.25-1.5 us each (~25 us a finishing step, ~20% of the kernel of every policy);
- * here it is one pass over the running columns. The arrays are read through the buffer
- * protocol (no numpy headers needed to build this).
+ * order). On ~100 running requests a numpy call costs ~1-5 us (an int64 remainder ~5 us) and a
+ * scalar read or store ~0.25 us, so a step's bookkeeping in numpy is dozens of microseconds
+ * of call overhead; each function here is one pass over the columns:
  *
- * finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, c,
- * min_left): retire every running position p < R with max_tokens - outputs <= 0, in running
- * order: its trace row j = IA[4, p] gets state[j] = FINISHED, Orow[j] = outputs, first[j] and
- * last[j] its token times; the columns after it shift left over it (running order kept).
- * Returns None when none finished (nothing written), else the running count left, the
- * finished trace rows in running order, the KV blocks they held (ceil(computed / block)
- * each), the sum of their prompt + max_tokens, of their computed tokens, and the fewest
- * tokens left among those still running (NO_LEFT when none runs). The caller applies the
- * sums; ArrayEngine._finish_py is the same rule in Python, and tests compare the two.
+ *   finish   retire the requests that reached max_tokens (~20 numpy calls and scalar reads);
+ *   decode   every running request decodes k tokens (an all-decode step or run);
+ *   opening  how many decodes open a KV block (the all-decode step's allocation);
+ *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
+ *   blocks   blocks held and block boundaries of a computed-tokens column (a policy's
+ *            RunningColumns.block_counts on the kernel's columns).
+ *
+ * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
+ * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
+ * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
+ * protocol (no numpy headers needed to build this); each function checks their shapes and
+ * every index it writes through before writing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,18 +28,38 @@
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
 
-/* A writable C-contiguous buffer of `itemsize`-byte items, and its item count. */
-static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+/* A writable C-contiguous buffer of int64 ('i'), float64 ('f') or int8 ('b') items. */
+static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what) {
+    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
-    if (b->itemsize != itemsize || b->len % itemsize != 0) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items", what, itemsize);
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    int ok = f[0] != 0 && f[1] == 0;
+    if (kind == 'i')
+        ok = ok && b->itemsize == 8 && (f[0] == 'l' || f[0] == 'q');
+    else if (kind == 'f')
+        ok = ok && b->itemsize == 8 && f[0] == 'd';
+    else
+        ok = ok && b->itemsize == 1 && f[0] == 'b';
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s items", what,
+                     kind == 'i' ? "int64" : kind == 'f' ? "float64" : "int8");
         PyBuffer_Release(b);
         return -1;
     }
     return 0;
 }
 
+/* finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, c,
+ * min_left): retire every running position p < R with max_tokens - outputs <= 0, in running
+ * order: its trace row j = IA[4, p] gets state[j] = FINISHED, Orow[j] = outputs, first[j] and
+ * last[j] its token times; the columns after it shift left over it (running order kept).
+ * Returns None when none finished (nothing written), else the running count left, the
+ * finished trace rows in running order, the KV blocks they held (ceil(computed / block)
+ * each), the sum of their prompt + max_tokens, of their computed tokens, and the fewest
+ * tokens left among those still running (NO_LEFT when none runs); the caller applies the
+ * sums. */
 static PyObject *finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 8) {
@@ -55,22 +77,22 @@ static PyObject *finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer ia, fa, st, orow, first, last;
     PyObject *ret = NULL;
     int got = 0;
-    if (get_buf(args[0], &ia, 8, "IA") < 0)
+    if (get_buf(args[0], &ia, 'i', "IA") < 0)
         return NULL;
     got++;
-    if (get_buf(args[1], &fa, 8, "FA") < 0)
+    if (get_buf(args[1], &fa, 'f', "FA") < 0)
         goto release;
     got++;
-    if (get_buf(args[4], &st, 1, "state") < 0)
+    if (get_buf(args[4], &st, 'b', "state") < 0)
         goto release;
     got++;
-    if (get_buf(args[5], &orow, 8, "Orow") < 0)
+    if (get_buf(args[5], &orow, 'i', "Orow") < 0)
         goto release;
     got++;
-    if (get_buf(args[6], &first, 8, "first") < 0)
+    if (get_buf(args[6], &first, 'f', "first") < 0)
         goto release;
     got++;
-    if (get_buf(args[7], &last, 8, "last") < 0)
+    if (get_buf(args[7], &last, 'f', "last") < 0)
         goto release;
     got++;
 
@@ -164,9 +186,9 @@ typedef struct {
 } cols;
 
 static int get_cols(PyObject *ia, PyObject *fa, cols *c) {
-    if (get_buf(ia, &c->ia, 8, "IA") < 0)
+    if (get_buf(ia, &c->ia, 'i', "IA") < 0)
         return -1;
-    if (get_buf(fa, &c->fa, 8, "FA") < 0) {
+    if (get_buf(fa, &c->fa, 'f', "FA") < 0) {
         PyBuffer_Release(&c->ia);
         return -1;
     }
@@ -228,6 +250,83 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     release_cols(&c);
     return PyLong_FromLongLong(blocks);
+}
+
+/* opening(IA, R, block) -> n: how many of the first R running requests have computed a
+ * multiple of `block` tokens, so that decoding one more opens a new KV block (numpy's int64
+ * remainder costs ~5 us on a hundred requests, every step). */
+static PyObject *opening(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "opening() takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
+    int64_t bs = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "opening(): block size must be positive");
+        return NULL;
+    }
+    Py_buffer ia;
+    if (PyObject_GetBuffer(args[0], &ia, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    Py_ssize_t cap = ia.len / 8 / 5;
+    const char *f = ia.format ? ia.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    if (ia.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != 0 || ia.len != cap * 5 * 8 || R < 0 || R > cap) {
+        PyBuffer_Release(&ia);
+        PyErr_SetString(PyExc_ValueError, "opening(): expected IA's 5 int64 rows, R <= columns");
+        return NULL;
+    }
+    const int64_t *C = (const int64_t *)ia.buf + 2 * cap;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t p = 0; p < R; p++)
+        n += C[p] % bs == 0;
+    PyBuffer_Release(&ia);
+    return PyLong_FromSsize_t(n);
+}
+
+/* blocks(computed, block) -> (held, opening): over a 1-D int64 array of computed tokens,
+ * the KV blocks they hold, sum of ceil(c / block), and how many sit at a block boundary
+ * (c % block == 0: decoding one more token opens a block). RunningColumns.block_counts's
+ * answer for the kernel's columns. */
+static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "blocks() takes 2 arguments");
+        return NULL;
+    }
+    int64_t bs = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "blocks(): block size must be positive");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    const char *f = b.format ? b.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    if (b.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != 0) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_TypeError, "blocks(): expected int64 items");
+        return NULL;
+    }
+    const int64_t *c = (const int64_t *)b.buf;
+    Py_ssize_t n = b.len / 8;
+    int64_t held = 0, open = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t q = c[i] / bs, r = c[i] % bs;
+        held += q + (r != 0);
+        open += r == 0;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(LL)", (long long)held, (long long)open);
 }
 
 /* give(IA, FA, items, end) -> (emitted, tokens, npf_change, min_left): rule 5 for items
@@ -316,6 +415,11 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
      "tokens, the last at end; the KV blocks they then hold."},
+    {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
+     "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
+    {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
+     "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
+     "boundary."},
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,
      "give(IA, FA, items, end) -> (emitted rows, tokens, npf change, min left): rule 5 for "
      "(position, tokens, ...) items of a step ending at end."},

@@ -183,7 +183,7 @@ class _ClusterEngine(ArrayEngine):
         k = max(1, min(k, len(ends)))
         R = self.R
         # step 1's blocks (a block each for the decodes at a block boundary)
-        self.used += int(np.count_nonzero(self.IA[2, :R] % self.bs == 0))
+        self.used += self._opening(R)
         return self._finish_run(t, ends[:k], k, R)
 
 

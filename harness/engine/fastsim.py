@@ -136,6 +136,19 @@ class Rows:
         return status
 
 
+class KernelColumns(RunningColumns):
+    """:class:`RunningColumns` of the kernel's arrays, whose block count is one C pass."""
+
+    __slots__ = ()
+
+    def block_counts(self, block_size: int) -> tuple[int, int]:
+        return _rows.blocks(self.computed, block_size)  # type: ignore[union-attr]
+
+
+# the columns the kernel's views hand out (module docstring: C where built)
+_COLUMNS = KernelColumns if USE_C else RunningColumns
+
+
 def lists_each_once(order: np.ndarray, n: int) -> bool:
     """Whether ``order`` lists each of the positions ``0 .. n-1`` exactly once. Such a run
     order of one-token decodes that fit the budget and the free KV runs like ``None`` (every
@@ -291,7 +304,7 @@ class ArrayEngine:
                 (Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R]),
                 (IDr[:R], Lr[:R], self.TB[:R]),
             )
-        running = _tuple_new(RunningColumns, cols[0] + (self.npf,) + cols[1])
+        running = _tuple_new(_COLUMNS, cols[0] + (self.npf,) + cols[1])
         fixed_a, fixed_b = self._view_fixed
         kv = _tuple_new(KVView, (self.bs, self.total, self.used))
         return _tuple_new(ColumnView, (t, running, len(self.waiting), *fixed_a, kv, *fixed_b))
@@ -354,8 +367,7 @@ class ArrayEngine:
                 and tok >= 1
                 and (order is None or lists_each_once(order, R))
             ):  # every running request decodes its one token (in any order: all fit)
-                grow = Cr[:R] % bs == 0
-                need = int(np.count_nonzero(grow))
+                need = self._opening(R)
                 if need <= free:
                     self.used += need
                     free -= need
@@ -691,6 +703,15 @@ class ArrayEngine:
             return 0
         return int(((self.cols[2][:R] + (self.bs - 1)) // self.bs).sum())
 
+    def _opening_c(self, R: int) -> int:
+        """:meth:`_opening_py` in the C extension (``_rows.opening``)."""
+        return _rows.opening(self.IA, R, self.bs)  # type: ignore[union-attr]
+
+    def _opening_py(self, R: int) -> int:
+        """How many of the first ``R`` running requests open a KV block by decoding one more
+        token (their computed tokens fill whole blocks): the new blocks of an all-decode step."""
+        return int(np.count_nonzero(self.cols[2][:R] % self.bs == 0))
+
     def _give_c(self, items: Iterable[tuple[int, ...]], end: float) -> None:
         """:meth:`_give_py` in one pass of the C extension (``_rows.give``)."""
         hits, g, npf, m = _rows.give(self.IA, self.FA, items, end)  # type: ignore[union-attr]
@@ -800,6 +821,7 @@ class ArrayEngine:
     _finish = _finish_c if USE_C else _finish_py
     _decode = _decode_c if USE_C else _decode_py
     _give = _give_c if USE_C else _give_py
+    _opening = _opening_c if USE_C else _opening_py
 
     def _forget(self, fin: list[int]) -> None:
         """The finished rows ``fin`` (running order): reported to the policy with the step,
@@ -961,8 +983,7 @@ class ArrayEngine:
         if R:
             Cv = Cr[:R]
             if self.npf == 0 and budget >= R:
-                grow = Cv % bs == 0
-                tot_need = int(np.count_nonzero(grow))
+                tot_need = self._opening(R)
                 if tot_need <= free:
                     used += tot_need
                     free -= tot_need

@@ -79,6 +79,15 @@ class RunningColumns(NamedTuple):
             return np.arange(n - 1)
         return np.flatnonzero(decoding_mask(self.prompt, self.output, self.computed))
 
+    def block_counts(self, block_size: int) -> tuple[int, int]:
+        """``(blocks held, requests at a block boundary)``: the sum of ceil(computed / block)
+        and how many have computed a multiple of the block (decoding one more token opens a
+        block for them). A host may answer it faster from its own state (the vectorised
+        kernel: in C); the answer is this one."""
+        full, part = np.divmod(self.computed, block_size)
+        opening = len(part) - int(np.count_nonzero(part))
+        return int(full.sum()) + len(part) - opening, opening
+
     def decode_blocks(self, positions: np.ndarray, block_size: int) -> int:
         """New KV blocks a decode step of the requests at ``positions`` allocates: those at a
         block boundary (common.decode_blocks_needed over columns)."""

@@ -71,12 +71,11 @@ class _AlphaProtection(ColumnPolicy):
         # each request's next tokens: a decode, or the rest of its prefill (at least 1); KV
         # held now (``used``) and after the step, in whole blocks
         step: np.ndarray | int
-        if rc.num_prefilling == 0:  # every one decodes: ceil((c + 1) / bs) = c // bs + 1
+        if rc.num_prefilling == 0:  # every one decodes: a request at a block boundary opens one
             step = 1
-            full, part = np.divmod(comp, bs)
-            blocks = int(full.sum())
-            after = (blocks + seqs) * bs
-            used = (blocks + int(np.count_nonzero(part))) * bs  # + the partly filled blocks
+            held, opening = rc.block_counts(bs)
+            after = (held + opening) * bs
+            used = held * bs
             tokens = seqs
         else:
             step = np.maximum(rc.remaining(), 1)

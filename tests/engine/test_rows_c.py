@@ -1,13 +1,15 @@
 """The kernel's C passes over its running arrays do what their Python versions do (issue 13).
 
 ``harness.engine._rows`` (optional C extension, built by setup.py where a compiler is present)
-runs three of :class:`~harness.engine.fastsim.ArrayEngine`'s scalar loops: retiring finished
-requests (``_finish``), every running request decoding (``_decode``) and rule 5 for a few
-items (``_give``). Each test here puts two engines in the same random state (finished and
-unfinished requests, prefilling and decoding ones, requests without a first token), runs the
-C method on one and the Python method on the other, and compares every array and counter;
-then whole simulations with each set of methods give the same token times; then the
-environment variable that selects them, and the C code's answers to bad input.
+runs four of :class:`~harness.engine.fastsim.ArrayEngine`'s loops over its running arrays:
+retiring finished requests (``_finish``), every running request decoding (``_decode``), rule 5
+for a few items (``_give``), counting the decodes that open a KV block (``_opening``), and a
+policy's block count of the columns (``KernelColumns.block_counts``). Each test here puts two
+engines in the same random state (finished and unfinished requests, prefilling and decoding
+ones, requests without a first token), runs the C method on one and the Python method on the
+other, and compares every array and counter; then whole simulations with each set of methods
+give the same token times; then the environment variable that selects them, and the C code's
+answers to bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from harness.engine.fastsim import ArrayEngine, Rows
 from harness.engine.simresult import ChunkLog
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
+from harness.policies.columns import RunningColumns
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -37,7 +40,7 @@ pytestmark = [
 ]
 
 BS = 16
-METHODS = ("_finish", "_decode", "_give")
+METHODS = ("_finish", "_decode", "_give", "_opening")
 
 
 def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
@@ -132,6 +135,29 @@ def test_decode_advances_as_the_python_pass(seed: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(40))
+def test_opening_counts_as_the_python_pass(seed: int) -> None:
+    c, _ = _pair(seed)
+    c.IA[2, : c.R : 3] = 16 * np.arange(len(c.IA[2, : c.R : 3]))  # some at block boundaries
+    for R in sorted({0, c.R // 2, c.R}):
+        assert c._opening_c(R) == c._opening_py(R)
+    assert c._opening_c(c.R) > 0 or c.R == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_kernels_block_counts_are_the_columns_answer(seed: int) -> None:
+    c, _ = _pair(seed)
+    c.IA[2, : c.R : 3] = 16 * np.arange(len(c.IA[2, : c.R : 3]))  # some at block boundaries
+    view = c._view(0.0, c.R).running
+    assert type(view) is fastsim.KernelColumns
+    plain = RunningColumns(*view)
+    for bs in (1, 3, 16):
+        assert view.block_counts(bs) == plain.block_counts(bs)
+        comp = plain.computed
+        held = int((-(-comp // bs)).sum())
+        assert plain.block_counts(bs) == (held, int(np.count_nonzero(comp % bs == 0)))
+
+
+@pytest.mark.parametrize("seed", range(40))
 def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     c, py = _pair(seed)
     rng = np.random.default_rng(1000 + seed)
@@ -156,7 +182,8 @@ def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "policy", ["vllm", "sarathi", "orca", "rad", "slai", "wait", "nested-wait", "mcsf"]
+    "policy",
+    ["vllm", "sarathi", "orca", "rad", "slai", "wait", "nested-wait", "mcsf", "mcsf-alpha"],
 )
 @pytest.mark.parametrize("kv_tokens", [3000, 1 << 20])  # preemptions / none
 def test_simulations_with_either_pass_give_the_same_token_times(
@@ -169,6 +196,8 @@ def test_simulations_with_either_pass_give_the_same_token_times(
     for impl in ("c", "py"):
         for m in METHODS:
             monkeypatch.setattr(ArrayEngine, m, getattr(ArrayEngine, f"{m}_{impl}"))
+        columns = fastsim.KernelColumns if impl == "c" else RunningColumns
+        monkeypatch.setattr(fastsim, "_COLUMNS", columns)
         runs.append(simulate(tr, make_policy(policy), cost, cfg))
     a, b = runs
     assert a.counters["kernel"] == "fast"
@@ -187,14 +216,16 @@ def test_simulations_with_either_pass_give_the_same_token_times(
 @pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
 def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     code = (
-        "from harness.engine.fastsim import ArrayEngine as A;"
-        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give')])"
+        "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
+        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give', '_opening')],"
+        " _COLUMNS.__name__)"
     )
     env = {**os.environ, "HARNESS_PURE_KERNEL": value}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == [f"{m}_{expected}" for m in METHODS]
+    columns = "KernelColumns" if expected == "c" else "RunningColumns"
+    assert out == [f"{m}_{expected}" for m in METHODS] + [columns]
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:
@@ -205,12 +236,24 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     IA, FA = eng.IA, eng.FA
     with pytest.raises(ValueError, match="shapes"):
         _rows.finish(IA[:4].copy(), FA, eng.R, BS, rows.state, rows.Orow, rows.first, rows.last)
-    with pytest.raises(TypeError, match="8-byte"):
+    with pytest.raises(TypeError, match="int64"):
         _rows.finish(IA.astype(np.int32), FA, 0, BS, rows.state, rows.Orow, rows.first, rows.last)
+    with pytest.raises(TypeError, match="float64"):  # the right size, the wrong type
+        _rows.finish(IA, IA[:4].copy(), 0, BS, rows.state, rows.Orow, rows.first, rows.last)
+    with pytest.raises(TypeError, match="int8"):
+        _rows.finish(IA, FA, 0, BS, rows.state.astype(np.uint8), rows.Orow, rows.first, rows.last)
     with pytest.raises(ValueError, match="block size"):
         _rows.decode(IA, FA, 0, 1, 1.0, 0)
     with pytest.raises(ValueError, match="running count"):
         _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS)
+    with pytest.raises(ValueError, match="int64 rows"):
+        _rows.opening(IA, IA.shape[1] + 1, BS)
+    with pytest.raises(ValueError, match="block size"):
+        _rows.opening(IA, 0, 0)
+    with pytest.raises(TypeError, match="int64"):
+        _rows.blocks(FA[0], BS)
+    with pytest.raises(ValueError, match="block size"):
+        _rows.blocks(IA[2], -1)
     # a finished request whose trace row is out of range: an error, nothing retired
     IA[1, 0], IA[3, 0], IA[4, 0] = 5, 5, len(rows.state)
     R = max(eng.R, 1)
