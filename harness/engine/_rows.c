@@ -11,6 +11,7 @@
  *   decode   every running request decodes k tokens (an all-decode step or run);
  *   opening  how many decodes open a KV block (the all-decode step's allocation);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
+ *   place    a waiting request joins the running columns (an admission);
  *   blocks   blocks held and block boundaries of a computed-tokens column (a policy's
  *            RunningColumns.block_counts on the kernel's columns).
  *
@@ -25,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define RUNNING 1             /* fastsim._RUNNING */
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
 
@@ -252,6 +254,79 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(blocks);
 }
 
+/* place(IA, FA, R, j, prompt, max_tokens, state, Orow, first, last, arrival, tbt): trace row
+ * j joins the running columns at slot R (state RUNNING; its outputs and token times from the
+ * row arrays, nothing computed); `arrival` None leaves FA's arrival and TBT rows alone (a host
+ * without request fields), else `tbt` None is NaN (no TBT SLO). */
+static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "place() takes 12 arguments");
+        return NULL;
+    }
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t j = PyLong_AsSsize_t(args[3]);
+    int64_t prompt = PyLong_AsLongLong(args[4]);
+    int64_t max_tokens = PyLong_AsLongLong(args[5]);
+    int fields = args[10] != Py_None;
+    double arrival = fields ? PyFloat_AsDouble(args[10]) : 0.0;
+    double tbt = fields && args[11] != Py_None ? PyFloat_AsDouble(args[11]) : Py_NAN;
+    if (PyErr_Occurred())
+        return NULL;
+    cols c;
+    if (get_cols(args[0], args[1], &c) < 0)
+        return NULL;
+    Py_buffer st, orow, first, last;
+    PyObject *ret = NULL;
+    int got = 0;
+    if (get_buf(args[6], &st, 'b', "state") < 0)
+        goto out;
+    got++;
+    if (get_buf(args[7], &orow, 'i', "Orow") < 0)
+        goto out;
+    got++;
+    if (get_buf(args[8], &first, 'f', "first") < 0)
+        goto out;
+    got++;
+    if (get_buf(args[9], &last, 'f', "last") < 0)
+        goto out;
+    got++;
+    Py_ssize_t nrows = st.len;
+    if (orow.len != nrows * 8 || first.len != nrows * 8 || last.len != nrows * 8) {
+        PyErr_SetString(PyExc_ValueError, "place(): row arrays of different lengths");
+        goto out;
+    }
+    if (R < 0 || R >= c.cap || j < 0 || j >= nrows) {
+        PyErr_SetString(PyExc_IndexError, "place(): slot or trace row out of range");
+        goto out;
+    }
+    ((int8_t *)st.buf)[j] = RUNNING;
+    c.P[R] = prompt;
+    c.O[R] = ((int64_t *)orow.buf)[j];
+    c.C[R] = 0;
+    c.M[R] = max_tokens;
+    c.ID[R] = j;
+    c.F[R] = ((double *)first.buf)[j];
+    c.L[R] = ((double *)last.buf)[j];
+    if (fields) {
+        c.F[2 * c.cap + R] = arrival;
+        c.F[3 * c.cap + R] = tbt;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+out:
+    if (got >= 4)
+        PyBuffer_Release(&last);
+    if (got >= 3)
+        PyBuffer_Release(&first);
+    if (got >= 2)
+        PyBuffer_Release(&orow);
+    if (got >= 1)
+        PyBuffer_Release(&st);
+    release_cols(&c);
+    return ret;
+}
+
 /* opening(IA, R, block) -> n: how many of the first R running requests have computed a
  * multiple of `block` tokens, so that decoding one more opens a new KV block (numpy's int64
  * remainder costs ~5 us on a hundred requests, every step). */
@@ -415,6 +490,9 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
      "tokens, the last at end; the KV blocks they then hold."},
+    {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL,
+     "place(IA, FA, R, j, prompt, max_tokens, state, Orow, first, last, arrival, tbt): trace "
+     "row j joins the running columns at slot R."},
     {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
      "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,

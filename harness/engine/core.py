@@ -233,6 +233,10 @@ def decode_steps_that_fit(comp: np.ndarray, k_max: int, block_size: int, free: i
     ``comp`` computed tokens hold step 1's blocks already; steps 2..k may take ``free`` more
     (binary search; the fast-forward bound of both simulator kernels)."""
     bs = block_size
+    # steps 2..k add k - 1 tokens, so each request opens at most ceil((k - 1) / bs) blocks:
+    # when that many fit for all, no need to count (numpy's int64 division is ~5 us a call)
+    if len(comp) * ((k_max + bs - 2) // bs) <= free:
+        return k_max
     held = (comp + bs) // bs  # blocks for comp + 1 tokens
 
     def extra_blocks(k: int) -> int:

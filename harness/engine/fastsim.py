@@ -469,7 +469,7 @@ class ArrayEngine:
             plan.steady and self.fast_forward and n_prefill == 0 and not preempted and n_sched == R
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
             k_max = self.min_left
-            if k_max > 1 and R * ((k_max + bs - 2) // bs) > free:
+            if k_max > 1:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
                 lim = hold_until if plan.hold else until
@@ -817,12 +817,6 @@ class ArrayEngine:
         self._forget(ids.tolist())
         return True
 
-    # the C passes where the extension is built, unless HARNESS_PURE_KERNEL=1 (module docstring)
-    _finish = _finish_c if USE_C else _finish_py
-    _decode = _decode_c if USE_C else _decode_py
-    _give = _give_c if USE_C else _give_py
-    _opening = _opening_c if USE_C else _opening_py
-
     def _forget(self, fin: list[int]) -> None:
         """The finished rows ``fin`` (running order): reported to the policy with the step,
         their request objects dropped."""
@@ -920,14 +914,32 @@ class ArrayEngine:
     def _admit_head(self, g: int, j: int | None = None) -> int:
         """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
         chunk of ``g`` tokens (allocated, not yet computed); returns the blocks it took."""
-        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
-        rows = self.rows
         R = self.R
         if j is None:
             j = self.waiting.popleft()
         else:
             self.waiting.remove(j)
         nd = -(-g // self.bs)
+        self._place(R, j)
+        self.R = R + 1
+        self.used += nd
+        return nd
+
+    def _place_c(self, R: int, j: int) -> None:
+        """:meth:`_place_py` in the C extension (``_rows.place``)."""
+        rows = self.rows
+        meta = rows.meta
+        _rows.place(  # type: ignore[union-attr]
+            *(self.IA, self.FA, R, j, rows.P[j], rows.M[j]),
+            *(rows.state, rows.Orow, rows.first, rows.last),
+            *((None, None) if meta is None else (meta.arrival[j], meta.tbt[j])),
+        )
+
+    def _place_py(self, R: int, j: int) -> None:
+        """Trace row ``j`` joins the running columns at slot ``R``: running, its outputs and
+        token times from the rows, nothing computed (its first chunk is allocated, not run)."""
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
+        rows = self.rows
         rows.state[j] = _RUNNING
         Pr[R] = rows.P[j]
         Or[R] = rows.Orow[j]
@@ -940,9 +952,6 @@ class ArrayEngine:
             self.AR[R] = rows.meta.arrival[j]
             tbt = rows.meta.tbt[j]
             self.TB[R] = math.nan if tbt is None else tbt
-        self.R = R + 1
-        self.used += nd
-        return nd
 
     def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
@@ -1071,6 +1080,13 @@ class ArrayEngine:
                 return self._finish_run(t, np.array([t + dur]), 1, R)
 
         return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+
+    # the C passes where the extension is built, unless HARNESS_PURE_KERNEL=1 (module docstring)
+    _finish = _finish_c if USE_C else _finish_py
+    _decode = _decode_c if USE_C else _decode_py
+    _give = _give_c if USE_C else _give_py
+    _opening = _opening_c if USE_C else _opening_py
+    _place = _place_c if USE_C else _place_py
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:
