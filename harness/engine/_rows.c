@@ -9,11 +9,10 @@
  *
  *   finish   retire the requests that reached max_tokens (~20 numpy calls and scalar reads);
  *   decode   every running request decodes k tokens (an all-decode step or run);
- *   opening  how many decodes open a KV block (the all-decode step's allocation);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
  *   place    a waiting request joins the running columns (an admission);
- *   blocks   blocks held and block boundaries of a computed-tokens column (a policy's
- *            RunningColumns.block_counts on the kernel's columns).
+ *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
+ *            (the all-decode step's new blocks; a policy's RunningColumns.block_counts).
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -30,10 +29,24 @@
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
 
-/* A writable C-contiguous buffer of int64 ('i'), float64 ('f') or int8 ('b') items. */
-static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what) {
-    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return -1;
+/* `nargs` is `n`, else a TypeError naming `fn`. */
+static int want_args(Py_ssize_t nargs, Py_ssize_t n, const char *fn) {
+    if (nargs == n)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments", fn, n);
+    return -1;
+}
+
+/* A positive block size, else a ValueError naming `fn`. */
+static int check_block(int64_t bs, const char *fn) {
+    if (bs > 0)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s(): block size must be positive", fn);
+    return -1;
+}
+
+/* Whether `b` holds int64 ('i'), float64 ('f') or int8 ('b') items; else a TypeError. */
+static int check_kind(Py_buffer *b, char kind, const char *what) {
     const char *f = b->format ? b->format : "B";
     if (*f == '@' || *f == '=' || *f == '<')
         f++;
@@ -47,136 +60,20 @@ static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what) {
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "%s: expected %s items", what,
                      kind == 'i' ? "int64" : kind == 'f' ? "float64" : "int8");
-        PyBuffer_Release(b);
         return -1;
     }
     return 0;
 }
 
-/* finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, c,
- * min_left): retire every running position p < R with max_tokens - outputs <= 0, in running
- * order: its trace row j = IA[4, p] gets state[j] = FINISHED, Orow[j] = outputs, first[j] and
- * last[j] its token times; the columns after it shift left over it (running order kept).
- * Returns None when none finished (nothing written), else the running count left, the
- * finished trace rows in running order, the KV blocks they held (ceil(computed / block)
- * each), the sum of their prompt + max_tokens, of their computed tokens, and the fewest
- * tokens left among those still running (NO_LEFT when none runs); the caller applies the
- * sums. */
-static PyObject *finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "finish() takes 8 arguments");
-        return NULL;
+/* A C-contiguous buffer (writable when `flags` says so) of `kind` items (check_kind). */
+static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what, int flags) {
+    if (PyObject_GetBuffer(o, b, flags | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (check_kind(b, kind, what) < 0) {
+        PyBuffer_Release(b);
+        return -1;
     }
-    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
-    int64_t bs = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (bs <= 0) {
-        PyErr_SetString(PyExc_ValueError, "finish(): block size must be positive");
-        return NULL;
-    }
-    Py_buffer ia, fa, st, orow, first, last;
-    PyObject *ret = NULL;
-    int got = 0;
-    if (get_buf(args[0], &ia, 'i', "IA") < 0)
-        return NULL;
-    got++;
-    if (get_buf(args[1], &fa, 'f', "FA") < 0)
-        goto release;
-    got++;
-    if (get_buf(args[4], &st, 'b', "state") < 0)
-        goto release;
-    got++;
-    if (get_buf(args[5], &orow, 'i', "Orow") < 0)
-        goto release;
-    got++;
-    if (get_buf(args[6], &first, 'f', "first") < 0)
-        goto release;
-    got++;
-    if (get_buf(args[7], &last, 'f', "last") < 0)
-        goto release;
-    got++;
-
-    Py_ssize_t cap = ia.len / 8 / 5;
-    Py_ssize_t nrows = st.len;
-    if (ia.len != cap * 5 * 8 || fa.len != cap * 4 * 8 || R < 0 || R > cap ||
-        orow.len != nrows * 8 || first.len != nrows * 8 || last.len != nrows * 8) {
-        PyErr_SetString(PyExc_ValueError, "finish(): array shapes do not match");
-        goto release;
-    }
-    int64_t *P = (int64_t *)ia.buf, *O = P + cap, *C = P + 2 * cap, *M = P + 3 * cap,
-            *ID = P + 4 * cap;
-    double *F = (double *)fa.buf;
-    int8_t *state = (int8_t *)st.buf;
-    int64_t *Orow = (int64_t *)orow.buf;
-    double *firstv = (double *)first.buf, *lastv = (double *)last.buf;
-
-    /* Check every finished row first: an out-of-range row raises with nothing written. */
-    Py_ssize_t nfin = 0;
-    for (Py_ssize_t p = 0; p < R; p++) {
-        if (M[p] - O[p] <= 0) {
-            if (ID[p] < 0 || ID[p] >= nrows) {
-                PyErr_SetString(PyExc_IndexError, "finish(): trace row out of range");
-                goto release;
-            }
-            nfin++;
-        }
-    }
-    if (nfin == 0) {
-        ret = Py_None;
-        Py_INCREF(ret);
-        goto release;
-    }
-    PyObject *fin = PyList_New(nfin);
-    if (fin == NULL)
-        goto release;
-    int64_t blocks = 0, pm = 0, csum = 0, min_left = NO_LEFT;
-    Py_ssize_t w = 0, k = 0;
-    for (Py_ssize_t p = 0; p < R; p++) {
-        int64_t left = M[p] - O[p];
-        if (left <= 0) {
-            int64_t j = ID[p];
-            PyObject *jo = PyLong_FromLongLong(j);
-            if (jo == NULL) { /* nothing shifted yet past p: the arrays stay consistent */
-                Py_DECREF(fin);
-                goto release;
-            }
-            PyList_SET_ITEM(fin, k++, jo);
-            state[j] = FINISHED;
-            Orow[j] = O[p];
-            firstv[j] = F[p];
-            lastv[j] = F[cap + p];
-            blocks += (C[p] + bs - 1) / bs;
-            pm += P[p] + M[p];
-            csum += C[p];
-            continue;
-        }
-        if (left < min_left)
-            min_left = left;
-        if (w != p) {
-            for (int r = 0; r < 5; r++)
-                P[r * cap + w] = P[r * cap + p];
-            for (int r = 0; r < 4; r++)
-                F[r * cap + w] = F[r * cap + p];
-        }
-        w++;
-    }
-    ret = Py_BuildValue("(nNLLLL)", w, fin, (long long)blocks, (long long)pm, (long long)csum,
-                        (long long)min_left);
-release:
-    if (got >= 6)
-        PyBuffer_Release(&last);
-    if (got >= 5)
-        PyBuffer_Release(&first);
-    if (got >= 4)
-        PyBuffer_Release(&orow);
-    if (got >= 3)
-        PyBuffer_Release(&st);
-    if (got >= 2)
-        PyBuffer_Release(&fa);
-    PyBuffer_Release(&ia);
-    return ret;
+    return 0;
 }
 
 /* The running columns as pointers (IA's 5 int64 rows, FA's 4 float64 rows of `cap` each). */
@@ -188,15 +85,15 @@ typedef struct {
 } cols;
 
 static int get_cols(PyObject *ia, PyObject *fa, cols *c) {
-    if (get_buf(ia, &c->ia, 'i', "IA") < 0)
+    if (get_buf(ia, &c->ia, 'i', "IA", PyBUF_WRITABLE) < 0)
         return -1;
-    if (get_buf(fa, &c->fa, 'f', "FA") < 0) {
+    if (get_buf(fa, &c->fa, 'f', "FA", PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&c->ia);
         return -1;
     }
     c->cap = c->ia.len / 8 / 5;
     if (c->ia.len != c->cap * 5 * 8 || c->fa.len != c->cap * 4 * 8) {
-        PyErr_SetString(PyExc_ValueError, "running arrays: expected 5 and 4 rows");
+        PyErr_SetString(PyExc_ValueError, "running arrays: shapes do not match (5 and 4 rows)");
         PyBuffer_Release(&c->ia);
         PyBuffer_Release(&c->fa);
         return -1;
@@ -216,25 +113,150 @@ static void release_cols(cols *c) {
     PyBuffer_Release(&c->fa);
 }
 
+/* The per trace row arrays a request's state moves through (fastsim.Rows): state (int8),
+ * outputs so far (int64), first and last token times (float64), of `n` rows each. */
+typedef struct {
+    Py_buffer b[4];
+    Py_ssize_t n;
+    int8_t *state;
+    int64_t *Orow;
+    double *first, *last;
+} rowbufs;
+
+static int get_rows(PyObject *const *a, rowbufs *r) {
+    static const char kinds[4] = {'b', 'i', 'f', 'f'};
+    static const char *names[4] = {"state", "Orow", "first", "last"};
+    for (int i = 0; i < 4; i++) {
+        if (get_buf(a[i], &r->b[i], kinds[i], names[i], PyBUF_WRITABLE) < 0) {
+            while (i--)
+                PyBuffer_Release(&r->b[i]);
+            return -1;
+        }
+    }
+    r->n = r->b[0].len;
+    if (r->b[1].len != r->n * 8 || r->b[2].len != r->n * 8 || r->b[3].len != r->n * 8) {
+        PyErr_SetString(PyExc_ValueError, "row arrays: shapes do not match");
+        for (int i = 0; i < 4; i++)
+            PyBuffer_Release(&r->b[i]);
+        return -1;
+    }
+    r->state = (int8_t *)r->b[0].buf;
+    r->Orow = (int64_t *)r->b[1].buf;
+    r->first = (double *)r->b[2].buf;
+    r->last = (double *)r->b[3].buf;
+    return 0;
+}
+
+static void release_rows(rowbufs *r) {
+    for (int i = 0; i < 4; i++)
+        PyBuffer_Release(&r->b[i]);
+}
+
+/* finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, c,
+ * min_left): retire every running position p < R with max_tokens - outputs <= 0, in running
+ * order: its trace row j = IA[4, p] gets state[j] = FINISHED, Orow[j] = outputs, first[j] and
+ * last[j] its token times; the columns after it shift left over it (running order kept).
+ * Returns None when none finished (nothing written), else the running count left, the
+ * finished trace rows in running order, the KV blocks they held (ceil(computed / block)
+ * each), the sum of their prompt + max_tokens, of their computed tokens, and the fewest
+ * tokens left among those still running (NO_LEFT when none runs); the caller applies the
+ * sums. */
+static PyObject *finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 8, "finish") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    int64_t bs = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (check_block(bs, "finish") < 0)
+        return NULL;
+    cols c;
+    rowbufs rb;
+    if (get_cols(args[0], args[1], &c) < 0)
+        return NULL;
+    if (get_rows(args + 4, &rb) < 0) {
+        release_cols(&c);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (R < 0 || R > c.cap) {
+        PyErr_SetString(PyExc_ValueError, "finish(): running count out of range");
+        goto out;
+    }
+    /* Check every finished row first: an out-of-range row raises with nothing written. */
+    Py_ssize_t nfin = 0;
+    for (Py_ssize_t p = 0; p < R; p++) {
+        if (c.M[p] - c.O[p] <= 0) {
+            if (c.ID[p] < 0 || c.ID[p] >= rb.n) {
+                PyErr_SetString(PyExc_IndexError, "finish(): trace row out of range");
+                goto out;
+            }
+            nfin++;
+        }
+    }
+    if (nfin == 0) {
+        ret = Py_None;
+        Py_INCREF(ret);
+        goto out;
+    }
+    PyObject *fin = PyList_New(nfin);
+    if (fin == NULL)
+        goto out;
+    int64_t blocks = 0, pm = 0, csum = 0, min_left = NO_LEFT;
+    Py_ssize_t w = 0, k = 0, cap = c.cap;
+    for (Py_ssize_t p = 0; p < R; p++) {
+        int64_t left = c.M[p] - c.O[p];
+        if (left <= 0) {
+            int64_t j = c.ID[p];
+            PyObject *jo = PyLong_FromLongLong(j);
+            if (jo == NULL) { /* nothing shifted yet past p: the arrays stay consistent */
+                Py_DECREF(fin);
+                goto out;
+            }
+            PyList_SET_ITEM(fin, k++, jo);
+            rb.state[j] = FINISHED;
+            rb.Orow[j] = c.O[p];
+            rb.first[j] = c.F[p];
+            rb.last[j] = c.L[p];
+            blocks += (c.C[p] + bs - 1) / bs;
+            pm += c.P[p] + c.M[p];
+            csum += c.C[p];
+            continue;
+        }
+        if (left < min_left)
+            min_left = left;
+        if (w != p) {
+            for (int r = 0; r < 5; r++)
+                c.P[r * cap + w] = c.P[r * cap + p];
+            for (int r = 0; r < 4; r++)
+                c.F[r * cap + w] = c.F[r * cap + p];
+        }
+        w++;
+    }
+    ret = Py_BuildValue("(nNLLLL)", w, fin, (long long)blocks, (long long)pm, (long long)csum,
+                        (long long)min_left);
+out:
+    release_rows(&rb);
+    release_cols(&c);
+    return ret;
+}
+
 /* decode(IA, FA, R, k, end, block) -> blocks: each of the first R running requests computes
  * and emits k tokens, the last at `end` (outputs and computed += k, last token time = end);
  * returns the KV blocks they then hold, sum of ceil(computed / block). */
 static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "decode() takes 6 arguments");
+    if (want_args(nargs, 6, "decode") < 0)
         return NULL;
-    }
     Py_ssize_t R = PyLong_AsSsize_t(args[2]);
     int64_t k = PyLong_AsLongLong(args[3]);
     double end = PyFloat_AsDouble(args[4]);
     int64_t bs = PyLong_AsLongLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    if (bs <= 0) {
-        PyErr_SetString(PyExc_ValueError, "decode(): block size must be positive");
+    if (check_block(bs, "decode") < 0)
         return NULL;
-    }
     cols c;
     if (get_cols(args[0], args[1], &c) < 0)
         return NULL;
@@ -260,10 +282,8 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * without request fields), else `tbt` None is NaN (no TBT SLO). */
 static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "place() takes 12 arguments");
+    if (want_args(nargs, 12, "place") < 0)
         return NULL;
-    }
     Py_ssize_t R = PyLong_AsSsize_t(args[2]);
     Py_ssize_t j = PyLong_AsSsize_t(args[3]);
     int64_t prompt = PyLong_AsLongLong(args[4]);
@@ -274,40 +294,26 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (PyErr_Occurred())
         return NULL;
     cols c;
+    rowbufs rb;
     if (get_cols(args[0], args[1], &c) < 0)
         return NULL;
-    Py_buffer st, orow, first, last;
-    PyObject *ret = NULL;
-    int got = 0;
-    if (get_buf(args[6], &st, 'b', "state") < 0)
-        goto out;
-    got++;
-    if (get_buf(args[7], &orow, 'i', "Orow") < 0)
-        goto out;
-    got++;
-    if (get_buf(args[8], &first, 'f', "first") < 0)
-        goto out;
-    got++;
-    if (get_buf(args[9], &last, 'f', "last") < 0)
-        goto out;
-    got++;
-    Py_ssize_t nrows = st.len;
-    if (orow.len != nrows * 8 || first.len != nrows * 8 || last.len != nrows * 8) {
-        PyErr_SetString(PyExc_ValueError, "place(): row arrays of different lengths");
-        goto out;
+    if (get_rows(args + 6, &rb) < 0) {
+        release_cols(&c);
+        return NULL;
     }
-    if (R < 0 || R >= c.cap || j < 0 || j >= nrows) {
+    PyObject *ret = NULL;
+    if (R < 0 || R >= c.cap || j < 0 || j >= rb.n) {
         PyErr_SetString(PyExc_IndexError, "place(): slot or trace row out of range");
         goto out;
     }
-    ((int8_t *)st.buf)[j] = RUNNING;
+    rb.state[j] = RUNNING;
     c.P[R] = prompt;
-    c.O[R] = ((int64_t *)orow.buf)[j];
+    c.O[R] = rb.Orow[j];
     c.C[R] = 0;
     c.M[R] = max_tokens;
     c.ID[R] = j;
-    c.F[R] = ((double *)first.buf)[j];
-    c.L[R] = ((double *)last.buf)[j];
+    c.F[R] = rb.first[j];
+    c.L[R] = rb.last[j];
     if (fields) {
         c.F[2 * c.cap + R] = arrival;
         c.F[3 * c.cap + R] = tbt;
@@ -315,83 +321,27 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     ret = Py_None;
     Py_INCREF(ret);
 out:
-    if (got >= 4)
-        PyBuffer_Release(&last);
-    if (got >= 3)
-        PyBuffer_Release(&first);
-    if (got >= 2)
-        PyBuffer_Release(&orow);
-    if (got >= 1)
-        PyBuffer_Release(&st);
+    release_rows(&rb);
     release_cols(&c);
     return ret;
 }
 
-/* opening(IA, R, block) -> n: how many of the first R running requests have computed a
- * multiple of `block` tokens, so that decoding one more opens a new KV block (numpy's int64
- * remainder costs ~5 us on a hundred requests, every step). */
-static PyObject *opening(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "opening() takes 3 arguments");
-        return NULL;
-    }
-    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
-    int64_t bs = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (bs <= 0) {
-        PyErr_SetString(PyExc_ValueError, "opening(): block size must be positive");
-        return NULL;
-    }
-    Py_buffer ia;
-    if (PyObject_GetBuffer(args[0], &ia, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return NULL;
-    Py_ssize_t cap = ia.len / 8 / 5;
-    const char *f = ia.format ? ia.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<')
-        f++;
-    if (ia.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != 0 || ia.len != cap * 5 * 8 || R < 0 || R > cap) {
-        PyBuffer_Release(&ia);
-        PyErr_SetString(PyExc_ValueError, "opening(): expected IA's 5 int64 rows, R <= columns");
-        return NULL;
-    }
-    const int64_t *C = (const int64_t *)ia.buf + 2 * cap;
-    Py_ssize_t n = 0;
-    for (Py_ssize_t p = 0; p < R; p++)
-        n += C[p] % bs == 0;
-    PyBuffer_Release(&ia);
-    return PyLong_FromSsize_t(n);
-}
-
 /* blocks(computed, block) -> (held, opening): over a 1-D int64 array of computed tokens,
  * the KV blocks they hold, sum of ceil(c / block), and how many sit at a block boundary
- * (c % block == 0: decoding one more token opens a block). RunningColumns.block_counts's
- * answer for the kernel's columns. */
+ * (c % block == 0: decoding one more token opens a block; numpy's int64 remainder costs ~5 us
+ * on a hundred requests, every step). */
 static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "blocks() takes 2 arguments");
+    if (want_args(nargs, 2, "blocks") < 0)
         return NULL;
-    }
     int64_t bs = PyLong_AsLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    if (bs <= 0) {
-        PyErr_SetString(PyExc_ValueError, "blocks(): block size must be positive");
+    if (check_block(bs, "blocks") < 0)
         return NULL;
-    }
     Py_buffer b;
-    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    if (get_buf(args[0], &b, 'i', "blocks()", 0) < 0)
         return NULL;
-    const char *f = b.format ? b.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<')
-        f++;
-    if (b.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != 0) {
-        PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_TypeError, "blocks(): expected int64 items");
-        return NULL;
-    }
     const int64_t *c = (const int64_t *)b.buf;
     Py_ssize_t n = b.len / 8;
     int64_t held = 0, open = 0;
@@ -415,10 +365,8 @@ static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * applied. */
 static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "give() takes 4 arguments");
+    if (want_args(nargs, 4, "give") < 0)
         return NULL;
-    }
     double end = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred())
         return NULL;
@@ -493,8 +441,6 @@ static PyMethodDef methods[] = {
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL,
      "place(IA, FA, R, j, prompt, max_tokens, state, Orow, first, last, arrival, tbt): trace "
      "row j joins the running columns at slot R."},
-    {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
-     "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
      "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
      "boundary."},

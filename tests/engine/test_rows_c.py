@@ -262,6 +262,10 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     IA, FA = eng.IA, eng.FA
     with pytest.raises(ValueError, match="shapes"):
         _rows.finish(IA[:4].copy(), FA, eng.R, BS, rows.state, rows.Orow, rows.first, rows.last)
+    with pytest.raises(ValueError, match="shapes"):
+        _rows.finish(IA, FA, 0, BS, rows.state, rows.Orow[:-1], rows.first, rows.last)
+    with pytest.raises(ValueError, match="running count"):
+        _rows.finish(IA, FA, IA.shape[1] + 1, BS, rows.state, rows.Orow, rows.first, rows.last)
     with pytest.raises(TypeError, match="int64"):
         _rows.finish(IA.astype(np.int32), FA, 0, BS, rows.state, rows.Orow, rows.first, rows.last)
     with pytest.raises(TypeError, match="float64"):  # the right size, the wrong type
@@ -272,10 +276,6 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         _rows.decode(IA, FA, 0, 1, 1.0, 0)
     with pytest.raises(ValueError, match="running count"):
         _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS)
-    with pytest.raises(ValueError, match="int64 rows"):
-        _rows.opening(IA, IA.shape[1] + 1, BS)
-    with pytest.raises(ValueError, match="block size"):
-        _rows.opening(IA, 0, 0)
     with pytest.raises(TypeError, match="int64"):
         _rows.blocks(FA[0], BS)
     with pytest.raises(ValueError, match="block size"):
