@@ -10,7 +10,6 @@
  *   finish   retire the requests that reached max_tokens (~20 numpy calls and scalar reads);
  *   decode   every running request decodes k tokens (an all-decode step or run);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
- *   place    a waiting request joins the running columns (an admission);
  *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
  *            (the all-decode step's new blocks; a policy's RunningColumns.block_counts).
  *
@@ -25,7 +24,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RUNNING 1             /* fastsim._RUNNING */
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
 
@@ -276,56 +274,6 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(blocks);
 }
 
-/* place(IA, FA, R, j, prompt, max_tokens, state, Orow, first, last, arrival, tbt): trace row
- * j joins the running columns at slot R (state RUNNING; its outputs and token times from the
- * row arrays, nothing computed); `arrival` None leaves FA's arrival and TBT rows alone (a host
- * without request fields), else `tbt` None is NaN (no TBT SLO). */
-static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (want_args(nargs, 12, "place") < 0)
-        return NULL;
-    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t j = PyLong_AsSsize_t(args[3]);
-    int64_t prompt = PyLong_AsLongLong(args[4]);
-    int64_t max_tokens = PyLong_AsLongLong(args[5]);
-    int fields = args[10] != Py_None;
-    double arrival = fields ? PyFloat_AsDouble(args[10]) : 0.0;
-    double tbt = fields && args[11] != Py_None ? PyFloat_AsDouble(args[11]) : Py_NAN;
-    if (PyErr_Occurred())
-        return NULL;
-    cols c;
-    rowbufs rb;
-    if (get_cols(args[0], args[1], &c) < 0)
-        return NULL;
-    if (get_rows(args + 6, &rb) < 0) {
-        release_cols(&c);
-        return NULL;
-    }
-    PyObject *ret = NULL;
-    if (R < 0 || R >= c.cap || j < 0 || j >= rb.n) {
-        PyErr_SetString(PyExc_IndexError, "place(): slot or trace row out of range");
-        goto out;
-    }
-    rb.state[j] = RUNNING;
-    c.P[R] = prompt;
-    c.O[R] = rb.Orow[j];
-    c.C[R] = 0;
-    c.M[R] = max_tokens;
-    c.ID[R] = j;
-    c.F[R] = rb.first[j];
-    c.L[R] = rb.last[j];
-    if (fields) {
-        c.F[2 * c.cap + R] = arrival;
-        c.F[3 * c.cap + R] = tbt;
-    }
-    ret = Py_None;
-    Py_INCREF(ret);
-out:
-    release_rows(&rb);
-    release_cols(&c);
-    return ret;
-}
-
 /* blocks(computed, block) -> (held, opening): over a 1-D int64 array of computed tokens,
  * the KV blocks they hold, sum of ceil(c / block), and how many sit at a block boundary
  * (c % block == 0: decoding one more token opens a block; numpy's int64 remainder costs ~5 us
@@ -438,9 +386,6 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
      "tokens, the last at end; the KV blocks they then hold."},
-    {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL,
-     "place(IA, FA, R, j, prompt, max_tokens, state, Orow, first, last, arrival, tbt): trace "
-     "row j joins the running columns at slot R."},
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
      "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
      "boundary."},

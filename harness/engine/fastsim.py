@@ -914,32 +914,14 @@ class ArrayEngine:
     def _admit_head(self, g: int, j: int | None = None) -> int:
         """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
         chunk of ``g`` tokens (allocated, not yet computed); returns the blocks it took."""
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
+        rows = self.rows
         R = self.R
         if j is None:
             j = self.waiting.popleft()
         else:
             self.waiting.remove(j)
         nd = -(-g // self.bs)
-        self._place(R, j)
-        self.R = R + 1
-        self.used += nd
-        return nd
-
-    def _place_c(self, R: int, j: int) -> None:
-        """:meth:`_place_py` in the C extension (``_rows.place``)."""
-        rows = self.rows
-        meta = rows.meta
-        _rows.place(  # type: ignore[union-attr]
-            *(self.IA, self.FA, R, j, rows.P[j], rows.M[j]),
-            *(rows.state, rows.Orow, rows.first, rows.last),
-            *((None, None) if meta is None else (meta.arrival[j], meta.tbt[j])),
-        )
-
-    def _place_py(self, R: int, j: int) -> None:
-        """Trace row ``j`` joins the running columns at slot ``R``: running, its outputs and
-        token times from the rows, nothing computed (its first chunk is allocated, not run)."""
-        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
-        rows = self.rows
         rows.state[j] = _RUNNING
         Pr[R] = rows.P[j]
         Or[R] = rows.Orow[j]
@@ -952,6 +934,9 @@ class ArrayEngine:
             self.AR[R] = rows.meta.arrival[j]
             tbt = rows.meta.tbt[j]
             self.TB[R] = math.nan if tbt is None else tbt
+        self.R = R + 1
+        self.used += nd
+        return nd
 
     def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
@@ -1086,7 +1071,6 @@ class ArrayEngine:
     _decode = _decode_c if USE_C else _decode_py
     _give = _give_c if USE_C else _give_py
     _opening = _opening_c if USE_C else _opening_py
-    _place = _place_c if USE_C else _place_py
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:

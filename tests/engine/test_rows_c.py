@@ -1,15 +1,15 @@
 """The kernel's C passes over its running arrays do what their Python versions do (issue 13).
 
 ``harness.engine._rows`` (optional C extension, built by setup.py where a compiler is present)
-runs five of :class:`~harness.engine.fastsim.ArrayEngine`'s loops over its running arrays:
+runs four of :class:`~harness.engine.fastsim.ArrayEngine`'s loops over its running arrays:
 retiring finished requests (``_finish``), every running request decoding (``_decode``), rule 5
-for a few items (``_give``), counting the decodes that open a KV block (``_opening``), an
-admission's move into the columns (``_place``); and a policy's block count of the columns
-(``KernelColumns.block_counts``). Each test here puts two engines in the same random state
-(finished and unfinished requests, prefilling and decoding ones, requests without a first
-token), runs the C method on one and the Python method on the other, and compares every array
-and counter; then whole simulations with each set of methods give the same token times; then
-the environment variable that selects them, and the C code's answers to bad input.
+for a few items (``_give``), counting the decodes that open a KV block (``_opening``); and a
+policy's block count of the columns (``KernelColumns.block_counts``). Each test here puts two
+engines in the same random state (finished and unfinished requests, prefilling and decoding
+ones, requests without a first token), runs the C method on one and the Python method on the
+other, and compares every array and counter; then whole simulations with each set of methods
+give the same token times; then the environment variable that selects them, and the C code's
+answers to bad input.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from harness.engine import fastsim
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import get_cost_model
 from harness.engine.fastsim import ArrayEngine, Rows
-from harness.engine.row_requests import RowMeta
 from harness.engine.simresult import ChunkLog
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
@@ -41,7 +40,7 @@ pytestmark = [
 ]
 
 BS = 16
-METHODS = ("_finish", "_decode", "_give", "_opening", "_place")
+METHODS = ("_finish", "_decode", "_give", "_opening")
 
 
 def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
@@ -159,30 +158,6 @@ def test_the_kernels_block_counts_are_the_columns_answer(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(40))
-@pytest.mark.parametrize("fields", [False, True])
-def test_place_moves_a_row_in_as_the_python_pass(seed: int, fields: bool) -> None:
-    c, py = _pair(seed)
-    rng = np.random.default_rng(2000 + seed)
-    n = len(c.rows.P)
-    if fields:  # request fields (column policies): arrival and TBT SLO columns too
-        for eng in (c, py):
-            tbt = [None if i % 3 else 0.05 * i for i in range(n)]
-            arrival = np.random.default_rng(seed).random(n).tolist()
-            eng.rows.meta = RowMeta([str(i) for i in range(n)], arrival, [], [], [], tbt, None)
-    waiting = np.flatnonzero(c.rows.state != fastsim._RUNNING)
-    for eng in (c, py):  # a preempted one has outputs and token times already
-        eng.rows.Orow[waiting[::2]] = 3
-        eng.rows.first[waiting[::2]] = 1.5
-    for j in rng.choice(waiting, size=min(5, c.IA.shape[1] - c.R), replace=False).tolist():
-        c._place_c(c.R, j)
-        py._place_py(py.R, j)
-        c.R += 1
-        py.R += 1
-        _assert_same(_state(c), _state(py))
-        np.testing.assert_array_equal(c.FA, py.FA)  # beyond R too: the slot written, no other
-
-
-@pytest.mark.parametrize("seed", range(40))
 def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     c, py = _pair(seed)
     rng = np.random.default_rng(1000 + seed)
@@ -242,8 +217,7 @@ def test_simulations_with_either_pass_give_the_same_token_times(
 def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     code = (
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
-        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give', '_opening',"
-        " '_place')],"
+        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give', '_opening')],"
         " _COLUMNS.__name__)"
     )
     env = {**os.environ, "HARNESS_PURE_KERNEL": value}
@@ -295,14 +269,6 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         _rows.give(IA, FA, [(0, 1), [1, 1]], 1.0)
     np.testing.assert_array_equal(IA, before[0])
     np.testing.assert_array_equal(FA, before[1])
-    # place: a slot past the columns, a trace row past the rows; nothing written
-    args = (rows.P[0], rows.M[0], rows.state, rows.Orow, rows.first, rows.last, None, None)
-    with pytest.raises(IndexError):
-        _rows.place(IA, FA, IA.shape[1], 0, *args)
-    with pytest.raises(IndexError):
-        _rows.place(IA, FA, 0, len(rows.state), *args)
-    np.testing.assert_array_equal(IA, before[0])
-    np.testing.assert_array_equal(rows.state, before[2])
     # read-only arrays are refused (the passes write in place)
     ro = IA.copy()
     ro.flags.writeable = False
