@@ -10,8 +10,9 @@
  *   finish   retire the requests that reached max_tokens (~20 numpy calls and scalar reads);
  *   decode   every running request decodes k tokens (an all-decode step or run);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
+ *   opening  the running requests at a block boundary (an all-decode step's new blocks);
  *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
- *            (the all-decode step's new blocks; a policy's RunningColumns.block_counts).
+ *            (a policy's RunningColumns.block_counts on the kernel's columns).
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -274,10 +275,22 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(blocks);
 }
 
-/* blocks(computed, block) -> (held, opening): over a 1-D int64 array of computed tokens,
- * the KV blocks they hold, sum of ceil(c / block), and how many sit at a block boundary
- * (c % block == 0: decoding one more token opens a block; numpy's int64 remainder costs ~5 us
- * on a hundred requests, every step). */
+/* Over n computed-token counts: the KV blocks they hold, sum of ceil(c / block), and how many
+ * sit at a block boundary (c % block == 0: decoding one more token opens a block). */
+static void count_blocks(const int64_t *c, Py_ssize_t n, int64_t bs, int64_t *held,
+                         int64_t *open) {
+    int64_t h = 0, o = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t q = c[i] / bs, r = c[i] % bs;
+        h += q + (r != 0);
+        o += r == 0;
+    }
+    *held = h;
+    *open = o;
+}
+
+/* blocks(computed, block) -> (held, opening): count_blocks over a 1-D int64 array (a
+ * policy's RunningColumns.block_counts on the kernel's columns). */
 static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 2, "blocks") < 0)
@@ -290,16 +303,38 @@ static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer b;
     if (get_buf(args[0], &b, 'i', "blocks()", 0) < 0)
         return NULL;
-    const int64_t *c = (const int64_t *)b.buf;
-    Py_ssize_t n = b.len / 8;
-    int64_t held = 0, open = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t q = c[i] / bs, r = c[i] % bs;
-        held += q + (r != 0);
-        open += r == 0;
-    }
+    int64_t held, open;
+    count_blocks((const int64_t *)b.buf, b.len / 8, bs, &held, &open);
     PyBuffer_Release(&b);
     return Py_BuildValue("(LL)", (long long)held, (long long)open);
+}
+
+/* opening(IA, R, block) -> n: count_blocks's requests at a block boundary among the first R
+ * running requests (the all-decode step's new blocks, every step: read from IA in place, no
+ * slice of it made). */
+static PyObject *opening(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 3, "opening") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
+    int64_t bs = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (check_block(bs, "opening") < 0)
+        return NULL;
+    Py_buffer b;
+    if (get_buf(args[0], &b, 'i', "IA", 0) < 0)
+        return NULL;
+    Py_ssize_t cap = b.len / 8 / 5;
+    if (b.len != cap * 5 * 8 || R < 0 || R > cap) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "opening(): expected IA's 5 rows and R <= columns");
+        return NULL;
+    }
+    int64_t held, open;
+    count_blocks((const int64_t *)b.buf + 2 * cap, R, bs, &held, &open);
+    PyBuffer_Release(&b);
+    return PyLong_FromLongLong(open);
 }
 
 /* give(IA, FA, items, end) -> (emitted, tokens, npf_change, min_left): rule 5 for items
@@ -389,6 +424,8 @@ static PyMethodDef methods[] = {
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
      "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
      "boundary."},
+    {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
+     "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,
      "give(IA, FA, items, end) -> (emitted rows, tokens, npf change, min left): rule 5 for "
      "(position, tokens, ...) items of a step ending at end."},

@@ -704,8 +704,8 @@ class ArrayEngine:
         return int(((self.cols[2][:R] + (self.bs - 1)) // self.bs).sum())
 
     def _opening_c(self, R: int) -> int:
-        """:meth:`_opening_py` in the C extension (``_rows.blocks``)."""
-        return _rows.blocks(self.cols[2][:R], self.bs)[1]  # type: ignore[union-attr]
+        """:meth:`_opening_py` in the C extension (``_rows.opening``)."""
+        return _rows.opening(self.IA, R, self.bs)  # type: ignore[union-attr]
 
     def _opening_py(self, R: int) -> int:
         """How many of the first ``R`` running requests open a KV block by decoding one more

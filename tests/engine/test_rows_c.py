@@ -250,6 +250,10 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         _rows.decode(IA, FA, 0, 1, 1.0, 0)
     with pytest.raises(ValueError, match="running count"):
         _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS)
+    with pytest.raises(ValueError, match="5 rows"):
+        _rows.opening(IA, IA.shape[1] + 1, BS)
+    with pytest.raises(ValueError, match="block size"):
+        _rows.opening(IA, 0, 0)
     with pytest.raises(TypeError, match="int64"):
         _rows.blocks(FA[0], BS)
     with pytest.raises(ValueError, match="block size"):
