@@ -29,6 +29,15 @@ when nothing was admitted and the step ends before the next arrival; the cluster
 engine core it must match step for step: when nothing was planned), how many preempting plans
 that schedule nothing it retries, and the prefix of a rejection message.
 
+The loops over the running arrays that numpy does in many small calls (retiring finished
+requests, every running request decoding, rule 5 for a few items, the new blocks of an
+all-decode step, a policy's block count of the columns) run in the optional C extension
+:mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
+requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
+microseconds of call overhead a step. Each has its Python version here (the ``_py`` methods),
+used where the extension is missing or under ``HARNESS_PURE_KERNEL=1`` (read at import);
+tests/engine/test_rows_c.py checks the two give the same state and token times.
+
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
 test_identity.py, tests/cluster/test_cluster.py): identical per-request token times on traces
