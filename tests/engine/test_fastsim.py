@@ -451,7 +451,11 @@ class _OrcaKeepsViews(OrcaPolicy):
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         rc = cv.running
         assert type(cv) is ColumnView and len(cv) == len(ColumnView._fields)
-        assert type(rc) is RunningColumns and tuple.__len__(rc) == len(RunningColumns._fields)
+        # RunningColumns, or the kernel's subclass that answers block_counts in C
+        assert isinstance(rc, RunningColumns) and tuple.__len__(rc) == len(RunningColumns._fields)
+        assert rc.block_counts(cv.kv.block_size) == RunningColumns(*rc).block_counts(
+            cv.kv.block_size
+        )
         n = len(rc)
         for f in RunningColumns._fields:
             v = getattr(rc, f)
