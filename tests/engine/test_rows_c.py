@@ -103,6 +103,11 @@ def _assert_same(a: dict, b: dict) -> None:
     assert a["chunks"][1] == b["chunks"][1]
 
 
+def _some_at_block_boundaries(eng: ArrayEngine) -> None:
+    """Every third running request's computed tokens a multiple of the block."""
+    eng.IA[2, : eng.R : 3] = BS * np.arange(len(eng.IA[2, : eng.R : 3]))
+
+
 def _pair(seed: int) -> tuple[ArrayEngine, ArrayEngine]:
     """Two engines in the same state (built twice: a deep copy would detach the engine's
     row views from its arrays)."""
@@ -137,7 +142,7 @@ def test_decode_advances_as_the_python_pass(seed: int, k: int) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_opening_counts_as_the_python_pass(seed: int) -> None:
     c, _ = _pair(seed)
-    c.IA[2, : c.R : 3] = 16 * np.arange(len(c.IA[2, : c.R : 3]))  # some at block boundaries
+    _some_at_block_boundaries(c)
     for R in sorted({0, c.R // 2, c.R}):
         assert c._opening_c(R) == c._opening_py(R)
     assert c._opening_c(c.R) > 0 or c.R == 0
@@ -146,7 +151,7 @@ def test_opening_counts_as_the_python_pass(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_the_kernels_block_counts_are_the_columns_answer(seed: int) -> None:
     c, _ = _pair(seed)
-    c.IA[2, : c.R : 3] = 16 * np.arange(len(c.IA[2, : c.R : 3]))  # some at block boundaries
+    _some_at_block_boundaries(c)
     view = c._view(0.0, c.R).running
     assert type(view) is fastsim.KernelColumns
     plain = RunningColumns(*view)
