@@ -2,11 +2,13 @@
 
 - ``harness.loadgen._sse_scan``: the load generator's SSE byte scan (issue 18);
 - ``harness.engine._rows``: the simulator kernel's scalar loops over its running arrays
-  (issue 13).
+  (issue 13);
+- ``harness.policies._planops``: the column policies' per-decode passes (issue 13).
 
 ``optional=True``: where an extension cannot be compiled (no compiler, no Python headers)
 the install still succeeds and its module uses the pure-Python code that does the same
-(:mod:`harness.loadgen.fastscan`, :mod:`harness.engine.fastsim`).
+(:mod:`harness.loadgen.fastscan`, :mod:`harness.engine.fastsim`,
+:mod:`harness.policies.planops`).
 """
 
 from setuptools import Extension, setup
@@ -21,6 +23,11 @@ setup(
         Extension(
             "harness.engine._rows",
             sources=["harness/engine/_rows.c"],
+            optional=True,
+        ),
+        Extension(
+            "harness.policies._planops",
+            sources=["harness/policies/_planops.c"],
             optional=True,
         ),
     ]

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.policies import planops
 from harness.policies.base import RequestView, blocks_for
 from harness.policies.columns import ColumnPlan, ColumnView
 from harness.policies.common import SortedWaiting
@@ -190,18 +191,20 @@ class NestedWaitPolicy(ThresholdFlushing):
         (:func:`runs_whole`) the stage rule's order changes nothing, so they run in running
         order, as in WAIT's flush. None otherwise: the stage groups decide."""
         rc = cv.running
-        stages = rc.output[decoding]
-        counts = np.bincount(stages)
-        if len(counts) > len(self._n_stage):  # stages past the last edge: the last segment's
-            self._n_stage = np.append(self._n_stage, np.full(len(counts), self.thresholds[-1]))
-        if (counts > self._n_stage[: len(counts)]).any() or not runs_whole(cv, decoding, partial):
-            return None
-        steady = (
-            not len(self._wq)
-            and not len(partial)
-            and self._counts_fit_ahead(counts, int((rc.max_tokens[decoding] - stages).min()))
+        # stages past the last edge have the last segment's n (_n_stage's last entry); steady
+        # (nothing waiting, no prefill) also needs the groups to fit the segments ahead
+        within = planops.stage_groups(
+            rc.output,
+            rc.max_tokens,
+            None if len(decoding) == len(rc) else decoding,  # every one, in running order
+            self._n_stage,
+            self._seg_a,
+            self._min_n,
+            not len(self._wq) and not len(partial),
         )
-        return self._admitting(cv, decoding, partial, 1, self.thresholds, steady, True)
+        if not within or not runs_whole(cv, decoding, partial):
+            return None
+        return self._admitting(cv, decoding, partial, 1, self.thresholds, within == 3, True)
 
     def _admitting(
         self,
@@ -256,7 +259,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         bs = max(1, cv.kv.block_size)
         rc = cv.running
         # blocks_for(prompt + l'_i), i = each running request's segment
-        committed = int((-(-(rc.prompt + self._edge_a[self._segments(rc.output)]) // bs)).sum())
+        committed = planops.segment_blocks(rc.prompt, rc.output, self._seg_a, self._edge_a, bs)
         room = cv.kv.total_blocks - committed
         out: list[RequestView] = []
         for r in cands:

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.policies import planops
 from harness.policies.base import (
     RequestView,
     StepReport,
@@ -139,39 +140,55 @@ class SLAIPolicy(ColumnPolicy):
         - δ·t̄_batch``, computed once per produced token with the δ and t̄ of that moment
         (#3), from the per-key cache; ``e`` is the last token's time (#4: the final prefill
         chunk's end), ``TBT_j`` the request's SLO or ``default_tbt_s``."""
+        return self._deadlines(cv, positions, every=False)[0]
+
+    def _deadlines(
+        self, cv: ColumnView, positions: np.ndarray, *, every: bool
+    ) -> tuple[np.ndarray, int]:
+        """:meth:`lsts` and how many of them are critical now (``C <= now``); ``every``: the
+        positions are every running request in running order (no gather)."""
         rc = cv.running
-        return self._eq8(rc.key[positions], rc.last[positions], rc.tbt[positions], cv, cv.num_keys)
+        self._grow(cv.num_keys)
+        out = np.empty(len(positions))
+        critical = planops.deadlines(
+            rc.key,
+            rc.last,
+            rc.tbt,
+            None if every else positions,
+            self._lst_e,
+            self._lst_v,
+            self.default_tbt_s,
+            self.current_offset(cv) * self._mean_dur,
+            cv.now,
+            out,
+        )
+        return out, critical
 
     def lst(self, r: RequestView, view: View) -> float:
         """:meth:`lsts` for one request on an object host."""
         keys = self.request_keys()
-        k = np.array([keys.key(r.request_id)])
-        e = np.array([math.nan if r.last_token_s is None else r.last_token_s])
-        tbt = np.array([math.nan if r.tbt_slo_s is None else r.tbt_slo_s])
-        return float(self._eq8(k, e, tbt, view, keys.next)[0])
+        k = keys.key(r.request_id)  # may name it: the cache grows after
+        self._grow(keys.next)
+        out = np.empty(1)
+        planops.deadlines(
+            np.array([k]),
+            np.array([math.nan if r.last_token_s is None else r.last_token_s]),
+            np.array([math.nan if r.tbt_slo_s is None else r.tbt_slo_s]),
+            None,
+            self._lst_e,
+            self._lst_v,
+            self.default_tbt_s,
+            self.current_offset(view) * self._mean_dur,
+            view.now,
+            out,
+        )
+        return float(out[0])
 
-    def _eq8(
-        self,
-        k: np.ndarray,
-        e: np.ndarray,
-        tbt: np.ndarray,
-        view: View | ColumnView,
-        num_keys: int,
-    ) -> np.ndarray:
+    def _grow(self, num_keys: int) -> None:
+        """Room in Eq. 8's per-key cache for keys below ``num_keys``."""
         if num_keys > len(self._lst_e):
             self._lst_e = per_key(self._lst_e, num_keys, math.nan)
             self._lst_v = per_key(self._lst_v, num_keys, 0.0)
-        miss = self._lst_e[k] != e  # NaN (never computed) misses
-        n_miss = int(np.count_nonzero(miss))
-        if not n_miss:  # every decode deferred since its deadline was set
-            return self._lst_v[k]
-        shift = self.current_offset(view) * self._mean_dur
-        # a decode has produced a token, so e is known (#4)
-        fresh = e + np.where(tbt == tbt, tbt, self.default_tbt_s) - shift
-        value = fresh if n_miss == len(k) else np.where(miss, fresh, self._lst_v[k])
-        self._lst_e[k] = e
-        self._lst_v[k] = value
-        return value
 
     # -- planning ------------------------------------------------------------------------
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
@@ -189,9 +206,9 @@ class SLAIPolicy(ColumnPolicy):
         # the partial prefills in admission order = running order (#10: they keep it)
         decodes, partial = rc.split()
         nd = len(decodes)
-        lst = self.lsts(cv, decodes) if nd else decodes  # Eq. 8 every plan (#3's moment)
-        is_crit = lst <= cv.now  # critical: C <= now
-        ncrit = int(np.count_nonzero(is_crit))
+        lst, ncrit = decodes, 0  # Eq. 8 every plan (#3's moment); critical: C <= now
+        if nd:
+            lst, ncrit = self._deadlines(cv, decodes, every=nd == len(rc))
         if not cv.num_waiting and not len(partial) and nd <= min(budget, beta):
             # Light load: every decode runs every step, as in Sarathi (work-conserving)
             self.noncritical_total += nd - ncrit
@@ -233,7 +250,7 @@ class SLAIPolicy(ColumnPolicy):
                 need = blocks_for(r.num_tokens, bs)
                 if unsure and free - need < reserve:
                     # when every critical decode runs, they are the critical set: no ranking
-                    crit = decodes[is_crit] if ranked is None else ranked[:nc]
+                    crit = decodes[lst <= cv.now] if ranked is None else ranked[:nc]
                     free += nc - rc.decode_blocks(crit, bs)
                     unsure = False
                 if free - need < reserve:

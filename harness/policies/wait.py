@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.policies import planops
 from harness.policies.base import (
     RequestView,
     StepReport,
@@ -292,7 +293,6 @@ class WaitPolicy(ThresholdFlushing):
         # per-type waiting queues, FIFO by arrival (#14), kept by the hooks (no per-step sort)
         self._wq = SortedWaiting(_age_key, len(self.output_lens), self.type_of)
         self._n = np.array(self.thresholds, dtype=np.int64)
-        self._n_of_group = self._n  # _all_in_quota: n_j of group g = stage * m + j, tiled
         # each running request's type, by RunningColumns.key (-1: not known yet); read from the
         # request when first seen running (a request's type never changes)
         self._type_k = np.full(0, -1, dtype=np.int64)
@@ -343,13 +343,15 @@ class WaitPolicy(ThresholdFlushing):
             return False  # the cap may cut the runs: their order matters
         if not runs_whole(cv, decoding, partial):
             return False
-        # members per (type, stage) group against the type's quota, group = stage * m + type
-        # (one bincount instead of a sort and run ranks)
-        types = self._types(cv, decoding)
-        counts = np.bincount(cv.running.output[decoding] * len(self.thresholds) + types)
-        if len(counts) > len(self._n_of_group):  # the quota of every group index, by type
-            self._n_of_group = np.resize(self._n, 2 * len(counts))
-        return not (counts > self._n_of_group[: len(counts)]).any()
+        # members per (type, stage) group against the type's quota (one pass, no sort)
+        rc = cv.running
+        pos = None if len(decoding) == len(rc) else decoding  # every one, in running order
+        self._type_k = per_key(self._type_k, cv.num_keys, -1)
+        within = planops.type_stages(rc.output, rc.key, pos, self._type_k, self._n)
+        if within < 0:  # newly running requests: their types from the requests, then again
+            self._types(cv, decoding)
+            within = planops.type_stages(rc.output, rc.key, pos, self._type_k, self._n)
+        return within == 1
 
     def _oldest_first(self, admits: list[RequestView]) -> list[RequestView]:
         """``admits`` oldest first (#14)."""

@@ -1,0 +1,435 @@
+/* Per-decode passes of the column policies' plans, in C (issue 13).
+ *
+ * Why: WAIT, Nested WAIT and SLAI plan every step from the running set's columns
+ * (harness/policies/columns.py). Near capacity (100-250 decoding) each such pass was 5-12
+ * numpy calls of 1-5 us each, about half of those policies' time per plan; here each is one
+ * loop over the positions:
+ *
+ *   deadlines       SLAI's Eq. 8 last schedulable times with their per-key cache, and how
+ *                   many are critical (seed-rad-slai.md §5.2, §7 #3);
+ *   type_stages     whether every (type, stage) group of decodes is within its type's
+ *                   quota n_j (WAIT, seed-wait.md §3.3);
+ *   stage_groups    whether every stage group is within its segment's n_i, and whether the
+ *                   groups still fit the quotas of the segments they reach before the next
+ *                   finish (Nested WAIT, seed-wait.md §4.3);
+ *   segment_blocks  the KV blocks every running request holds at the end of its current
+ *                   segment (Nested WAIT's memory guard, seed-wait.md §9 #12).
+ *
+ * Each has a numpy version in harness/policies/planops.py that defines the answer; that
+ * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
+ * tests/policies/test_planops.py compares the two. Arrays come through the buffer protocol
+ * (int64 or float64, C-contiguous); every index is checked before it is read or written
+ * through, and a function that raises has written nothing.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* `nargs` is `n`, else a TypeError naming `fn`. */
+static int want_args(Py_ssize_t nargs, Py_ssize_t n, const char *fn) {
+    if (nargs == n)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments", fn, n);
+    return -1;
+}
+
+/* A C-contiguous buffer of int64 ('i') or float64 ('f') items, writable if `flags` says so. */
+static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what, int flags) {
+    if (PyObject_GetBuffer(o, b, flags | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    int ok = b->itemsize == 8 && f[0] != 0 && f[1] == 0 &&
+             (kind == 'i' ? (f[0] == 'l' || f[0] == 'q') : f[0] == 'd');
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s items", what,
+                     kind == 'i' ? "int64" : "float64");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Up to 8 buffers acquired together and released together. */
+typedef struct {
+    Py_buffer b[8];
+    int n;
+} bufs;
+
+static void release_all(bufs *s) {
+    while (s->n)
+        PyBuffer_Release(&s->b[--s->n]);
+}
+
+/* The next buffer of `s` (released with the others by release_all); NULL on error. */
+static Py_buffer *take(bufs *s, PyObject *o, char kind, const char *what, int flags) {
+    if (get_buf(o, &s->b[s->n], kind, what, flags) < 0)
+        return NULL;
+    return &s->b[s->n++];
+}
+
+/* The positions to visit: `pos` (int64, each in [0, n)) or, for None, 0..n-1. */
+typedef struct {
+    const int64_t *p; /* NULL: every position */
+    Py_ssize_t len;
+} positions;
+
+static int get_positions(bufs *s, PyObject *o, Py_ssize_t n, positions *ps, const char *fn) {
+    if (o == Py_None) {
+        ps->p = NULL;
+        ps->len = n;
+        return 0;
+    }
+    Py_buffer *b = take(s, o, 'i', "positions", 0);
+    if (b == NULL)
+        return -1;
+    ps->p = (const int64_t *)b->buf;
+    ps->len = b->len / 8;
+    for (Py_ssize_t i = 0; i < ps->len; i++) {
+        if (ps->p[i] < 0 || ps->p[i] >= n) {
+            PyErr_Format(PyExc_IndexError, "%s(): position out of range", fn);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#define AT(ps, i) ((ps)->p ? (ps)->p[i] : (int64_t)(i))
+
+/* Counts per non-negative int64 key: open addressing, linear probing, at least twice as
+ * many slots as keys (on the stack up to STACK_SLOTS). */
+#define STACK_SLOTS 1024
+typedef struct {
+    int64_t *key, *cnt;
+    uint64_t mask;
+    int64_t stack[2 * STACK_SLOTS];
+    int64_t *heap;
+} tally;
+
+static int tally_init(tally *t, Py_ssize_t n) {
+    uint64_t size = 16;
+    while (size < (uint64_t)n * 2)
+        size <<= 1;
+    t->heap = NULL;
+    int64_t *mem = t->stack;
+    if (size > STACK_SLOTS) {
+        mem = t->heap = (int64_t *)malloc(2 * size * sizeof(int64_t));
+        if (mem == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    t->key = mem;
+    t->cnt = mem + size;
+    t->mask = size - 1;
+    for (uint64_t i = 0; i < size; i++)
+        t->key[i] = -1;
+    return 0;
+}
+
+/* The count of `k` after adding one. */
+static int64_t tally_add(tally *t, int64_t k) {
+    uint64_t h = ((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 17;
+    for (;; h++) {
+        uint64_t i = h & t->mask;
+        if (t->key[i] == k)
+            return ++t->cnt[i];
+        if (t->key[i] < 0) {
+            t->key[i] = k;
+            return t->cnt[i] = 1;
+        }
+    }
+}
+
+static void tally_free(tally *t) { free(t->heap); }
+
+/* deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out)
+ * -> critical: SLAI's Eq. 8 for the running requests at `positions` (None: all), into out[i]
+ * for the i-th. Per key k the cache holds the token time its value was computed for
+ * (cache_e, NaN: never) and the value (cache_v): a request whose last token time is the
+ * cached one keeps its value (#3); when none is new every value comes from the cache and
+ * nothing is written, else each new one is (last + tbt) - shift, tbt NaN taken as
+ * default_tbt, and every request's (time, value) is stored. Returns how many values are
+ * <= now. */
+static PyObject *deadlines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 10, "deadlines") < 0)
+        return NULL;
+    double dflt = PyFloat_AsDouble(args[6]);
+    double shift = PyFloat_AsDouble(args[7]);
+    double now = PyFloat_AsDouble(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *bk = take(&s, args[0], 'i', "key", 0);
+    Py_buffer *bl = bk ? take(&s, args[1], 'f', "last", 0) : NULL;
+    Py_buffer *bt = bl ? take(&s, args[2], 'f', "tbt", 0) : NULL;
+    Py_buffer *be = bt ? take(&s, args[4], 'f', "cache_e", PyBUF_WRITABLE) : NULL;
+    Py_buffer *bv = be ? take(&s, args[5], 'f', "cache_v", PyBUF_WRITABLE) : NULL;
+    Py_buffer *bo = bv ? take(&s, args[9], 'f', "out", PyBUF_WRITABLE) : NULL;
+    if (bo == NULL)
+        goto out;
+    Py_ssize_t R = bk->len / 8, K = be->len / 8;
+    if (bl->len != bk->len || bt->len != bk->len || bv->len != be->len) {
+        PyErr_SetString(PyExc_ValueError, "deadlines(): column or cache lengths differ");
+        goto out;
+    }
+    positions ps;
+    if (get_positions(&s, args[3], R, &ps, "deadlines") < 0)
+        goto out;
+    if (bo->len / 8 < ps.len) {
+        PyErr_SetString(PyExc_ValueError, "deadlines(): out is shorter than the positions");
+        goto out;
+    }
+    const int64_t *key = (const int64_t *)bk->buf;
+    const double *last = (const double *)bl->buf, *tbt = (const double *)bt->buf;
+    double *ce = (double *)be->buf, *cv = (double *)bv->buf, *o = (double *)bo->buf;
+    Py_ssize_t miss = 0;
+    for (Py_ssize_t i = 0; i < ps.len; i++) {
+        int64_t k = key[AT(&ps, i)];
+        if (k < 0 || k >= K) {
+            PyErr_SetString(PyExc_IndexError, "deadlines(): key out of range");
+            goto out;
+        }
+        miss += !(ce[k] == last[AT(&ps, i)]); /* NaN never equals: a miss */
+    }
+    Py_ssize_t crit = 0;
+    for (Py_ssize_t i = 0; i < ps.len; i++) {
+        int64_t p = AT(&ps, i), k = key[p];
+        double v = cv[k];
+        if (miss) {
+            double e = last[p];
+            if (!(ce[k] == e)) {
+                double t = tbt[p];
+                v = (e + (t == t ? t : dflt)) - shift;
+            }
+            ce[k] = e;
+            cv[k] = v;
+        }
+        o[i] = v;
+        crit += v <= now;
+    }
+    ret = PyLong_FromSsize_t(crit);
+out:
+    release_all(&s);
+    return ret;
+}
+
+/* type_stages(output, key, positions, type_of_key, quota) -> 1 | 0 | -1: whether every group
+ * of the requests at `positions` (None: all) with the same (stage = output, type =
+ * type_of_key[key]) has at most quota[type] members (1), or some group more (0); -1 when a
+ * request's type is not known yet (type_of_key < 0: the caller records it and asks again). */
+static PyObject *type_stages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 5, "type_stages") < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    tally t;
+    t.heap = NULL;
+    Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
+    Py_buffer *bk = bo ? take(&s, args[1], 'i', "key", 0) : NULL;
+    Py_buffer *bt = bk ? take(&s, args[3], 'i', "type_of_key", 0) : NULL;
+    Py_buffer *bq = bt ? take(&s, args[4], 'i', "quota", 0) : NULL;
+    if (bq == NULL)
+        goto out;
+    Py_ssize_t R = bo->len / 8, K = bt->len / 8, m = bq->len / 8;
+    if (bk->len != bo->len) {
+        PyErr_SetString(PyExc_ValueError, "type_stages(): column lengths differ");
+        goto out;
+    }
+    positions ps;
+    if (get_positions(&s, args[2], R, &ps, "type_stages") < 0)
+        goto out;
+    const int64_t *out_ = (const int64_t *)bo->buf, *key = (const int64_t *)bk->buf;
+    const int64_t *tk = (const int64_t *)bt->buf, *q = (const int64_t *)bq->buf;
+    for (Py_ssize_t i = 0; i < ps.len; i++) {
+        int64_t p = AT(&ps, i), k = key[p];
+        if (k < 0 || k >= K) {
+            PyErr_SetString(PyExc_IndexError, "type_stages(): key out of range");
+            goto out;
+        }
+        if (tk[k] >= m || out_[p] < 0 || out_[p] > (INT64_MAX - m) / (m ? m : 1)) {
+            PyErr_SetString(PyExc_ValueError, "type_stages(): type or stage out of range");
+            goto out;
+        }
+        if (tk[k] < 0) {
+            ret = PyLong_FromLong(-1);
+            goto out;
+        }
+    }
+    if (tally_init(&t, ps.len) < 0)
+        goto out;
+    long ok = 1;
+    for (Py_ssize_t i = 0; i < ps.len && ok; i++) {
+        int64_t p = AT(&ps, i), j = tk[key[p]];
+        ok = tally_add(&t, out_[p] * m + j) <= q[j];
+    }
+    ret = PyLong_FromLong(ok);
+out:
+    tally_free(&t);
+    release_all(&s);
+    return ret;
+}
+
+/* stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> 0 | 1 | 3:
+ * whether every group of the requests at `positions` (None: all) at the same stage k =
+ * output has at most limit[min(k, len(limit) - 1)] members (1; 0 if not). With `ahead`, 3
+ * when moreover each group's count is at most min_n[s(k), s(k + h - 1)], s(x) =
+ * segment[min(x, len(segment) - 1)], h the fewest tokens any of them has left
+ * (max_tokens - output), at least 1 (a ValueError otherwise: a finished request among them);
+ * min_n is m x m, m = its row count. */
+static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 7, "stage_groups") < 0)
+        return NULL;
+    int ahead = PyObject_IsTrue(args[6]);
+    if (ahead < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    tally t;
+    t.heap = NULL;
+    Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
+    Py_buffer *bm = bo ? take(&s, args[1], 'i', "max_tokens", 0) : NULL;
+    Py_buffer *bl = bm ? take(&s, args[3], 'i', "limit", 0) : NULL;
+    Py_buffer *bs = bl ? take(&s, args[4], 'i', "segment", 0) : NULL;
+    Py_buffer *bn = bs ? take(&s, args[5], 'i', "min_n", 0) : NULL;
+    if (bn == NULL)
+        goto out;
+    Py_ssize_t R = bo->len / 8, L = bl->len / 8, S = bs->len / 8, mm = bn->len / 8;
+    Py_ssize_t m = bn->ndim == 2 ? bn->shape[0] : 0;
+    if (bm->len != bo->len || L == 0 || S == 0 || m * m != mm) {
+        PyErr_SetString(PyExc_ValueError, "stage_groups(): array shapes do not match");
+        goto out;
+    }
+    positions ps;
+    if (get_positions(&s, args[2], R, &ps, "stage_groups") < 0)
+        goto out;
+    const int64_t *out_ = (const int64_t *)bo->buf, *mx = (const int64_t *)bm->buf;
+    const int64_t *lim = (const int64_t *)bl->buf, *seg = (const int64_t *)bs->buf;
+    const int64_t *mn = (const int64_t *)bn->buf;
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (seg[i] < 0 || seg[i] >= m) {
+            PyErr_SetString(PyExc_ValueError, "stage_groups(): segment out of range");
+            goto out;
+        }
+    }
+    int64_t h = INT64_MAX;
+    for (Py_ssize_t i = 0; i < ps.len; i++) {
+        int64_t p = AT(&ps, i);
+        if (out_[p] < 0) {
+            PyErr_SetString(PyExc_ValueError, "stage_groups(): negative stage");
+            goto out;
+        }
+        if (mx[p] - out_[p] < h)
+            h = mx[p] - out_[p];
+    }
+    if (tally_init(&t, ps.len) < 0)
+        goto out;
+    long ok = 1;
+    for (Py_ssize_t i = 0; i < ps.len && ok; i++) {
+        int64_t k = out_[AT(&ps, i)];
+        ok = tally_add(&t, k) <= lim[k < L ? k : L - 1];
+    }
+    if (ok && ahead && ps.len && h < 1) {
+        PyErr_SetString(PyExc_ValueError, "stage_groups(): a request has no token left");
+        goto out;
+    }
+    if (ok && ahead) {
+        int fits = 1;
+        for (uint64_t i = 0; i <= t.mask && fits; i++) {
+            int64_t k = t.key[i];
+            if (k < 0)
+                continue;
+            int64_t hi = h - 1 > INT64_MAX - k ? INT64_MAX : k + h - 1; /* h >= 1: hi >= k */
+            int64_t lo_s = seg[k < S ? k : S - 1], hi_s = seg[hi < S ? hi : S - 1];
+            fits = t.cnt[i] <= mn[lo_s * m + hi_s];
+        }
+        ok = fits ? 3 : 1;
+    }
+    ret = PyLong_FromLong(ok);
+out:
+    tally_free(&t);
+    release_all(&s);
+    return ret;
+}
+
+/* segment_blocks(prompt, output, segment, edge, block) -> blocks: the sum over every running
+ * request of ceil((prompt + edge[segment[min(output, len(segment) - 1)]]) / block). */
+static PyObject *segment_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 5, "segment_blocks") < 0)
+        return NULL;
+    int64_t block = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (block <= 0) {
+        PyErr_SetString(PyExc_ValueError, "segment_blocks(): block size must be positive");
+        return NULL;
+    }
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *bp = take(&s, args[0], 'i', "prompt", 0);
+    Py_buffer *bo = bp ? take(&s, args[1], 'i', "output", 0) : NULL;
+    Py_buffer *bs = bo ? take(&s, args[2], 'i', "segment", 0) : NULL;
+    Py_buffer *be = bs ? take(&s, args[3], 'i', "edge", 0) : NULL;
+    if (be == NULL)
+        goto out;
+    Py_ssize_t R = bp->len / 8, S = bs->len / 8, E = be->len / 8;
+    if (bo->len != bp->len || S == 0) {
+        PyErr_SetString(PyExc_ValueError, "segment_blocks(): array shapes do not match");
+        goto out;
+    }
+    const int64_t *pr = (const int64_t *)bp->buf, *o = (const int64_t *)bo->buf;
+    const int64_t *seg = (const int64_t *)bs->buf, *edge = (const int64_t *)be->buf;
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (seg[i] < 0 || seg[i] >= E) {
+            PyErr_SetString(PyExc_ValueError, "segment_blocks(): segment out of range");
+            goto out;
+        }
+    }
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < R; i++) {
+        if (o[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "segment_blocks(): negative stage");
+            goto out;
+        }
+        int64_t x = pr[i] + edge[seg[o[i] < S ? o[i] : S - 1]];
+        int64_t q = x / block, r = x % block; /* ceil division, exact for negatives too */
+        total += q + (r > 0);
+    }
+    ret = PyLong_FromLongLong(total);
+out:
+    release_all(&s);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"deadlines", (PyCFunction)(void (*)(void))deadlines, METH_FASTCALL,
+     "deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out) -> "
+     "critical: SLAI's Eq. 8 values into out, through the per-key cache."},
+    {"type_stages", (PyCFunction)(void (*)(void))type_stages, METH_FASTCALL,
+     "type_stages(output, key, positions, type_of_key, quota) -> 1 | 0 | -1: every (type, "
+     "stage) group within its type's quota; -1: a type not known yet."},
+    {"stage_groups", (PyCFunction)(void (*)(void))stage_groups, METH_FASTCALL,
+     "stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> 0 | 1 | 3: "
+     "every stage group within its limit; 3: and within the quotas ahead."},
+    {"segment_blocks", (PyCFunction)(void (*)(void))segment_blocks, METH_FASTCALL,
+     "segment_blocks(prompt, output, segment, edge, block) -> blocks held at the end of "
+     "each request's current segment."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_planops",
+    .m_doc = "Per-decode passes of the column policies' plans (harness.policies.planops).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__planops(void) { return PyModule_Create(&module); }

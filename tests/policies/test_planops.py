@@ -1,0 +1,251 @@
+"""The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
+
+:mod:`harness.policies.planops` defines four passes in numpy (SLAI's Eq. 8 deadlines with
+their per-key cache, WAIT's (type, stage) quota check, Nested WAIT's stage groups and its
+memory guard's blocks) and runs them in C where the optional extension
+``harness.policies._planops`` was built. Here each C function meets its numpy definition on
+random columns (return values, and every array the pass writes); whole simulations of the
+policies that use them give the same token times and counters with either set; the
+environment variable selects them; and the C code refuses bad input without writing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness.engine.config import EngineConfig
+from harness.engine.costmodel import get_cost_model
+from harness.engine.simulate import simulate
+from harness.policies import make_policy, planops
+from harness.policies.nested_wait import NestedWaitPolicy
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        not planops.HAVE_C,
+        reason="the C extension harness.policies._planops is not built (no C compiler at install)",
+    ),
+]
+
+PASSES = ("deadlines", "type_stages", "stage_groups", "segment_blocks")
+
+
+def _c(name: str):
+    from harness.policies import _planops
+
+    return getattr(_planops, name)
+
+
+def _py(name: str):
+    return getattr(planops, f"{name}_py")
+
+
+def _positions(rng: np.random.Generator, R: int) -> np.ndarray | None:
+    """None (every request), or a sorted or shuffled subset of 0..R-1."""
+    if rng.random() < 0.3:
+        return None
+    pos = np.flatnonzero(rng.random(R) < 0.6)
+    if rng.random() < 0.5:
+        rng.shuffle(pos)
+    return pos
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_deadlines_match_the_numpy_pass(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    R, K = int(rng.integers(0, 200)), 400
+    key = rng.choice(K, size=R, replace=False).astype(np.int64)
+    last = np.round(rng.uniform(0, 5, R), 3)
+    tbt = rng.choice([0.1, 0.5, np.nan], size=R)
+    cache_e = np.full(K, np.nan)
+    cache_v = rng.uniform(0, 5, K)
+    hit = rng.random(R) < (0.0 if seed % 4 == 0 else 1.0 if seed % 4 == 1 else 0.5)
+    cache_e[key[hit]] = last[hit]  # deferred since their deadline was set: the cached value
+    pos = _positions(rng, R)
+    n = R if pos is None else len(pos)
+    shift, now = float(rng.uniform(0, 0.3)), float(rng.uniform(0, 5))
+    results = []
+    for fn in (_c("deadlines"), _py("deadlines")):
+        e, v, out = cache_e.copy(), cache_v.copy(), np.full(n + 2, -1.0)
+        crit = fn(key, last, tbt, pos, e, v, 0.2, shift, now, out)
+        results.append((crit, e, v, out))
+    (ca, ea, va, oa), (cb, eb, vb, ob) = results
+    assert ca == cb
+    np.testing.assert_array_equal(oa, ob)  # bit for bit, NaN where NaN, the tail untouched
+    np.testing.assert_array_equal(ea, eb)
+    np.testing.assert_array_equal(va, vb)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_type_stages_matches_the_numpy_pass(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    R, K, m = int(rng.integers(0, 120)), 300, int(rng.integers(1, 6))
+    output = rng.integers(0, 6 if seed % 2 else 200, R).astype(np.int64)  # few stages: groups
+    key = rng.choice(K, size=R, replace=False).astype(np.int64)
+    type_k = rng.integers(0, m, K).astype(np.int64)
+    if seed % 5 == 0 and R:
+        type_k[key[int(rng.integers(0, R))]] = -1  # a newcomer whose type is not known yet
+    quota = rng.integers(1, 4, m).astype(np.int64)
+    pos = _positions(rng, R)
+    got = _c("type_stages")(output, key, pos, type_k, quota)
+    assert got == _py("type_stages")(output, key, pos, type_k, quota)
+    assert got in (-1, 0, 1)
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("ahead", [False, True])
+def test_stage_groups_match_the_numpy_pass(seed: int, ahead: bool) -> None:
+    rng = np.random.default_rng(seed)
+    pol = NestedWaitPolicy(
+        edges=(10, 30, 60) if seed % 2 else (100, 200, 400, 800),
+        thresholds=(4, 2, 1) if seed % 2 else (8, 4, 2, 1),
+    )
+    R = int(rng.integers(0, 150))
+    output = rng.integers(0, 90 if seed % 2 else 1000, R).astype(np.int64)  # past the last edge
+    max_tokens = output + rng.integers(1, 60 if seed % 3 else 5, R)
+    pos = _positions(rng, R)
+    args = (output, max_tokens, pos, pol._n_stage, pol._seg_a, pol._min_n, ahead)
+    got = _c("stage_groups")(*args)
+    assert got == _py("stage_groups")(*args)
+    assert got in ((0, 1, 3) if ahead else (0, 1))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_segment_blocks_match_the_numpy_pass(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pol = NestedWaitPolicy()
+    R = int(rng.integers(0, 200))
+    prompt = rng.integers(1, 3000, R).astype(np.int64)
+    output = rng.integers(0, 3000, R).astype(np.int64)
+    bs = int(rng.choice([1, 16, 32]))
+    args = (prompt, output, pol._seg_a, pol._edge_a, bs)
+    assert _c("segment_blocks")(*args) == _py("segment_blocks")(*args)
+
+
+def _synthetic(n: int, rate: float, seed: int):
+    from harness.workload import build_trace
+
+    return build_trace(
+        "synthetic",
+        num_requests=n,
+        rate=rate,
+        seed=seed,
+        quiet=True,
+        input_len=200,
+        output_len=150,
+        range_ratio=0.9,
+    )
+
+
+@pytest.mark.parametrize(
+    "policy, kw",
+    [
+        ("slai", {}),
+        ("slai", {"prefill_order": "fcfs", "tier_priority": True, "max_decodes": 12}),
+        ("wait", {}),
+        ("wait", {"thresholds": (2, 1, 1, 1, 1)}),
+        ("nested-wait", {}),
+        ("nested-wait", {"edges": (40, 80, 160), "thresholds": (2, 1, 1)}),
+    ],
+)
+@pytest.mark.parametrize("kernel", ["auto", "core"])
+@pytest.mark.parametrize("kv_tokens", [4000, 1 << 20])  # preemptions / none
+def test_simulations_with_either_set_give_the_same_token_times(
+    policy: str, kw: dict, kernel: str, kv_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tr = _synthetic(300, 14.0, seed=5)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=512, max_num_seqs=48, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    runs, pols = [], []
+    for impl in (_c, _py):
+        for name in PASSES:
+            monkeypatch.setattr(planops, name, impl(name))
+        pol = make_policy(policy, **kw)
+        runs.append(simulate(tr, pol, cost, cfg, kernel=kernel))
+        pols.append(pol)
+    a, b = runs
+    assert a.num_steps == b.num_steps
+    for field in ("status", "out_tokens", "first_s", "last_s", "chunk_req", "chunk_t"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert a.counters == b.counters
+    assert vars(pols[0]).keys() == vars(pols[1]).keys()
+    for name, value in vars(pols[0]).items():  # the policies' own counters
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            assert value == vars(pols[1])[name], name
+
+
+@pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
+def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
+    code = (
+        "from harness.policies import planops as p;"
+        f"print(*[getattr(p, n).__module__ or 'c' for n in {PASSES!r}])"
+    )
+    env = {**os.environ, "HARNESS_PURE_PLANS": value}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    module = "harness.policies.planops" if expected == "py" else "harness.policies._planops"
+    assert out == [module] * len(PASSES)
+
+
+def test_bad_input_raises_and_writes_nothing() -> None:
+    dl, ts, sg, sb = (_c(n) for n in PASSES)
+    key = np.array([0, 1, 2], dtype=np.int64)
+    last, tbt = np.array([1.0, 2.0, 3.0]), np.array([0.1, np.nan, 0.5])
+    e, v, out = np.full(4, np.nan), np.zeros(4), np.zeros(3)
+    args = [key, last, tbt, None, e, v, 0.2, 0.01, 2.0, out]
+
+    def deadlines_with(i: int, value) -> None:
+        dl(*[value if j == i else a for j, a in enumerate(args)])
+
+    with pytest.raises(TypeError, match="int64"):
+        deadlines_with(0, key.astype(np.int32))
+    with pytest.raises(TypeError, match="float64"):
+        deadlines_with(1, last.astype(np.float32))
+    with pytest.raises(ValueError, match="lengths differ"):
+        deadlines_with(2, tbt[:2])
+    with pytest.raises(IndexError, match="position"):
+        deadlines_with(3, np.array([0, 3], dtype=np.int64))
+    with pytest.raises(IndexError, match="key"):
+        deadlines_with(0, np.array([0, 1, 4], dtype=np.int64))
+    with pytest.raises(ValueError, match="out is shorter"):
+        deadlines_with(9, np.zeros(2))
+    ro = v.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        deadlines_with(5, ro)
+    with pytest.raises(TypeError, match="takes 10"):
+        dl(*args[:9])
+    assert np.isnan(e).all() and not v.any() and not out.any()  # nothing written
+    assert dl(*args) == 1  # the same call, well formed: (1 + 0.1) - 0.01 <= 2.0 only
+    assert not np.isnan(e[:3]).any()
+
+    out_, quota = np.array([3, 3, 4], dtype=np.int64), np.array([1, 2], dtype=np.int64)
+    with pytest.raises(IndexError, match="key"):
+        ts(out_, key, None, np.zeros(2, dtype=np.int64), quota)
+    with pytest.raises(ValueError, match="type or stage"):
+        ts(out_, key, None, np.full(3, 2, dtype=np.int64), quota)
+    with pytest.raises(ValueError, match="lengths differ"):
+        ts(out_[:2], key, None, np.zeros(3, dtype=np.int64), quota)
+    assert ts(out_, key, None, np.zeros(3, dtype=np.int64), quota) == 0  # two at stage 3
+
+    pol = NestedWaitPolicy(edges=(10, 20), thresholds=(2, 1))
+    lim, seg, mn = pol._n_stage, pol._seg_a, pol._min_n
+    mx = out_ + 5
+    with pytest.raises(ValueError, match="shapes"):
+        sg(out_, mx, None, lim, seg, mn.ravel(), True)
+    with pytest.raises(ValueError, match="segment out of range"):
+        sg(out_, mx, None, lim, seg + 5, mn, True)
+    with pytest.raises(ValueError, match="negative stage"):
+        sg(-out_, mx, None, lim, seg, mn, True)
+    with pytest.raises(ValueError, match="no token left"):
+        sg(out_, out_, None, lim, seg, mn, True)
+    with pytest.raises(ValueError, match="block size"):
+        sb(out_, out_, seg, pol._edge_a, 0)
+    with pytest.raises(ValueError, match="segment out of range"):
+        sb(out_, out_, seg + 5, pol._edge_a, 16)
