@@ -451,6 +451,8 @@ class ArrayEngine:
                 if -(-g // bs) > free:
                     break
                 free -= self._admit_head(g, j)
+                if not adm_g:
+                    adm_n = n  # the planned chunk (a prefill run's, below)
                 adm_g.append(g)
                 adm_rows.append(jj)
                 budget -= g
@@ -491,8 +493,11 @@ class ArrayEngine:
             end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted)
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
-        if plan.prefill_run and single_left and n_prefill and not adm_g and self.fast_forward:
-            return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]
+        if plan.prefill_run and n_prefill and self.fast_forward:
+            if single_left and not adm_g:  # a running request's chunk: its next ones
+                return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]
+            if not n_sched and len(adm_g) == 1 and self.R > R0:  # only an admission ran
+                return self._prefill_run(end, R0, adm_n, until)  # its slot: R0, nothing left
         return end
 
     def _few_items(

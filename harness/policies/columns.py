@@ -145,7 +145,9 @@ class ColumnPlan:
     one-request plan whose request is in prefill, and the policy promises to plan the same
     request again, chunk after chunk (``tokens`` each, clipped to what is left), until its
     prompt is done, as long as each chunk's KV fits and nothing arrives: a host may then run
-    those chunks without planning again (RAD's lone prefill, seed-rad-slai.md §3.3).
+    those chunks without planning again (RAD's lone prefill, seed-rad-slai.md §3.3). On a
+    plan that only admits one request (no run order), the same promise for the admitted
+    request's chunks after its first, each the size it was admitted with.
     """
 
     order: np.ndarray | None = None

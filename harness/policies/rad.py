@@ -125,8 +125,9 @@ class RADPolicy(ColumnPolicy):
         c = min(chunk, remaining_tokens(head))
         if n_decoding and blocks_for(c, bs) > free:
             return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
-        # lines 11-17: FCFS prefill of one request (counted in on_step)
-        return ColumnPlan(NO_POSITIONS, admit_requests=[(head, c)])
+        # lines 11-17: FCFS prefill of one request (counted in on_step); its next chunks are
+        # the plans above (c is the chunk whenever prompt is left after it)
+        return ColumnPlan(NO_POSITIONS, admit_requests=[(head, c)], prefill_run=True)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id
