@@ -13,7 +13,10 @@
  *                   groups still fit the quotas of the segments they reach before the next
  *                   finish (Nested WAIT, seed-wait.md §4.3);
  *   segment_blocks  the KV blocks every running request holds at the end of its current
- *                   segment (Nested WAIT's memory guard, seed-wait.md §9 #12).
+ *                   segment (Nested WAIT's memory guard, seed-wait.md §9 #12);
+ *   keyed_reached   how many running requests reached a per-key bound (MC-SF: output
+ *                   estimates reached, seed-mcsf.md REC a);
+ *   keyed_sum       the sum of a per-key value over the running requests (MC-SF: KV peaks).
  *
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
@@ -408,6 +411,73 @@ out:
     return ret;
 }
 
+/* 0 when every key indexes a table of K entries, else -1 with an IndexError naming `fn`. */
+static int check_keys(const int64_t *key, Py_ssize_t R, Py_ssize_t K, const char *fn) {
+    for (Py_ssize_t i = 0; i < R; i++) {
+        if (key[i] < 0 || key[i] >= K) {
+            PyErr_Format(PyExc_IndexError, "%s(): key out of range", fn);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* keyed_reached(values, key, table) -> n: how many running requests have values[p] >=
+ * table[key[p]] (MC-SF: outputs that reached their estimate, REC a). */
+static PyObject *keyed_reached(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 3, "keyed_reached") < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *bv = take(&s, args[0], 'i', "values", 0);
+    Py_buffer *bk = bv ? take(&s, args[1], 'i', "key", 0) : NULL;
+    Py_buffer *bt = bk ? take(&s, args[2], 'i', "table", 0) : NULL;
+    if (bt == NULL)
+        goto out;
+    Py_ssize_t R = bk->len / 8;
+    if (bv->len != bk->len) {
+        PyErr_SetString(PyExc_ValueError, "keyed_reached(): column lengths differ");
+        goto out;
+    }
+    const int64_t *v = (const int64_t *)bv->buf, *key = (const int64_t *)bk->buf;
+    const int64_t *tab = (const int64_t *)bt->buf;
+    if (check_keys(key, R, bt->len / 8, "keyed_reached") < 0)
+        goto out;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < R; i++)
+        n += v[i] >= tab[key[i]];
+    ret = PyLong_FromSsize_t(n);
+out:
+    release_all(&s);
+    return ret;
+}
+
+/* keyed_sum(key, table) -> the sum of table[key[p]] over the running requests (MC-SF: their
+ * KV peaks kept by key). */
+static PyObject *keyed_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 2, "keyed_sum") < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *bk = take(&s, args[0], 'i', "key", 0);
+    Py_buffer *bt = bk ? take(&s, args[1], 'i', "table", 0) : NULL;
+    if (bt == NULL)
+        goto out;
+    Py_ssize_t R = bk->len / 8;
+    const int64_t *key = (const int64_t *)bk->buf, *tab = (const int64_t *)bt->buf;
+    if (check_keys(key, R, bt->len / 8, "keyed_sum") < 0)
+        goto out;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < R; i++)
+        total += tab[key[i]];
+    ret = PyLong_FromLongLong(total);
+out:
+    release_all(&s);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"deadlines", (PyCFunction)(void (*)(void))deadlines, METH_FASTCALL,
      "deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out) -> "
@@ -421,6 +491,10 @@ static PyMethodDef methods[] = {
     {"segment_blocks", (PyCFunction)(void (*)(void))segment_blocks, METH_FASTCALL,
      "segment_blocks(prompt, output, segment, edge, block) -> blocks held at the end of "
      "each request's current segment."},
+    {"keyed_reached", (PyCFunction)(void (*)(void))keyed_reached, METH_FASTCALL,
+     "keyed_reached(values, key, table) -> n: how many have values[p] >= table[key[p]]."},
+    {"keyed_sum", (PyCFunction)(void (*)(void))keyed_sum, METH_FASTCALL,
+     "keyed_sum(key, table) -> the sum of table[key[p]]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.policies import planops
 from harness.policies.base import RequestView, StepReport, remaining_tokens
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
@@ -168,10 +169,6 @@ class MCSFPolicy(ColumnPolicy):
             self._est[r.request_id] = est
         return est
 
-    def _last_step(self, r: RequestView) -> int:
-        extra = 1 if self.kv_convention == "A" else 0
-        return max(0, self.estimate(r) - r.num_output_tokens - 1 + extra)
-
     # -- planning ------------------------------------------------------------------------
     def _peak(self, prompt: int, est: int) -> int:
         """A request's KV peak in tokens, rounded up to whole blocks of ``_pk_bs``: its tokens
@@ -188,18 +185,17 @@ class MCSFPolicy(ColumnPolicy):
         self._est_k[key] = est
         self._pk_k[key] = self._peak(prompt, est)
 
-    def _running_estimates(self, cv: ColumnView) -> np.ndarray:
-        """``ô`` of each running request, from the per-key copy of the estimates (set at
-        admission), raised where a request has reached it without finishing (REC a; kept in
-        ``_est`` too, which a preempted request's place in the queue reads)."""
+    def _raise_reached(self, cv: ColumnView) -> None:
+        """Raise the per-key estimates (set at admission) that a running request has reached
+        without finishing (REC a; kept in ``_est`` too, which a preempted request's place in
+        the queue reads), and their KV peaks."""
         rc = cv.running
         self._est_k = per_key(self._est_k, cv.num_keys, 0)
         self._pk_k = per_key(self._pk_k, cv.num_keys, 0)
         keys = rc.key
-        est = self._est_k[keys]
-        stale = rc.output >= est  # reached (or never set: 0)
-        if stale.any():
-            for p in np.flatnonzero(stale).tolist():
+        if planops.keyed_reached(rc.output, keys, self._est_k):  # reached (or never set: 0)
+            est = self._est_k[keys]
+            for p in np.flatnonzero(rc.output >= est).tolist():
                 key = int(keys[p])
                 rid = cv.id_of(key)
                 o = int(rc.output[p])
@@ -208,8 +204,6 @@ class MCSFPolicy(ColumnPolicy):
                     e = o + self.overrun_extra
                 self._est[rid] = e
                 self._set_estimate(key, int(rc.prompt[p]), e)
-            est = self._est_k[keys]
-        return est
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         # Running in admission order = the host's running order (admissions join its end).
@@ -223,7 +217,7 @@ class MCSFPolicy(ColumnPolicy):
             self._pk_bs = bs
             self._pk_k = np.zeros(0, np.int64)
             self._est_k = np.zeros(0, np.int64)  # both set again (stale) on their next read
-        est = self._running_estimates(cv)
+        self._raise_reached(cv)
         step: np.ndarray | int
         if rc.num_prefilling == 0:  # every one decodes its one token
             step, tokens_used = 1, n
@@ -245,15 +239,17 @@ class MCSFPolicy(ColumnPolicy):
                 break  # compute caps: wait for the next step, keep the order
             need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
             if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
-                peak_sum = int(self._pk_k[rc.key].sum())
-            b_r, e_r = r.num_tokens, self._last_step(r)
+                peak_sum = planops.keyed_sum(rc.key, self._pk_k)
+            est_r = self.estimate(r)
+            # its KV tokens now and last step offset (Convention A or B)
+            b_r, e_r = r.num_tokens, max(0, est_r - r.num_output_tokens - 1 + extra)
             peak = -(-(b_r + e_r) // bs) * bs
             if peak_sum + peak <= capacity or self._future_fits(
-                cv, est, extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
+                cv, self._est_k[rc.key], extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
             ):
                 admit.append((r, need))
                 key = cv.key_of(r)  # the key it runs under
-                self._set_estimate(key, r.num_prompt_tokens, self.estimate(r))
+                self._set_estimate(key, r.num_prompt_tokens, est_r)
                 added_b.append(b_r)
                 added_e.append(e_r)
                 peak_sum += peak

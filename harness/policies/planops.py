@@ -2,14 +2,15 @@
 the optional C extension :mod:`harness.policies._planops` (``_planops.c``) where the install
 built it.
 
-Why (issue 13): WAIT, Nested WAIT and SLAI plan every step from the running columns. Near
-capacity (100-250 decoding) each of these passes was 5-12 numpy calls of 1-5 µs each, about
-half of those policies' planning time; in C each is one loop. The numpy functions (``_py``)
-are the definition: the C ones give the same answers and write the same values
-(``tests/policies/test_planops.py`` compares them on random columns, and whole simulations
-under both). ``HARNESS_PURE_PLANS=1`` selects the numpy ones where the C ones are built (A/B
-runs). The arrays are int64 / float64 and C-contiguous (the running columns of every host);
-``positions`` is an int64 array of running positions, or None for every running request.
+Why (issue 13): WAIT, Nested WAIT, SLAI and MC-SF plan every step from the running columns.
+Near capacity (100-250 decoding) each of these passes was 2-12 numpy calls of 1-5 µs each,
+about half of WAIT's, Nested WAIT's and SLAI's planning time; in C each is one loop. The
+numpy functions (``_py``) are the definition: the C ones give the same answers and write the
+same values (``tests/policies/test_planops.py`` compares them on random columns, and whole
+simulations under both). ``HARNESS_PURE_PLANS=1`` selects the numpy ones where the C ones
+are built (A/B runs). The arrays are int64 / float64 and C-contiguous (the running columns of
+every host); ``positions`` is an int64 array of running positions, or None for every running
+request.
 """
 
 from __future__ import annotations
@@ -128,13 +129,28 @@ def segment_blocks_py(
     return int((-(-(prompt + edge[s]) // block)).sum())
 
 
+def keyed_reached_py(values: np.ndarray, key: np.ndarray, table: np.ndarray) -> int:
+    """How many running requests have ``values >= table[key]`` (MC-SF: outputs that reached
+    their estimates, seed-mcsf.md §7 REC a)."""
+    return int(np.count_nonzero(values >= table[key]))
+
+
+def keyed_sum_py(key: np.ndarray, table: np.ndarray) -> int:
+    """The sum of ``table[key]`` over the running requests (MC-SF: their KV peaks)."""
+    return int(table[key].sum())
+
+
 if USE_C:
     deadlines = _planops.deadlines  # type: ignore[union-attr]
     type_stages = _planops.type_stages  # type: ignore[union-attr]
     stage_groups = _planops.stage_groups  # type: ignore[union-attr]
     segment_blocks = _planops.segment_blocks  # type: ignore[union-attr]
+    keyed_reached = _planops.keyed_reached  # type: ignore[union-attr]
+    keyed_sum = _planops.keyed_sum  # type: ignore[union-attr]
 else:
     deadlines = deadlines_py
     type_stages = type_stages_py
     stage_groups = stage_groups_py
     segment_blocks = segment_blocks_py
+    keyed_reached = keyed_reached_py
+    keyed_sum = keyed_sum_py

@@ -1,12 +1,13 @@
 """The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
 
-:mod:`harness.policies.planops` defines four passes in numpy (SLAI's Eq. 8 deadlines with
+:mod:`harness.policies.planops` defines six passes in numpy (SLAI's Eq. 8 deadlines with
 their per-key cache, WAIT's (type, stage) quota check, Nested WAIT's stage groups and its
-memory guard's blocks) and runs them in C where the optional extension
-``harness.policies._planops`` was built. Here each C function meets its numpy definition on
-random columns (return values, and every array the pass writes); whole simulations of the
-policies that use them give the same token times and counters with either set; the
-environment variable selects them; and the C code refuses bad input without writing.
+memory guard's blocks, MC-SF's reached estimates and sum of peaks by key) and runs them in
+C where the optional extension ``harness.policies._planops`` was built. Here each C function
+meets its numpy definition on random columns (return values, and every array the pass
+writes); whole simulations of the policies that use them give the same token times and
+counters with either set; the environment variable selects them; and the C code refuses bad
+input without writing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ pytestmark = [
     ),
 ]
 
-PASSES = ("deadlines", "type_stages", "stage_groups", "segment_blocks")
+PASSES = (
+    "deadlines",
+    "type_stages",
+    "stage_groups",
+    "segment_blocks",
+    "keyed_reached",
+    "keyed_sum",
+)
 
 
 def _c(name: str):
@@ -127,6 +135,18 @@ def test_segment_blocks_match_the_numpy_pass(seed: int) -> None:
     assert _c("segment_blocks")(*args) == _py("segment_blocks")(*args)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_keyed_passes_match_the_numpy_ones(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    R, K = int(rng.integers(0, 200)), 500
+    key = rng.choice(K, size=R, replace=False).astype(np.int64)
+    table = rng.integers(0, 300, K).astype(np.int64)
+    values = rng.integers(0, 300, R).astype(np.int64)
+    reached = _c("keyed_reached")(values, key, table)
+    assert reached == _py("keyed_reached")(values, key, table)
+    assert _c("keyed_sum")(key, table) == _py("keyed_sum")(key, table)
+
+
 def _synthetic(n: int, rate: float, seed: int):
     from harness.workload import build_trace
 
@@ -151,6 +171,8 @@ def _synthetic(n: int, rate: float, seed: int):
         ("wait", {"thresholds": (2, 1, 1, 1, 1)}),
         ("nested-wait", {}),
         ("nested-wait", {"edges": (40, 80, 160), "thresholds": (2, 1, 1)}),
+        ("mcsf", {}),
+        ("mcsf", {"noise_sigma": 0.5, "overrun_extra": 4}),
     ],
 )
 @pytest.mark.parametrize("kernel", ["auto", "core"])
@@ -194,7 +216,7 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:
-    dl, ts, sg, sb = (_c(n) for n in PASSES)
+    dl, ts, sg, sb, kr, ks = (_c(n) for n in PASSES)
     key = np.array([0, 1, 2], dtype=np.int64)
     last, tbt = np.array([1.0, 2.0, 3.0]), np.array([0.1, np.nan, 0.5])
     e, v, out = np.full(4, np.nan), np.zeros(4), np.zeros(3)
@@ -249,3 +271,11 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         sb(out_, out_, seg, pol._edge_a, 0)
     with pytest.raises(ValueError, match="segment out of range"):
         sb(out_, out_, seg + 5, pol._edge_a, 16)
+    with pytest.raises(IndexError, match="key"):
+        kr(out_, np.array([0, 1, 9], dtype=np.int64), out_)
+    with pytest.raises(ValueError, match="lengths differ"):
+        kr(out_[:2], key, out_)
+    with pytest.raises(IndexError, match="key"):
+        ks(np.array([-1], dtype=np.int64), out_)
+    with pytest.raises(TypeError, match="int64"):
+        ks(key, out_.astype(np.float64))
