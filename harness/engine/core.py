@@ -205,13 +205,19 @@ def decode_run_ends(
     Short runs (most: a fast-forward usually stops at the next arrival a few steps on) are
     summed in scalars, which costs less than the vector calls' set-up; the scalar
     ``step_time`` does the vector ``step_times``'s arithmetic in the same order and the sum
-    is as sequential as ``np.cumsum``, so the ends are the same floats."""
-    if k_max <= _SCALAR_RUN:
+    is as sequential as ``np.cumsum``, so the ends are the same floats. A run is short when
+    ``k_max`` is, or when ``until`` comes within that many of its first (shortest) step: an
+    affine model's decode steps only grow with the KV read."""
+    # step_time(0, n, kv) is fixed + rate * kv, bit for bit, where the model says so
+    affine = getattr(cost_model, "decode_affine", None)
+    fixed, rate = affine(n_decode) if affine is not None else (0.0, 0.0)
+    short = k_max <= _SCALAR_RUN
+    if not short and affine is not None and rate >= 0 and n_decode >= 0:
+        first = fixed + rate * kv_read
+        short = first > 0 and until - now < _SCALAR_RUN * first
+    if short:
         ends: list[float] = []
         acc = 0.0  # 0.0 + d is d: the same sum as np.cumsum's
-        # step_time(0, n, kv) is fixed + rate * kv, bit for bit, where the model says so
-        affine = getattr(cost_model, "decode_affine", None)
-        fixed, rate = affine(n_decode) if affine is not None else (0.0, 0.0)
         step_time = cost_model.step_time
         attn = {"prefill_attn": 0.0} if getattr(cost_model, "uses_prefill_attn", False) else {}
         for j in range(k_max):

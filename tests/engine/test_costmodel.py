@@ -293,6 +293,30 @@ def test_a_simulation_with_a_jittered_model_is_reproducible_per_seed() -> None:
     assert np.median(a) / np.median(flat) == pytest.approx(1.2, abs=0.05)
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_decode_run_ends_are_the_vector_sums_in_scalars_too(name: str) -> None:
+    # a fast-forward's step ends (core.decode_run_ends) are summed in scalars when the run is
+    # short (k_max <= 32, or until within 32 of its first step) and by step_times + cumsum
+    # otherwise: either way the floats the vector sum gives, cut after the first step that
+    # starts at or after until
+    from harness.engine.core import decode_run_ends
+
+    m = get_cost_model(name)
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        k_max = int(rng.choice([2, 5, 32, 33, 80, 400, 3000]))
+        n = int(rng.integers(1, 300))
+        kv = int(rng.integers(0, 2_000_000))
+        now = float(rng.uniform(0, 5000))
+        until = now + float(rng.choice([0.0, 1e-4, 0.05, 0.3, 2.0, 40.0, np.inf]))
+        i = np.arange(k_max)
+        full = now + np.cumsum(m.step_times(np.zeros(k_max), np.full(k_max, n), kv + i * n))
+        k = 1 + int(np.searchsorted(full[:-1], until, side="left"))
+        want = full[: max(1, min(k, k_max))]
+        got = decode_run_ends(m, now, k_max, n, kv, until)
+        assert np.array_equal(got, want), (k_max, n, kv, now, until)
+
+
 @pytest.mark.parametrize(
     "name", sorted(n for n, m in PRESETS.items() if hasattr(m, "decode_affine"))
 )
