@@ -374,7 +374,6 @@ class WaitPolicy(ThresholdFlushing):
         eligible = [len(q) >= t or (flush and len(q) > 0) for q, t in zip(queues, n, strict=True)]
         if not flush and not len(partial) and not any(eligible):
             return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
-        ok = np.array(eligible)
         if flush and self._all_in_quota(cv, decoding, partial):
             # every decode runs and nothing is cut: the order that the stage rule gives them
             # changes nothing, so they stay in running order (no age or group sort)
@@ -383,11 +382,9 @@ class WaitPolicy(ThresholdFlushing):
         else:
             dec = by_age(cv, decoding)
             types = self._types(cv, dec)
-            if flush:  # end-of-run flush: every type with anything to do runs (#17)
-                ok[types] = True
-                at = np.arange(len(dec))  # age ranks of the eligible decodes: all
-            else:
-                at = np.flatnonzero(ok[types])
+            # the age ranks of the eligible decodes; the end-of-run flush: all, every type
+            # with anything to do runs (#17)
+            at = np.arange(len(dec)) if flush else np.flatnonzero(np.array(eligible)[types])
             runs = NO_POSITIONS
         if 0 < len(at) <= _FEW:  # the same groups in scalars (numpy's per-call cost exceeds it)
             stages: dict[tuple[int, int], list[int]] = {}
@@ -412,7 +409,7 @@ class WaitPolicy(ThresholdFlushing):
             sel = at[s[kept]]
             runs = dec[sel[np.lexsort((sel, first, -k[s[kept]]))]]
         admits: list[RequestView] = []
-        for jj, go in enumerate(ok.tolist()):
+        for jj, go in enumerate(eligible):
             if go:
                 head = self._wq.head(n[jj], jj)
                 if head:
