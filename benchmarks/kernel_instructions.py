@@ -84,7 +84,8 @@ def count(tree: Path, policy: str, n: int, workload: str, reps: int) -> int:
         workload,
         str(reps),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    # run in the tree: ``python -c`` puts its working directory before PYTHONPATH on sys.path
+    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         raise RuntimeError(f"{policy}: the child failed ({'; '.join(tail)})")
@@ -96,7 +97,9 @@ def kernel_instructions(tree: Path, policy: str, n: int, workload: str) -> int:
     after a child outside valgrind has compiled every module the run imports (a stale
     ``.pyc`` recompiled inside one of the counted runs would be counted)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    subprocess.run([sys.executable, "-c", _CHILD, policy, "1", workload, "1"], env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", _CHILD, policy, "1", workload, "1"], env=env, cwd=tree, check=True
+    )
     return count(tree, policy, n, workload, 1) - count(tree, policy, n, workload, 0)
 
 
