@@ -447,12 +447,13 @@ class ArrayEngine:
                     jj = j
                 if budget <= 0 or self.max_seqs <= self.R:
                     break
-                g = max(1, min(n, P_l[jj] + int(Orow[jj]), budget))
+                o_j = int(Orow[jj])
+                g = max(1, min(n, P_l[jj] + o_j, budget))
                 if -(-g // bs) > free:
                     break
                 free -= self._admit_head(g, j)
-                if not adm_g:
-                    adm_n = n  # the planned chunk (a prefill run's, below)
+                if not adm_g:  # a prefill run's (below): the planned chunk, whether more follow
+                    adm_n, adm_more = n, P_l[jj] + o_j - g > (o_j > 0)
                 adm_g.append(g)
                 adm_rows.append(jj)
                 budget -= g
@@ -496,8 +497,9 @@ class ArrayEngine:
         if plan.prefill_run and n_prefill and self.fast_forward:
             if single_left and not adm_g:  # a running request's chunk: its next ones
                 return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]
-            if not n_sched and len(adm_g) == 1 and self.R > R0:  # only an admission ran
-                return self._prefill_run(end, R0, adm_n, until)  # its slot: R0, nothing left
+            if not n_sched and len(adm_g) == 1 and adm_more:  # an admission ran alone, and
+                # its prompt goes on: its slot is R0 (nothing else ran, so nothing left)
+                return self._prefill_run(end, R0, adm_n, until)
         return end
 
     def _few_items(
