@@ -53,13 +53,13 @@ def deadlines_py(
     k = _at(key, positions)
     e = _at(last, positions)
     miss = cache_e[k] != e  # NaN (never computed) misses
-    n = len(k)
-    if not np.count_nonzero(miss):  # every decode deferred since its deadline was set
+    n, n_miss = len(k), int(np.count_nonzero(miss))
+    if not n_miss:  # every decode deferred since its deadline was set
         value = cache_v[k]
     else:
         t = _at(tbt, positions)
         fresh = e + np.where(t == t, t, default_tbt) - shift
-        value = fresh if np.count_nonzero(miss) == n else np.where(miss, fresh, cache_v[k])
+        value = fresh if n_miss == n else np.where(miss, fresh, cache_v[k])
         cache_e[k] = e
         cache_v[k] = value
     out[:n] = value
