@@ -244,9 +244,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         (``counts``: decodes per stage), advancing together, also fits the quota ``n_i`` of each
         segment it enters before then (quotas are per segment, §4.3; with ``seg_caps`` they
         move with the counts, never steady)."""
-        ks = np.flatnonzero(counts)
-        hi = self._segments(ks + horizon - 1)
-        return bool((counts[ks] <= self._min_n[self._segments(ks), hi]).all())
+        return planops.counts_fit_ahead(counts, horizon, self._seg_a, self._min_n)
 
     def _flush_in_running_order(self, flush: bool, decoding: np.ndarray) -> bool:
         """Whether a plan builds its stage groups from running order first (:meth:`_plan`):

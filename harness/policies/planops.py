@@ -113,10 +113,17 @@ def stage_groups_py(
     h = int((_at(max_tokens, positions) - stages).min())
     if h < 1:
         raise ValueError("stage_groups(): a request has no token left")
+    return 3 if counts_fit_ahead(counts, h, segment, min_n) else 1
+
+
+def counts_fit_ahead(counts: np.ndarray, h: int, segment: np.ndarray, min_n: np.ndarray) -> bool:
+    """Whether every stage group (``counts[k]`` requests at stage k), advancing together, fits
+    ``min_n[s(k), s(k + h - 1)]`` over the next ``h`` steps, s(x) =
+    ``segment[min(x, len(segment) - 1)]`` (Nested WAIT's steady check, seed-wait.md §4.3)."""
     ks = np.flatnonzero(counts)
     last = len(segment) - 1
     lo, hi = segment[np.minimum(ks, last)], segment[np.minimum(ks + h - 1, last)]
-    return 3 if bool((counts[ks] <= min_n[lo, hi]).all()) else 1
+    return bool((counts[ks] <= min_n[lo, hi]).all())
 
 
 def segment_blocks_py(
