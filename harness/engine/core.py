@@ -319,6 +319,7 @@ class EngineCore:
             PrefixCache() if self.config.prefix_caching else None
         )
         self._pc_live = 0
+        self._promised = False  # the last plan's then_steady held after its step
 
     # ------------------------------------------------------------------ counters
     @property
@@ -552,7 +553,10 @@ class EngineCore:
         """
         if self._pc_live:
             self._refresh_waiting_hits()
-        plan: Plan = self.policy.schedule(self.view(now))
+        plan = self._promised_plan() if self._promised and fast_forward_until is not None else None
+        self._promised = False
+        if plan is None:
+            plan = self.policy.schedule(self.view(now))
         bs = self.block_size
         budget = self.token_budget
         reqs = self._requests
@@ -894,6 +898,8 @@ class EngineCore:
             admitted=tuple(admitted),
             finished=tuple(map(_request_id, finished)) if finished else (),
         )
+        # the next step's conditions (nothing waits, all decode, blocks fit) are checked then
+        self._promised = plan.then_steady and fast_forward_until is not None and not preempted
         self.policy.on_step(report)
         return StepOutcome(
             now,
@@ -910,6 +916,30 @@ class EngineCore:
             False,
             bugs,
         )
+
+    def _promised_plan(self) -> Plan | None:
+        """The plan the last one's ``then_steady`` promised (every running request decodes one
+        token, steady), where its conditions hold now: nothing waits, every running request
+        decodes, their next blocks fit and fit the budget. None otherwise (and while the prefix
+        cache holds anything, whose evictable blocks this count does not see): the policy
+        plans."""
+        run = self._running
+        pc = self.prefix_cache
+        if not run or self._waiting or self._pc_live or (pc is not None and pc.lru):
+            return None
+        if len(run) > self.token_budget:
+            return None
+        bs = self.block_size
+        need = 0
+        for r in run:
+            c = r.num_computed_tokens
+            o = r.num_output_tokens
+            if o == 0 or c != r.num_prompt_tokens + o - 1:  # not decoding
+                return None
+            need += c % bs == 0  # its next token opens a block
+        if need > self.total_blocks - self.used_blocks:
+            return None
+        return Plan(run=[(r.request_id, 1) for r in run], steady=True, hold=False, then_steady=True)
 
     def _attempted_s(self) -> float:
         """Step time of every running request's next tokens (a decode, or the rest of its

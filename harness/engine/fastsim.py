@@ -72,6 +72,7 @@ from harness.engine.simresult import (
 from harness.engine.waiting_queue import WaitingQueue
 from harness.policies.base import KVView, Policy, StepReport, declared_rule
 from harness.policies.columns import (
+    EVERY_DECODE,
     ColumnPlan,
     ColumnView,
     RunningColumns,
@@ -202,6 +203,7 @@ class ArrayEngine:
         self.hooks = hooks
         self._finished_rows: list[int] = []  # this step's, kept only for hooks
         self._evicted: list[int] = []  # rows preempted this step (planner engines)
+        self._promised = False  # the last plan's then_steady held after its step
         self.rows = rows
         self.chunks = chunks
         self.error_prefix = error_prefix
@@ -340,7 +342,14 @@ class ArrayEngine:
         waiting = self.waiting
         self._evicted.clear()
         self._finished_rows.clear()
-        plan = self.planner(self._view(t, R))
+        opening = -1  # the all-decode step's new blocks, where a kept promise counted them
+        if self._promised:  # the last plan's then_steady: plan EVERY_DECODE without asking
+            self._promised = False
+            if R and not waiting and self.npf == 0 and self.budget_cap >= R:
+                opening = self._opening(R)
+                if opening > total - self.used:  # they would preempt: the policy decides
+                    opening = -1
+        plan = EVERY_DECODE if opening >= 0 else self.planner(self._view(t, R))
         tok = plan.tokens
         order = plan.order
         if plan.preempt is not None and len(plan.preempt):  # rule 1, in order
@@ -376,7 +385,7 @@ class ArrayEngine:
                 and tok >= 1
                 and (order is None or lists_each_once(order, R))
             ):  # every running request decodes its one token (in any order: all fit)
-                need = self._opening(R)
+                need = opening if opening >= 0 else self._opening(R)
                 if need <= free:
                     self.used += need
                     free -= need
@@ -494,6 +503,8 @@ class ArrayEngine:
             end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted)
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
+        # the next step's conditions (nothing waits, all decode, blocks fit) are checked then
+        self._promised = plan.then_steady and not preempted and self.fast_forward
         if plan.prefill_run and n_prefill and self.fast_forward:
             if single_left and not adm_g:  # a running request's chunk: its next ones
                 return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]

@@ -152,6 +152,14 @@ class Plan:
     ``hold`` (with ``steady``): arrivals would not change the plan either (it ignores the
     waiting queue, e.g. FasterTransformer while anyone decodes), so the simulator may
     fast-forward past arrivals too, up to the next finish or KV boundary.
+
+    ``then_steady``: the policy promises that its plan for every following step, for as long
+    as nothing arrives, nothing waits, every running request decodes (no prefill left),
+    nothing is preempted and their next blocks fit, is "every running request decodes one
+    token, nothing else" and ``steady`` (and again ``then_steady``), finishes or not. A
+    simulator may then run those steps without calling the policy; it still hears of each
+    step (``on_step``). Another speed hint: a host may ignore it (the servers and adapters
+    do), and a policy must leave it False unless nothing it keeps would make that plan differ.
     """
 
     run: list[tuple[str, int]] = field(default_factory=list)
@@ -159,6 +167,7 @@ class Plan:
     preempt: list[str] = field(default_factory=list)
     steady: bool = False
     hold: bool = False
+    then_steady: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,7 +147,8 @@ class ColumnPlan:
     prompt is done, as long as each chunk's KV fits and nothing arrives: a host may then run
     those chunks without planning again (RAD's lone prefill, seed-rad-slai.md §3.3). On a
     plan that only admits one request (no run order), the same promise for the admitted
-    request's chunks after its first, each the size it was admitted with.
+    request's chunks after its first, each the size it was admitted with. ``then_steady`` as
+    in Plan: a host that keeps it runs :data:`EVERY_DECODE` instead of planning.
     """
 
     order: np.ndarray | None = None
@@ -158,6 +159,7 @@ class ColumnPlan:
     admit_requests: list[tuple[RequestView, int]] | tuple[()] = ()
     preempt: np.ndarray | None = None
     prefill_run: bool = False
+    then_steady: bool = False
 
     def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, tokens)`` as arrays."""
@@ -166,6 +168,11 @@ class ColumnPlan:
         if isinstance(tok, np.ndarray):
             return order, tok
         return order, np.full(len(order), tok, dtype=np.int64)
+
+
+# The plan a ``then_steady`` promise stands for: every running request decodes one token, in
+# running order (their blocks fit, so the order cannot matter), steady, and promising again.
+EVERY_DECODE = ColumnPlan(None, 1, steady=True, then_steady=True)
 
 
 def admit_sizes(
@@ -356,7 +363,14 @@ def plan_of(cp: ColumnPlan, view: View) -> Plan:
             for r, n in zip(islice(view.waiting, len(cp.admit)), cp.admit, strict=True)
         ]
     preempt = [] if cp.preempt is None else [run[i].request_id for i in cp.preempt.tolist()]
-    return Plan(run=items, admit=admit, preempt=preempt, steady=cp.steady, hold=cp.hold)
+    return Plan(
+        run=items,
+        admit=admit,
+        preempt=preempt,
+        steady=cp.steady,
+        hold=cp.hold,
+        then_steady=cp.then_steady,
+    )
 
 
 class ColumnPolicy(BasePolicy):
@@ -404,6 +418,7 @@ def has_hooks(policy: object) -> bool:
 
 
 __all__ = [
+    "EVERY_DECODE",
     "NO_POSITIONS",
     "ColumnPlan",
     "ColumnPolicy",

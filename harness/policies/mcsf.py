@@ -35,6 +35,9 @@ Decisions on the spec's ambiguities (seed-mcsf.md §7):
   runs it: running requests' estimates are kept per request key (``RunningColumns.key``),
   set when the plan admits them; started order is the host's running order (admissions join
   its end).
+* ``then_steady`` (base.Plan) only while no running or admitted estimate is below the
+  request's ``max_tokens``: such an estimate may be raised (REC a) at a plan the host would
+  skip, so with noisy or short predictions MC-SF is asked every time, as before.
 """
 
 from __future__ import annotations
@@ -234,6 +237,7 @@ class MCSFPolicy(ColumnPolicy):
         peak_sum = -1
         added_b: list[int] = []
         added_e: list[int] = []
+        short = False  # an admitted estimate below the request's max_tokens (it may be raised)
         for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
@@ -248,6 +252,7 @@ class MCSFPolicy(ColumnPolicy):
                 cv, self._est_k[rc.key], extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
             ):
                 admit.append((r, need))
+                short = short or est_r < r.max_tokens
                 key = cv.key_of(r)  # the key it runs under
                 self._set_estimate(key, r.num_prompt_tokens, est_r)
                 added_b.append(b_r)
@@ -258,7 +263,16 @@ class MCSFPolicy(ColumnPolicy):
             elif self.on_fail == "break":
                 break
         steady = not cv.num_waiting and n > 0 and rc.num_prefilling == 0 and n <= cv.token_budget
-        return ColumnPlan(None, step, admit_requests=admit, steady=steady)
+        # Plan.then_steady: once nothing waits and all decode, the plan is `steady`'s, unless
+        # an estimate is raised first (REC a): so only while no running or admitted estimate
+        # is below its max_tokens (reached only by finishing), and they fit the budget
+        then = (
+            cv.num_waiting == len(admit)  # else the host would not keep it: no check
+            and n + len(admit) <= cv.token_budget
+            and not short
+            and not (n and planops.keyed_reached(rc.max_tokens - 1, rc.key, self._est_k))
+        )
+        return ColumnPlan(None, step, admit_requests=admit, steady=steady, then_steady=then)
 
     @staticmethod
     def _future_fits(

@@ -33,6 +33,12 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §7):
   runs it: deadlines are cached per request key (``RunningColumns.key``), and partial
   prefills are taken in running order, which is admission order on every host (admissions
   join the end of the running set).
+* Every plan whose requests (running and admitted) fit ``τ`` and ``β`` promises
+  ``then_steady`` (base.Plan): with nothing waiting and every request decoding, the plan is
+  the light-load one whatever the deadlines, so a simulator runs it without asking. The
+  per-plan tallies ``critical_total`` / ``noncritical_total`` then count the plans SLAI
+  made, as under a steady run's fast-forward already; ``deferred_total`` and
+  ``critical_dropped`` are unchanged (a light-load plan defers and drops nothing).
 """
 
 from __future__ import annotations
@@ -213,7 +219,8 @@ class SLAIPolicy(ColumnPolicy):
             # Light load: every decode runs every step, as in Sarathi (work-conserving)
             self.noncritical_total += nd - ncrit
             self.critical_total += ncrit
-            return ColumnPlan(self._every_decode_order(cv, decodes, lst), 1, steady=nd > 0)
+            order = self._every_decode_order(cv, decodes, lst)
+            return ColumnPlan(order, 1, steady=nd > 0, then_steady=nd > 0)
 
         # (1)+(2) critical decodes, capped by τ and β (#5): one token each
         nc = min(ncrit, budget, beta)
@@ -264,17 +271,21 @@ class SLAIPolicy(ColumnPolicy):
         nn = max(0, min(nd - ncrit, budget - tokens, beta - nc))
         self.noncritical_total += nn
         self.deferred_total += nd - ncrit - nn
+        # Once nothing waits and everything running decodes, the next plan is the light-load
+        # one above, whatever the deadlines say, if those requests fit τ and β: a host may
+        # then run it without asking (Plan.then_steady); it also holds through finishes.
+        then = active <= min(budget, beta)
         if not nc and not nn:
-            return ColumnPlan(part, got, admit_requests=admit)
+            return ColumnPlan(part, got, admit_requests=admit, then_steady=then)
         if not len(part) and nc + nn == nd:  # every decode runs one token, nothing else
             order = self._every_decode_order(cv, decodes, lst)
-            return ColumnPlan(order, 1, admit_requests=admit)
+            return ColumnPlan(order, 1, admit_requests=admit, then_steady=then)
         if ranked is None:
             ranked = self._ranked(rc, decodes, lst)
         order = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
         tok = np.ones(len(order), np.int64)
         tok[nc : nc + len(part)] = got
-        return ColumnPlan(order, tok, admit_requests=admit)
+        return ColumnPlan(order, tok, admit_requests=admit, then_steady=then)
 
     def _every_decode_order(
         self, cv: ColumnView, decodes: np.ndarray, lst: np.ndarray

@@ -160,6 +160,7 @@ def threshold_plan(
     *,
     steady: bool,
     in_running_order: bool = False,
+    then_steady: bool = False,
 ) -> ColumnPlan:
     """The plan WAIT and Nested WAIT share: ``decodes`` one token each, then the partial
     prefills with what they have left (committed work, listed last so they are the LIFO
@@ -169,7 +170,8 @@ def threshold_plan(
     rule 3): same plan in effect, without sizing requests that cannot start.
     ``in_running_order``: ``decodes`` are listed in running order (RunningColumns.decoding);
     when they are every running request the plan says so (order None: the host's
-    all-decode path needs no check that the order lists each request once)."""
+    all-decode path needs no check that the order lists each request once). ``then_steady``
+    (base.Plan), kept only while the requests after this step fit the budget and the cap."""
     admit = admit[: max(0, cv.max_num_seqs - len(cv.running))]
     order, tokens = decodes, 1
     if len(partial):
@@ -180,11 +182,18 @@ def threshold_plan(
         order = order[:step_cap]
         tokens = tokens if isinstance(tokens, int) else tokens[:step_cap]
         admit = admit[: max(0, step_cap - len(order))]
-        steady = False
+        steady = then_steady = False
     elif in_running_order and not len(partial) and len(order) == len(cv.running):
         order = None
+    if then_steady:
+        after = len(cv.running) + len(admit)
+        then_steady = after <= cv.token_budget and (step_cap is None or after <= step_cap)
     return ColumnPlan(
-        order, tokens, admit_requests=[(r, remaining_tokens(r)) for r in admit], steady=steady
+        order,
+        tokens,
+        admit_requests=[(r, remaining_tokens(r)) for r in admit],
+        steady=steady,
+        then_steady=then_steady,
     )
 
 
@@ -420,6 +429,18 @@ class WaitPolicy(ThresholdFlushing):
         # repeats until an arrival or a finish: the same (type, stage) groups advance one
         # stage each step, and a type's quota n_j does not change with the stage (§3.3).
         steady = flush and not admits and not len(partial) and len(runs) == len(dec)
+        # Plan.then_steady: once nothing waits, the plan is the flush (on_idle) of every
+        # decode, steady, while every (type, stage) group is within n_j. It is after this step
+        # when every decode runs now (all in quota; each group moves up one stage) and no
+        # admission is a recompute: a cohort is at most n_j a type, at stage 1, which no
+        # running request shares; finishes only shrink groups. No partial prefill: one
+        # finishing now would join stage 1 too.
+        then = (
+            self.on_idle == "flush"
+            and not len(partial)
+            and len(runs) == len(dec)
+            and not any(r.num_output_tokens for r in admits)
+        )
         return threshold_plan(
             runs,
             partial,
@@ -428,6 +449,7 @@ class WaitPolicy(ThresholdFlushing):
             self.step_cap,
             steady=steady,
             in_running_order=runs is decoding,
+            then_steady=then,
         )
 
     def _plan_admission(
@@ -453,8 +475,16 @@ class WaitPolicy(ThresholdFlushing):
             and len(decoding) > 0
             and len(decoding) <= cv.token_budget
         )
+        # once nothing waits, nothing triggers an admission and every decode runs (no stage
+        # quota here): Plan.then_steady, unless a prefill is still going on
         return threshold_plan(
-            by_age(cv, decoding), partial, cv, admits, self.step_cap, steady=steady
+            by_age(cv, decoding),
+            partial,
+            cv,
+            admits,
+            self.step_cap,
+            steady=steady,
+            then_steady=not len(partial),
         )
 
     def params(self) -> dict[str, Any]:

@@ -103,6 +103,65 @@ def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict
     _same_runs(a, b)
 
 
+def _counting(policy: str, promise: bool):
+    """``policy`` counting the plans it is asked for, with or without its ``then_steady``
+    promises (its own plan_columns, wrapped on the instance); ``wait:admission`` is WAIT with
+    the authors' admission gating."""
+    name, _, variant = policy.partition(":")
+    pol = make_policy(name, **({"gating": variant} if variant else {}))
+    inner = pol.plan_columns
+    pol.plans = 0
+
+    def plan_columns(cv: ColumnView) -> ColumnPlan:
+        pol.plans += 1
+        plan = inner(cv)
+        if not promise:
+            plan.then_steady = False
+        return plan
+
+    pol.plan_columns = plan_columns
+    return pol
+
+
+@pytest.mark.parametrize("load", sorted(_FF_LOADS))
+@pytest.mark.parametrize("policy", ["slai", "mcsf", "wait", "wait:admission"])
+def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> None:
+    # Plan.then_steady: after an admission or a finish with nothing left waiting and all
+    # decoding, both hosts run the every-decode plan the policy promised without asking for
+    # it. The steps, the tokens, what the policy hears (SLAI's mean step time, MC-SF's
+    # estimates) and the promises taken are the same on the kernel and on the engine core;
+    # only the plans asked for are fewer.
+    tk, (kv, budget, seqs) = _FF_LOADS[load]
+    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    # what the policy keeps that the promise must not change (WAIT's flush tallies count the
+    # plans made, like SLAI's critical / non-critical ones: its runs are compared)
+    state = {"slai": "mean_batch_s", "mcsf": "_est"}.get(policy)
+    runs = {}
+    for kernel in ("auto", "core"):
+        for promise in (True, False):
+            pol = _counting(policy, promise)
+            res = simulate(tr, pol, cost, cfg, kernel=kernel)
+            runs[kernel, promise] = (res, pol)
+    (fast, pf), (core, pc) = runs["auto", True], runs["core", True]
+    assert (fast.counters["kernel"], core.counters["kernel"]) == ("fast", "core")
+    for kernel in ("auto", "core"):
+        (a, pa), (b, pb) = runs[kernel, True], runs[kernel, False]
+        _same_runs(a, b)
+        assert a.num_calls == b.num_calls  # each step is still one host call
+        assert state is None or getattr(pa, state) == getattr(pb, state)
+        # at light load most plans are taken as promised (WAIT's admission gating holds its
+        # lone arrivals until the flush timer, with their prefills running beside: fewer)
+        few = load == "light" and policy != "wait:admission"
+        assert pa.plans < (0.8 if few else 1.0) * pb.plans
+    _same_runs(fast, core)
+    assert pf.plans == pc.plans  # the same promises kept on both hosts
+    assert state is None or getattr(pf, state) == getattr(pc, state)
+    if load == "tight-kv" and policy == "slai":  # SLAI preempts here (MC-SF's check does not)
+        assert fast.counters["preemptions_total"] > 0
+
+
 def test_every_request_gets_exactly_output_len_tokens() -> None:
     tr = poisson_trace(200, 20.0, seed=5)
     res = simulate(
