@@ -124,7 +124,7 @@ def _counting(policy: str, promise: bool):
 
 
 @pytest.mark.parametrize("load", sorted(_FF_LOADS))
-@pytest.mark.parametrize("policy", ["slai", "mcsf", "wait", "wait:admission"])
+@pytest.mark.parametrize("policy", ["slai", "mcsf", "wait", "wait:admission", "orca", "vllm-v0"])
 def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> None:
     # Plan.then_steady: after an admission or a finish with nothing left waiting and all
     # decoding, both hosts run the every-decode plan the policy promised without asking for
