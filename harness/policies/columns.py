@@ -171,7 +171,8 @@ class ColumnPlan:
 
 
 # The plan a ``then_steady`` promise stands for: every running request decodes one token, in
-# running order (their blocks fit, so the order cannot matter), steady, and promising again.
+# running order (their blocks fit, so the order cannot matter), steady, and promising again
+# (shared by the hosts, never written).
 EVERY_DECODE = ColumnPlan(None, 1, steady=True, then_steady=True)
 
 
