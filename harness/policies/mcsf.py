@@ -265,10 +265,9 @@ class MCSFPolicy(ColumnPolicy):
         steady = not cv.num_waiting and n > 0 and rc.num_prefilling == 0 and n <= cv.token_budget
         # Plan.then_steady: once nothing waits and all decode, the plan is `steady`'s, unless
         # an estimate is raised first (REC a): so only while no running or admitted estimate
-        # is below its max_tokens (reached only by finishing), and they fit the budget
+        # is below its max_tokens (reached only by finishing); the host checks the budget
         then = (
             cv.num_waiting == len(admit)  # else the host would not keep it: no check
-            and n + len(admit) <= cv.token_budget
             and not short
             and not (n and planops.keyed_reached(rc.max_tokens - 1, rc.key, self._est_k))
         )

@@ -69,11 +69,10 @@ class OrcaPolicy(ColumnPolicy):
         # preemption takes victims from (decodes last in priority, so first victims).
         n_decoding = len(rc) - len(prefilling)
         granted = min(n_decoding, max(budget, 0))
-        # once nothing waits and all decode, every decode runs while they fit the budget:
-        # Plan.then_steady (the plan above, steady; it holds no state)
-        then = len(rc) + len(admit) <= cv.token_budget
+        # once nothing waits and all decode (within the budget: the host checks), every decode
+        # runs: Plan.then_steady (the plan above, steady; it holds no state)
         if not len(prefilling) and granted == n_decoding:
-            return ColumnPlan(None, 1, admit, steady=not admit, then_steady=then)
+            return ColumnPlan(None, 1, admit, steady=not admit, then_steady=True)
         decoding = rc.decoding()
         dec_tok = np.zeros(n_decoding, np.int64)
         dec_tok[:granted] = 1
@@ -81,5 +80,5 @@ class OrcaPolicy(ColumnPolicy):
             np.concatenate((prefilling, decoding)),
             np.concatenate((np.array(pre_tok, np.int64), dec_tok)),
             admit,
-            then_steady=then,
+            then_steady=True,
         )

@@ -52,21 +52,20 @@ class VLLMV0Policy(ColumnPolicy):
             free = max(0, cv.kv.free_blocks - reserve)
             # v0's block manager allocates a prompt's blocks whole at admission (full_kv)
             admit = admit_head(cv, budget, free_blocks=free, whole=True, full_kv=True)
-        # once nothing waits and all decode, the decode-only step runs them all while they fit
-        # the budget: Plan.then_steady (that plan, steady; it holds no state)
-        then = len(rc) + len(admit) <= cv.token_budget
+        # once nothing waits and all decode (within the budget: the host checks), the
+        # decode-only step runs them all: Plan.then_steady (that plan, steady; no state kept)
         if len(run) or admit:
             # decodes listed with 0 tokens: they stay KV victims for an oversize prompt's next
             # chunk, which would otherwise evict itself, re-enter and livelock (issue 13)
             if not len(run):
-                return ColumnPlan(decoding, 0, admit, then_steady=then)
+                return ColumnPlan(decoding, 0, admit, then_steady=True)
             return ColumnPlan(
                 np.concatenate((run, decoding)),
                 np.concatenate((run_tok, np.zeros(len(decoding), np.int64))),
                 admit,
-                then_steady=then,
+                then_steady=True,
             )
         k = min(len(decoding), cv.token_budget)
         if k == len(rc):
-            return ColumnPlan(None, 1, steady=True, then_steady=then)
-        return ColumnPlan(decoding[:k], 1, then_steady=then)
+            return ColumnPlan(None, 1, steady=True, then_steady=True)
+        return ColumnPlan(decoding[:k], 1, then_steady=True)

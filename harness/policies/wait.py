@@ -171,7 +171,8 @@ def threshold_plan(
     ``in_running_order``: ``decodes`` are listed in running order (RunningColumns.decoding);
     when they are every running request the plan says so (order None: the host's
     all-decode path needs no check that the order lists each request once). ``then_steady``
-    (base.Plan), kept only while the requests after this step fit the budget and the cap."""
+    (base.Plan), kept only while the requests after this step fit the cap (the host checks
+    the budget)."""
     admit = admit[: max(0, cv.max_num_seqs - len(cv.running))]
     order, tokens = decodes, 1
     if len(partial):
@@ -185,9 +186,8 @@ def threshold_plan(
         steady = then_steady = False
     elif in_running_order and not len(partial) and len(order) == len(cv.running):
         order = None
-    if then_steady:
-        after = len(cv.running) + len(admit)
-        then_steady = after <= cv.token_budget and (step_cap is None or after <= step_cap)
+    if then_steady and step_cap is not None:
+        then_steady = len(cv.running) + len(admit) <= step_cap
     return ColumnPlan(
         order,
         tokens,
