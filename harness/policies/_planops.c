@@ -12,6 +12,8 @@
  *   stage_groups    whether every stage group is within its segment's n_i, and whether the
  *                   groups still fit the quotas of the segments they reach before the next
  *                   finish (Nested WAIT, seed-wait.md §4.3);
+ *   stage_groups_hold  whether they keep within them until each group empties, all
+ *                   decoding together (Nested WAIT's then_steady promise);
  *   segment_blocks  the KV blocks every running request holds at the end of its current
  *                   segment (Nested WAIT's memory guard, seed-wait.md §9 #12);
  *   keyed_reached   how many running requests reached a per-key bound (MC-SF: output
@@ -278,24 +280,105 @@ out:
     return ret;
 }
 
-/* stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> 0 | 1 | 3:
- * whether every group of the requests at `positions` (None: all) at the same stage k =
- * output has at most limit[min(k, len(limit) - 1)] members (1; 0 if not). With `ahead`, 3
- * when moreover each group's count is at most min_n[s(k), s(k + h - 1)], s(x) =
- * segment[min(x, len(segment) - 1)], h the fewest tokens any of them has left
- * (max_tokens - output), at least 1 (a ValueError otherwise: a finished request among them);
- * min_n is m x m, m = its row count. */
+/* A member of a stage group: its stage and the tokens it has left (this step's included). */
+typedef struct {
+    int64_t k, r;
+} member;
+
+/* By stage, then the most tokens left first. */
+static int member_cmp(const void *a, const void *b) {
+    const member *x = (const member *)a, *y = (const member *)b;
+    if (x->k != y->k)
+        return x->k < y->k ? -1 : 1;
+    return x->r > y->r ? -1 : (x->r < y->r ? 1 : 0);
+}
+
+/* The segments' quotas: seg (S stages, each one's segment in [0, m)) and min_n (m x m). */
+typedef struct {
+    const int64_t *seg, *mn;
+    Py_ssize_t S, m;
+} quotas;
+
+/* s(x) = seg[min(x, S - 1)] */
+static int64_t seg_of(const quotas *q, int64_t x) { return q->seg[x < q->S ? x : q->S - 1]; }
+
+/* Does a group's j-th longest member fit the quotas of the stages it reaches after this
+ * step, k+1 .. k+r-1 (min_n[s(k+1), s(k+r-1)] >= j)? */
+static int member_fits(const member *e, int64_t j, const quotas *q) {
+    if (e->r < 2)
+        return 1; /* finishes this step */
+    int64_t lo = e->k < q->S ? e->k + 1 : q->S; /* saturates past the last stage */
+    int64_t hi = e->r - 1 > INT64_MAX - e->k ? INT64_MAX : e->k + e->r - 1;
+    return j <= q->mn[seg_of(q, lo) * q->m + seg_of(q, hi)];
+}
+
+/* Whether the groups of `all` (N members, `t` their stages' final counts) keep within the
+ * quotas of every stage they reach, all decoding together (see stage_groups_hold). A
+ * singleton is checked as it is met; the members of larger groups are moved to the front of
+ * `all` and sorted. Recounts into `t` (its counts are spent). */
+static int groups_hold(member *all, Py_ssize_t N, tally *t, const quotas *q) {
+    Py_ssize_t B = 0;
+    for (Py_ssize_t i = 0; i < N; i++) {
+        if (tally_add(t, all[i].k) == 2) { /* counted again: the group had one member */
+            if (!member_fits(&all[i], 1, q))
+                return 0;
+        } else {
+            all[B++] = all[i];
+        }
+    }
+    qsort(all, (size_t)B, sizeof(member), member_cmp);
+    int64_t j = 0;
+    for (Py_ssize_t i = 0; i < B; i++) {
+        j = (i > 0 && all[i].k == all[i - 1].k) ? j + 1 : 1;
+        if (!member_fits(&all[i], j, q))
+            return 0;
+    }
+    return 1;
+}
+
+/* The segment table and min_n of `bs`, `bn` (checked: every segment in [0, m)). */
+static int get_quotas(Py_buffer *bs, Py_buffer *bn, quotas *q, const char *fn) {
+    q->seg = (const int64_t *)bs->buf;
+    q->mn = (const int64_t *)bn->buf;
+    q->S = bs->len / 8;
+    q->m = bn->ndim == 2 ? bn->shape[0] : 0;
+    if (q->S == 0 || q->m * q->m != bn->len / 8) {
+        PyErr_Format(PyExc_ValueError, "%s(): array shapes do not match", fn);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < q->S; i++) {
+        if (q->seg[i] < 0 || q->seg[i] >= q->m) {
+            PyErr_Format(PyExc_ValueError, "%s(): segment out of range", fn);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Members on the stack up to this many, else on the heap. */
+#define STACK_MEMBERS 512
+
+/* stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> bits:
+ * 1 when every group of the requests at `positions` (None: all) at the same stage k =
+ * output has at most limit[min(k, len(limit) - 1)] members (else 0, and nothing more).
+ * `ahead` asks for more (its bits): 1, the steady check, bit 2 of the answer when each
+ * group's count is at most min_n[s(k), s(k + h - 1)], s(x) = segment[min(x, len(segment) - 1)],
+ * h the fewest tokens any of them has left (max_tokens - output); 2, the promise's check,
+ * bit 4 when the groups hold until they empty (stage_groups_hold with nobody entering). A
+ * request with no token left among groups within their limits is a ValueError when `ahead`
+ * asks for either; min_n is m x m. */
 static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 7, "stage_groups") < 0)
         return NULL;
-    int ahead = PyObject_IsTrue(args[6]);
-    if (ahead < 0)
+    long ahead = PyLong_AsLong(args[6]);
+    if (ahead == -1 && PyErr_Occurred())
         return NULL;
     bufs s = {.n = 0};
     PyObject *ret = NULL;
     tally t;
     t.heap = NULL;
+    member stack[STACK_MEMBERS], *all = stack, *heap = NULL;
     Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
     Py_buffer *bm = bo ? take(&s, args[1], 'i', "max_tokens", 0) : NULL;
     Py_buffer *bl = bm ? take(&s, args[3], 'i', "limit", 0) : NULL;
@@ -303,23 +386,24 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_buffer *bn = bs ? take(&s, args[5], 'i', "min_n", 0) : NULL;
     if (bn == NULL)
         goto out;
-    Py_ssize_t R = bo->len / 8, L = bl->len / 8, S = bs->len / 8, mm = bn->len / 8;
-    Py_ssize_t m = bn->ndim == 2 ? bn->shape[0] : 0;
-    if (bm->len != bo->len || L == 0 || S == 0 || m * m != mm) {
+    Py_ssize_t R = bo->len / 8, L = bl->len / 8;
+    quotas q;
+    if (bm->len != bo->len || L == 0) {
         PyErr_SetString(PyExc_ValueError, "stage_groups(): array shapes do not match");
         goto out;
     }
+    if (get_quotas(bs, bn, &q, "stage_groups") < 0)
+        goto out;
     positions ps;
     if (get_positions(&s, args[2], R, &ps, "stage_groups") < 0)
         goto out;
     const int64_t *out_ = (const int64_t *)bo->buf, *mx = (const int64_t *)bm->buf;
-    const int64_t *lim = (const int64_t *)bl->buf, *seg = (const int64_t *)bs->buf;
-    const int64_t *mn = (const int64_t *)bn->buf;
-    for (Py_ssize_t i = 0; i < S; i++) {
-        if (seg[i] < 0 || seg[i] >= m) {
-            PyErr_SetString(PyExc_ValueError, "stage_groups(): segment out of range");
-            goto out;
-        }
+    const int64_t *lim = (const int64_t *)bl->buf;
+    int hold = (ahead & 2) != 0;
+    if (hold && ps.len > STACK_MEMBERS &&
+        (all = heap = (member *)malloc(ps.len * sizeof(member))) == NULL) {
+        PyErr_NoMemory();
+        goto out;
     }
     int64_t h = INT64_MAX;
     for (Py_ssize_t i = 0; i < ps.len; i++) {
@@ -330,6 +414,8 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         if (mx[p] - out_[p] < h)
             h = mx[p] - out_[p];
+        if (hold)
+            all[i] = (member){out_[p], mx[p] - out_[p]};
     }
     if (tally_init(&t, ps.len) < 0)
         goto out;
@@ -342,20 +428,87 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "stage_groups(): a request has no token left");
         goto out;
     }
-    if (ok && ahead) {
+    if (ok && (ahead & 1)) {
         int fits = 1;
         for (uint64_t i = 0; i <= t.mask && fits; i++) {
             int64_t k = t.key[i];
             if (k < 0)
                 continue;
             int64_t hi = h - 1 > INT64_MAX - k ? INT64_MAX : k + h - 1; /* h >= 1: hi >= k */
-            int64_t lo_s = seg[k < S ? k : S - 1], hi_s = seg[hi < S ? hi : S - 1];
-            fits = t.cnt[i] <= mn[lo_s * m + hi_s];
+            fits = t.cnt[i] <= q.mn[seg_of(&q, k) * q.m + seg_of(&q, hi)];
         }
-        ok = fits ? 3 : 1;
+        ok |= fits ? 2 : 0;
     }
+    if (ok && hold && groups_hold(all, ps.len, &t, &q))
+        ok |= 4;
     ret = PyLong_FromLong(ok);
 out:
+    free(heap);
+    tally_free(&t);
+    release_all(&s);
+    return ret;
+}
+
+/* stage_groups_hold(output, max_tokens, positions, entering, segment, min_n) -> bool:
+ * whether the groups of the requests at `positions` (None: all) at the same stage k = output,
+ * with r = max_tokens - output tokens left (at least 1: a ValueError otherwise), and of the
+ * requests entering at stage 0 (`entering`: their max_tokens), keep within the quotas of
+ * every stage they reach while all decode together: each group's j-th longest member has
+ * min_n[s(k+1), s(k+r-1)] >= j. */
+static PyObject *stage_groups_hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 6, "stage_groups_hold") < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    tally t;
+    t.heap = NULL;
+    member stack[STACK_MEMBERS], *all = stack, *heap = NULL;
+    Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
+    Py_buffer *bm = bo ? take(&s, args[1], 'i', "max_tokens", 0) : NULL;
+    Py_buffer *be = bm ? take(&s, args[3], 'i', "entering", 0) : NULL;
+    Py_buffer *bs = be ? take(&s, args[4], 'i', "segment", 0) : NULL;
+    Py_buffer *bn = bs ? take(&s, args[5], 'i', "min_n", 0) : NULL;
+    if (bn == NULL)
+        goto out;
+    Py_ssize_t R = bo->len / 8, E = be->len / 8;
+    quotas q;
+    if (bm->len != bo->len) {
+        PyErr_SetString(PyExc_ValueError, "stage_groups_hold(): array shapes do not match");
+        goto out;
+    }
+    if (get_quotas(bs, bn, &q, "stage_groups_hold") < 0)
+        goto out;
+    positions ps;
+    if (get_positions(&s, args[2], R, &ps, "stage_groups_hold") < 0)
+        goto out;
+    const int64_t *out_ = (const int64_t *)bo->buf, *mx = (const int64_t *)bm->buf;
+    const int64_t *ent = (const int64_t *)be->buf;
+    Py_ssize_t N = ps.len + E;
+    if (N > STACK_MEMBERS && (all = heap = (member *)malloc(N * sizeof(member))) == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < N; i++) {
+        int64_t p = i < ps.len ? AT(&ps, i) : -1;
+        member e = p >= 0 ? (member){out_[p], mx[p] - out_[p]} : (member){0, ent[i - ps.len]};
+        if (e.k < 0) {
+            PyErr_SetString(PyExc_ValueError, "stage_groups_hold(): negative stage");
+            goto out;
+        }
+        if (e.r < 1) {
+            PyErr_SetString(PyExc_ValueError, "stage_groups_hold(): a request has no token left");
+            goto out;
+        }
+        all[i] = e;
+    }
+    if (tally_init(&t, N) < 0)
+        goto out;
+    for (Py_ssize_t i = 0; i < N; i++)
+        tally_add(&t, all[i].k);
+    ret = PyBool_FromLong(groups_hold(all, N, &t, &q));
+out:
+    free(heap);
     tally_free(&t);
     release_all(&s);
     return ret;
@@ -486,8 +639,12 @@ static PyMethodDef methods[] = {
      "type_stages(output, key, positions, type_of_key, quota) -> 1 | 0 | -1: every (type, "
      "stage) group within its type's quota; -1: a type not known yet."},
     {"stage_groups", (PyCFunction)(void (*)(void))stage_groups, METH_FASTCALL,
-     "stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> 0 | 1 | 3: "
-     "every stage group within its limit; 3: and within the quotas ahead."},
+     "stage_groups(output, max_tokens, positions, limit, segment, min_n, ahead) -> bits: "
+     "1 every stage group within its limit; 2 and within the quotas ahead (ahead & 1); 4 and "
+     "they hold until they empty (ahead & 2)."},
+    {"stage_groups_hold", (PyCFunction)(void (*)(void))stage_groups_hold, METH_FASTCALL,
+     "stage_groups_hold(output, max_tokens, positions, entering, segment, min_n) -> bool: "
+     "the stage groups keep within the quotas of every stage they reach."},
     {"segment_blocks", (PyCFunction)(void (*)(void))segment_blocks, METH_FASTCALL,
      "segment_blocks(prompt, output, segment, edge, block) -> blocks held at the end of "
      "each request's current segment."},

@@ -27,7 +27,9 @@ Decisions on the spec's ambiguities (seed-wait.md §9):
   counts every request holding KV, paused ones included.
 * #14 FIFO by arrival inside every queue. #17 end of run and ``on_idle``: as in WAIT
   (``trace_end_s``, ``flush_after_s``; ``on_idle="wait"`` is the paper, ``"flush"`` never stalls).
-* The policy never reads ``predicted_output_len`` or ``max_tokens`` (non-predictive, §1.2).
+* The policy never reads ``predicted_output_len``, nor ``max_tokens`` for a decision
+  (non-predictive, §1.2): only to say how long a plan repeats (``steady``, ``then_steady``:
+  speed hints for the simulator that change no plan).
 """
 
 from __future__ import annotations
@@ -192,7 +194,10 @@ class NestedWaitPolicy(ThresholdFlushing):
         order, as in WAIT's flush. None otherwise: the stage groups decide."""
         rc = cv.running
         # stages past the last edge have the last segment's n (_n_stage's last entry); steady
-        # (nothing waiting, no prefill) also needs the groups to fit the segments ahead
+        # (nothing waiting, no prefill) also needs the groups to fit the segments ahead, and
+        # then_steady (no prefill: all decode) to fit them until they empty
+        steady_asks = not len(self._wq) and not len(partial)
+        promise_asks = self.on_idle == "flush" and not len(partial)
         within = planops.stage_groups(
             rc.output,
             rc.max_tokens,
@@ -200,11 +205,12 @@ class NestedWaitPolicy(ThresholdFlushing):
             self._n_stage,
             self._seg_a,
             self._min_n,
-            not len(self._wq) and not len(partial),
+            steady_asks | promise_asks << 1,
         )
         if not within or not runs_whole(cv, decoding, partial):
             return None
-        return self._admitting(cv, decoding, partial, 1, self.thresholds, within == 3, True)
+        held = bool(within & 4)
+        return self._admitting(cv, decoding, partial, 1, self.thresholds, within & 2, True, held)
 
     def _admitting(
         self,
@@ -215,10 +221,11 @@ class NestedWaitPolicy(ThresholdFlushing):
         quota: list[int],
         steady: bool,
         in_running_order: bool = False,
+        held: bool | None = None,
     ) -> ColumnPlan:
         """The plan: ``runs``, the partial prefills, then segment 1's entrants (oldest first,
         its entry quota, when segment 1 is ``active``) within the memory guard
-        (``in_running_order``: as threshold_plan's)."""
+        (``in_running_order``: as threshold_plan's; ``held``: :meth:`_then_steady`'s)."""
         cands = self._wq.head(quota[0]) if active >= 1 else []
         if self.step_cap is not None:  # runs first (threshold_plan cuts them)
             ran = min(len(runs) + len(partial), self.step_cap)
@@ -234,8 +241,53 @@ class NestedWaitPolicy(ThresholdFlushing):
             cv,
             cands,
             self.step_cap,
-            steady=steady,
+            steady=bool(steady),
             in_running_order=in_running_order,
+            then_steady=self._then_steady(cv, runs, partial, cands, held),
+        )
+
+    def _then_steady(
+        self,
+        cv: ColumnView,
+        runs: np.ndarray,
+        partial: np.ndarray,
+        admits: list[RequestView],
+        held: bool | None,
+    ) -> bool:
+        """Plan.then_steady: once nothing waits, the plan is the flush (``on_idle``) of every
+        decode, steady, while every stage group is within its segment's ``n_i`` (the prefix
+        rule then activates every segment with work, §4.3). It is at every later step when
+        every running request decodes now and the groups after this step, admissions at
+        stage 1 included, keep within the quotas of each segment they reach until they empty
+        (:func:`planops.stage_groups_hold`; groups only shrink as their members finish). Not
+        with a partial prefill (finishing, it would join stage 1), a recompute admission (its
+        stage is its outputs'), ``seg_caps`` (quotas that move with the counts) or a
+        ``step_cap`` (whose plans this policy never calls steady). The
+        horizon reads ``max_tokens``: a speed hint, like ``steady``'s, that changes no plan.
+
+        ``held``: whether the running groups hold (:meth:`_every_decode` asks
+        ``stage_groups`` on its pass), None if not known. The admissions are then a group of
+        their own (every running request decodes, so none is at stage 0 now or at stage 1
+        after this step), and a lone one always holds: every ``n_i`` is at least 1."""
+        if (
+            self.on_idle != "flush"
+            or self.seg_caps is not None
+            or self.step_cap is not None  # its plans are never steady (_plan)
+            or len(partial)
+            or len(runs) != len(cv.running)
+            or len(admits) != cv.num_waiting  # some left waiting: the host would ask again
+            or held is False
+        ):
+            return False
+        if any(r.num_output_tokens for r in admits):
+            return False
+        rc = cv.running
+        if held is None:
+            return planops.stage_groups_hold(
+                rc.output, rc.max_tokens, None, _max_tokens(admits), self._seg_a, self._min_n
+            )
+        return len(admits) < 2 or planops.stage_groups_hold(
+            _NONE_ENTER, _NONE_ENTER, None, _max_tokens(admits), self._seg_a, self._min_n
         )
 
     def _counts_fit_ahead(self, counts: np.ndarray, horizon: int) -> bool:
@@ -282,6 +334,13 @@ class NestedWaitPolicy(ThresholdFlushing):
             "step_cap": self.step_cap,
             "seg_caps": self.seg_caps,
         }
+
+
+_NONE_ENTER = np.zeros(0, dtype=np.int64)  # no admission (shared, never written)
+
+
+def _max_tokens(requests: list[RequestView]) -> np.ndarray:
+    return np.array([r.max_tokens for r in requests], dtype=np.int64)
 
 
 # Up to this many decodes, the stage groups are built in scalars: a group is a handful of

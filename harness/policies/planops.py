@@ -28,6 +28,9 @@ HAVE_C = _planops is not None
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_PLANS") != "1"
 
 
+_NONE = np.zeros(0, dtype=np.int64)  # nobody entering (shared, never written)
+
+
 def _at(column: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
     return column if positions is None else column[positions]
 
@@ -93,17 +96,20 @@ def stage_groups_py(
     limit: np.ndarray,
     segment: np.ndarray,
     min_n: np.ndarray,
-    ahead: bool,
+    ahead: int,
 ) -> int:
-    """Nested WAIT's stage groups (seed-wait.md §4.3): 1 when every group of the requests at
-    ``positions`` at the same stage k has at most ``limit[min(k, len(limit) - 1)]`` members
-    (its segment's n_i), else 0; with ``ahead``, 3 when moreover each group also fits
-    ``min_n[s(k), s(k + h - 1)]`` (the smallest n of the segments it reaches in the next h
-    steps), s(x) = ``segment[min(x, len(segment) - 1)]``, h the fewest tokens any of them has
-    left (at least 1: a ValueError otherwise): the quotas hold until the next finish."""
+    """Nested WAIT's stage groups (seed-wait.md §4.3), as bits: 1 when every group of the
+    requests at ``positions`` at the same stage k has at most ``limit[min(k, len(limit) - 1)]``
+    members (its segment's n_i), else 0 and nothing more. ``ahead`` asks for more (its
+    bits): 1, bit 2 when each group also fits ``min_n[s(k), s(k + h - 1)]`` (the smallest n of
+    the segments it reaches in the next h steps), s(x) = ``segment[min(x, len(segment) -
+    1)]``, h the fewest tokens any of them has left: the quotas hold until the next finish
+    (the steady check); 2, bit 4 when the groups hold until they empty
+    (:func:`stage_groups_hold_py` with nobody entering: the promise's check). A request with
+    no token left, among groups within their limits, is a ValueError when ``ahead`` asks."""
     stages = _at(output, positions)
     if not len(stages):
-        return 3 if ahead else 1
+        return 1 | (2 if ahead & 1 else 0) | (4 if ahead & 2 else 0)
     counts = np.bincount(stages)
     lim = limit[np.minimum(np.arange(len(counts)), len(limit) - 1)]
     if (counts > lim).any():
@@ -113,7 +119,12 @@ def stage_groups_py(
     h = int((_at(max_tokens, positions) - stages).min())
     if h < 1:
         raise ValueError("stage_groups(): a request has no token left")
-    return 3 if counts_fit_ahead(counts, h, segment, min_n) else 1
+    bits = 1
+    if ahead & 1 and counts_fit_ahead(counts, h, segment, min_n):
+        bits |= 2
+    if ahead & 2 and stage_groups_hold_py(output, max_tokens, positions, _NONE, segment, min_n):
+        bits |= 4
+    return bits
 
 
 def counts_fit_ahead(counts: np.ndarray, h: int, segment: np.ndarray, min_n: np.ndarray) -> bool:
@@ -124,6 +135,39 @@ def counts_fit_ahead(counts: np.ndarray, h: int, segment: np.ndarray, min_n: np.
     last = len(segment) - 1
     lo, hi = segment[np.minimum(ks, last)], segment[np.minimum(ks + h - 1, last)]
     return bool((counts[ks] <= min_n[lo, hi]).all())
+
+
+def stage_groups_hold_py(
+    output: np.ndarray,
+    max_tokens: np.ndarray,
+    positions: np.ndarray | None,
+    entering: np.ndarray,
+    segment: np.ndarray,
+    min_n: np.ndarray,
+) -> bool:
+    """Whether Nested WAIT's stage groups keep within their segments' quotas at every later
+    step while every request decodes one token a step and none joins (seed-wait.md §4.3; its
+    ``then_steady`` promise). The requests at ``positions`` run this step at stage k =
+    ``output`` with r = ``max_tokens - output`` tokens left (this step's included; at least 1:
+    a ValueError otherwise); ``entering`` holds the ``max_tokens`` of those admitted this step
+    (stage 0, their prefill emits the first token). Groups advance together and only shrink,
+    so a group's j-th longest member (r_j tokens left) is in it at stages k+1 .. k+r_j-1 and
+    needs ``min_n[s(k+1), s(k+r_j-1)] >= j``, s(x) = ``segment[min(x, len(segment) - 1)]``."""
+    k = np.concatenate((_at(output, positions), np.zeros(len(entering), dtype=np.int64)))
+    r = np.concatenate((_at(max_tokens, positions) - _at(output, positions), entering))
+    if len(r) and r.min() < 1:
+        raise ValueError("stage_groups_hold(): a request has no token left")
+    order = np.lexsort((-r, k))  # by stage, the longest left first
+    k, r = k[order], r[order]
+    idx = np.arange(len(k))
+    new = np.ones(len(k), dtype=bool)
+    new[1:] = k[1:] != k[:-1]
+    j = idx - np.maximum.accumulate(idx * new) + 1  # rank in its group, from 1
+    later = r >= 2  # still running at the next step
+    last = len(segment) - 1
+    lo = segment[np.minimum(k[later] + 1, last)]
+    hi = segment[np.minimum(k[later] + r[later] - 1, last)]
+    return bool((j[later] <= min_n[lo, hi]).all())
 
 
 def segment_blocks_py(
@@ -151,6 +195,7 @@ if USE_C:
     deadlines = _planops.deadlines  # type: ignore[union-attr]
     type_stages = _planops.type_stages  # type: ignore[union-attr]
     stage_groups = _planops.stage_groups  # type: ignore[union-attr]
+    stage_groups_hold = _planops.stage_groups_hold  # type: ignore[union-attr]
     segment_blocks = _planops.segment_blocks  # type: ignore[union-attr]
     keyed_reached = _planops.keyed_reached  # type: ignore[union-attr]
     keyed_sum = _planops.keyed_sum  # type: ignore[union-attr]
@@ -158,6 +203,7 @@ else:
     deadlines = deadlines_py
     type_stages = type_stages_py
     stage_groups = stage_groups_py
+    stage_groups_hold = stage_groups_hold_py
     segment_blocks = segment_blocks_py
     keyed_reached = keyed_reached_py
     keyed_sum = keyed_sum_py

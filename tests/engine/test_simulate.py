@@ -103,12 +103,19 @@ def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict
     _same_runs(a, b)
 
 
+# policies under test by name, and variants: WAIT with the authors' admission gating; Nested
+# WAIT with short segments whose quotas fall to 1, so groups outgrow them (refused promises)
+_VARIANTS = {
+    "wait:admission": ("wait", {"gating": "admission"}),
+    "nested-wait:short": ("nested-wait", {"edges": [8, 16, 64], "thresholds": [6, 3, 1]}),
+}
+
+
 def _counting(policy: str, promise: bool):
-    """``policy`` counting the plans it is asked for, with or without its ``then_steady``
-    promises (its own plan_columns, wrapped on the instance); ``wait:admission`` is WAIT with
-    the authors' admission gating."""
-    name, _, variant = policy.partition(":")
-    pol = make_policy(name, **({"gating": variant} if variant else {}))
+    """``policy`` (a name or a ``_VARIANTS`` key) counting the plans it is asked for, with or
+    without its ``then_steady`` promises (its own plan_columns, wrapped on the instance)."""
+    name, params = _VARIANTS.get(policy, (policy, {}))
+    pol = make_policy(name, **params)
     inner = pol.plan_columns
     pol.plans = 0
 
@@ -123,8 +130,11 @@ def _counting(policy: str, promise: bool):
     return pol
 
 
+_PROMISING = ["slai", "mcsf", "wait", "wait:admission", "nested-wait", "nested-wait:short"]
+
+
 @pytest.mark.parametrize("load", sorted(_FF_LOADS))
-@pytest.mark.parametrize("policy", ["slai", "mcsf", "wait", "wait:admission", "orca", "vllm-v0"])
+@pytest.mark.parametrize("policy", [*_PROMISING, "orca", "vllm-v0"])
 def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> None:
     # Plan.then_steady: after an admission or a finish with nothing left waiting and all
     # decoding, both hosts run the every-decode plan the policy promised without asking for

@@ -1,13 +1,13 @@
 """The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
 
-:mod:`harness.policies.planops` defines six passes in numpy (SLAI's Eq. 8 deadlines with
-their per-key cache, WAIT's (type, stage) quota check, Nested WAIT's stage groups and its
-memory guard's blocks, MC-SF's reached estimates and sum of peaks by key) and runs them in
-C where the optional extension ``harness.policies._planops`` was built. Here each C function
-meets its numpy definition on random columns (return values, and every array the pass
-writes); whole simulations of the policies that use them give the same token times and
-counters with either set; the environment variable selects them; and the C code refuses bad
-input without writing.
+:mod:`harness.policies.planops` defines seven passes in numpy (SLAI's Eq. 8 deadlines with
+their per-key cache, WAIT's (type, stage) quota check, Nested WAIT's stage groups, whether
+they hold until they empty, and its memory guard's blocks, MC-SF's reached estimates and sum
+of peaks by key) and runs them in C where the optional extension ``harness.policies._planops``
+was built. Here each C function meets its numpy definition on random columns (return values,
+and every array the pass writes); whole simulations of the policies that use them give the
+same token times and counters with either set; the environment variable selects them; and
+the C code refuses bad input without writing.
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ pytestmark = [
     ),
 ]
 
+_NONE = np.zeros(0, dtype=np.int64)
+
 PASSES = (
     "deadlines",
     "type_stages",
     "stage_groups",
+    "stage_groups_hold",
     "segment_blocks",
     "keyed_reached",
     "keyed_sum",
@@ -106,8 +109,8 @@ def test_type_stages_matches_the_numpy_pass(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(60))
-@pytest.mark.parametrize("ahead", [False, True])
-def test_stage_groups_match_the_numpy_pass(seed: int, ahead: bool) -> None:
+@pytest.mark.parametrize("ahead", [0, 1, 2, 3])
+def test_stage_groups_match_the_numpy_pass(seed: int, ahead: int) -> None:
     rng = np.random.default_rng(seed)
     pol = NestedWaitPolicy(
         edges=(10, 30, 60) if seed % 2 else (100, 200, 400, 800),
@@ -120,7 +123,60 @@ def test_stage_groups_match_the_numpy_pass(seed: int, ahead: bool) -> None:
     args = (output, max_tokens, pos, pol._n_stage, pol._seg_a, pol._min_n, ahead)
     got = _c("stage_groups")(*args)
     assert got == _py("stage_groups")(*args)
-    assert got in ((0, 1, 3) if ahead else (0, 1))
+    assert got in (0, 1) or (got & 2 and ahead & 1) or (got & 4 and ahead & 2)
+    if got and ahead & 2:  # the promise's bit is stage_groups_hold's answer
+        hold = _c("stage_groups_hold")(output, max_tokens, pos, _NONE, pol._seg_a, pol._min_n)
+        assert bool(got & 4) is hold
+
+
+def _groups_hold_stepwise(output, max_tokens, pos, entering, pol: NestedWaitPolicy) -> bool:
+    """The promise's condition by brute force: step the groups one token at a time (all
+    decode, finished ones leave) and count each stage's members against its n_i."""
+    k = np.r_[output if pos is None else output[pos], np.zeros(len(entering), np.int64)]
+    left = np.r_[(max_tokens - output) if pos is None else (max_tokens - output)[pos], entering]
+    while True:
+        k, left = k + 1, left - 1
+        alive = left > 0
+        k, left = k[alive], left[alive]
+        if not len(k):
+            return True
+        stages, counts = np.unique(k, return_counts=True)
+        if (counts > [pol.thresholds[pol.segment_of(int(x))] for x in stages]).any():
+            return False
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_stage_groups_hold_match_the_numpy_pass_and_stepping(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pol = NestedWaitPolicy(
+        edges=(10, 30, 60) if seed % 2 else (100, 200, 400, 800),
+        thresholds=(4, 2, 1) if seed % 2 else (8, 4, 2, 1),
+    )
+    R = int(rng.integers(0, 40))
+    # few stages make groups; some past the last edge; some finishing this step (1 left)
+    output = rng.integers(0, 6 if seed % 3 else 900, R).astype(np.int64)
+    max_tokens = output + rng.integers(1, 90 if seed % 5 else 3, R)
+    pos = _positions(rng, R)
+    entering = rng.integers(1, 90, int(rng.integers(0, 6))).astype(np.int64)
+    args = (output, max_tokens, pos, entering, pol._seg_a, pol._min_n)
+    got = _c("stage_groups_hold")(*args)
+    assert got is _py("stage_groups_hold")(*args)
+    assert got is _groups_hold_stepwise(output, max_tokens, pos, entering, pol)
+
+
+def test_stage_groups_hold_answers_both_ways() -> None:
+    # the random cases above are not all one answer
+    pol = NestedWaitPolicy(edges=(10, 30, 60), thresholds=(4, 2, 1))
+    out, none = np.array([5, 5], dtype=np.int64), np.zeros(0, dtype=np.int64)
+    hold = _c("stage_groups_hold")
+    # two at stage 5: in segment 1 (n=4) up to stage 9, segment 2 (n=2) up to 29, then n=1
+    assert hold(out, np.array([30, 40], dtype=np.int64), None, none, pol._seg_a, pol._min_n)
+    assert not hold(out, np.array([32, 40], dtype=np.int64), None, none, pol._seg_a, pol._min_n)
+    # three entering at stage 0: the third outgrows segment 2's n=2 at stage 10 unless it
+    # finishes first (10 tokens: stages 1..9); the second, segment 3's n=1 at stage 30
+    three = np.array([10, 20, 40], dtype=np.int64)
+    assert hold(none, none, None, three, pol._seg_a, pol._min_n)
+    assert not hold(none, none, None, three + 1, pol._seg_a, pol._min_n)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -216,7 +272,7 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:
-    dl, ts, sg, sb, kr, ks = (_c(n) for n in PASSES)
+    dl, ts, sg, sh, sb, kr, ks = (_c(n) for n in PASSES)
     key = np.array([0, 1, 2], dtype=np.int64)
     last, tbt = np.array([1.0, 2.0, 3.0]), np.array([0.1, np.nan, 0.5])
     e, v, out = np.full(4, np.nan), np.zeros(4), np.zeros(3)
@@ -267,6 +323,24 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         sg(-out_, mx, None, lim, seg, mn, True)
     with pytest.raises(ValueError, match="no token left"):
         sg(out_, out_, None, lim, seg, mn, True)
+    none = np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match="shapes"):
+        sh(out_, mx, None, none, seg, mn.ravel())
+    with pytest.raises(ValueError, match="segment out of range"):
+        sh(out_, mx, None, none, seg + 5, mn)
+    with pytest.raises(ValueError, match="negative stage"):
+        sh(-out_, mx, None, none, seg, mn)
+    with pytest.raises(ValueError, match="no token left"):
+        sh(out_, out_, None, none, seg, mn)
+    with pytest.raises(ValueError, match="no token left"):
+        sh(out_, mx, None, np.array([0], dtype=np.int64), seg, mn)
+    with pytest.raises(IndexError, match="position"):
+        sh(out_, mx, np.array([3], dtype=np.int64), none, seg, mn)
+    with pytest.raises(TypeError, match="int64"):
+        sh(out_, mx, None, none.astype(np.int32), seg, mn)
+    assert sh(out_, mx, None, none, seg, mn)  # two at stage 3 finish by stage 7 (n=2)
+    assert not sh(out_, out_ + 8, None, none, seg, mn)  # ... or reach stage 10 (n=1)
+    assert sh(out_[1:], out_[1:] + 8, None, none, seg, mn)  # one at stage 3
     with pytest.raises(ValueError, match="block size"):
         sb(out_, out_, seg, pol._edge_a, 0)
     with pytest.raises(ValueError, match="segment out of range"):
