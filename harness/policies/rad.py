@@ -24,8 +24,9 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §3.3-§3.5, §7 #18-#19):
   (O(log n) per change, not a sort of the whole queue per step), rebuilt from the view
   whenever its size disagrees with the host's waiting queue (a host that skips the hooks).
 * It plans from the running set's columns (policies/columns.py), so the vectorised kernel runs
-  it. The prefill in progress is the oldest running request with prefill left (ties by running
-  order; RAD prefills one request at a time, so there is normally one).
+  it, and promises ``then_steady`` on every plan (plan_columns says why). The prefill in
+  progress is the oldest running request with prefill left (ties by running order; RAD
+  prefills one request at a time, so there is normally one).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ class RADPolicy(ColumnPolicy):
         return self._waiting[heap[0][1]] if heap else None
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        # Plan.then_steady on every plan: with nothing waiting, no prefill left and every
+        # running request decoding, the plan is always the decode batch of all of D (line 6:
+        # no prefill waits), steady within the budget (the host checks it); oldest first,
+        # which only orders a step the host clips or preempts in (it keeps the promise only
+        # when neither happens). The cycle counter changes no such plan (line 9 resets it only
+        # once D is empty, a plan the host always asks for).
         rc = cv.running
         chunk = min(self.t_lcm, cv.token_budget)
         bs = cv.kv.block_size
@@ -90,12 +97,12 @@ class RADPolicy(ColumnPolicy):
             # this decision: the host may run the batch on past arrivals (Plan.hold)
             if steady:
                 arr = rc.arrival
-                if n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all()):
-                    return ColumnPlan(None, 1, steady=True, hold=queued)  # already oldest first
+                if n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all()):  # already oldest first
+                    return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
             # oldest first (a stable sort: equal arrivals keep the running order)
             decoding = rc.decoding()
             order = decoding[np.argsort(rc.arrival[decoding], kind="stable")]
-            return ColumnPlan(order, 1, steady=steady, hold=steady and queued)
+            return ColumnPlan(order, 1, steady=steady, hold=steady and queued, then_steady=True)
 
         if rc.num_prefilling:  # lines 12-16: finish the current prefill, one chunk a batch, alone
             prefilling = rc.prefilling()
@@ -107,7 +114,7 @@ class RADPolicy(ColumnPolicy):
                 return decode_batch()  # no KV for the chunk yet: let decodes drain
             # the same request's chunks follow until its prompt is done (line 6 not
             # re-checked, above); only a chunk's KV could change that (the test above)
-            return ColumnPlan(np.array([p]), c, prefill_run=True)
+            return ColumnPlan(np.array([p]), c, prefill_run=True, then_steady=True)
         if not n_decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1
@@ -127,7 +134,9 @@ class RADPolicy(ColumnPolicy):
             return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
         # lines 11-17: FCFS prefill of one request (counted in on_step); its next chunks are
         # the plans above (c is the chunk whenever prompt is left after it)
-        return ColumnPlan(NO_POSITIONS, admit_requests=[(head, c)], prefill_run=True)
+        return ColumnPlan(
+            NO_POSITIONS, admit_requests=[(head, c)], prefill_run=True, then_steady=True
+        )
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id
