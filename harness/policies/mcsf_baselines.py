@@ -112,10 +112,15 @@ class _AlphaProtection(ColumnPolicy):
         # arrival joins behind the blocked head), and the overflow check first fails on the
         # step whose blocks the host itself cannot give (its fast-forward stops before it),
         # provided the policy's M is no smaller than the host's KV.
+        # Plan.then_steady, on the same proviso: once nothing waits and every running request
+        # decodes with its next blocks free (the host checks these), the KV after the step fits
+        # the host's KV, so M: no overflow, nothing to admit, the plan above, steady. Only an
+        # overflow changes this policy's counters, and it never happens in such a step.
+        fits = capacity >= cv.kv.capacity_tokens
         if rc.num_prefilling == 0:
-            steady = not admit and capacity >= cv.kv.capacity_tokens
-            return ColumnPlan(None, 1, admit_requests=admit, steady=steady)
-        return ColumnPlan(None, step, admit_requests=admit)
+            steady = not admit and fits
+            return ColumnPlan(None, 1, admit_requests=admit, steady=steady, then_steady=fits)
+        return ColumnPlan(None, step, admit_requests=admit, then_steady=fits)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)

@@ -134,7 +134,9 @@ _PROMISING = ["slai", "mcsf", "wait", "wait:admission", "nested-wait", "nested-w
 
 
 @pytest.mark.parametrize("load", sorted(_FF_LOADS))
-@pytest.mark.parametrize("policy", [*_PROMISING, "rad", "orca", "vllm-v0"])
+@pytest.mark.parametrize(
+    "policy", [*_PROMISING, "rad", "mcsf-alpha", "mcsf-alpha-beta", "orca", "vllm-v0"]
+)
 def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> None:
     # Plan.then_steady: after an admission or a finish with nothing left waiting and all
     # decoding, both hosts run the every-decode plan the policy promised without asking for
