@@ -205,7 +205,7 @@ class NestedWaitPolicy(ThresholdFlushing):
             self._n_stage,
             self._seg_a,
             self._min_n,
-            steady_asks | promise_asks << 1,
+            steady_asks | (promise_asks << 1),
         )
         if not within or not runs_whole(cv, decoding, partial):
             return None
@@ -262,8 +262,8 @@ class NestedWaitPolicy(ThresholdFlushing):
         (:func:`planops.stage_groups_hold`; groups only shrink as their members finish). Not
         with a partial prefill (finishing, it would join stage 1), a recompute admission (its
         stage is its outputs'), ``seg_caps`` (quotas that move with the counts) or a
-        ``step_cap`` (whose plans this policy never calls steady). The
-        horizon reads ``max_tokens``: a speed hint, like ``steady``'s, that changes no plan.
+        ``step_cap`` (whose plans this policy never calls steady). The horizon reads
+        ``max_tokens``: a speed hint, like ``steady``'s, that changes no plan.
 
         ``held``: whether the running groups hold (:meth:`_every_decode` asks
         ``stage_groups`` on its pass), None if not known. The admissions are then a group of
