@@ -355,6 +355,38 @@ static int get_quotas(Py_buffer *bs, Py_buffer *bn, quotas *q, const char *fn) {
     return 0;
 }
 
+/* The arguments stage_groups and stage_groups_hold share: output and max_tokens (args 0, 1,
+ * of one length), positions (2), args[3] (named `third`), segment and min_n (4, 5). */
+typedef struct {
+    const int64_t *out, *mx;
+    Py_buffer *third;
+    positions ps;
+    quotas q;
+} stage_args;
+
+static int take_stage_args(bufs *s, PyObject *const *args, const char *third, stage_args *a,
+                           const char *fn) {
+    Py_buffer *bo = take(s, args[0], 'i', "output", 0);
+    Py_buffer *bm = bo ? take(s, args[1], 'i', "max_tokens", 0) : NULL;
+    Py_buffer *b3 = bm ? take(s, args[3], 'i', third, 0) : NULL;
+    Py_buffer *bs = b3 ? take(s, args[4], 'i', "segment", 0) : NULL;
+    Py_buffer *bn = bs ? take(s, args[5], 'i', "min_n", 0) : NULL;
+    if (bn == NULL)
+        return -1;
+    if (bm->len != bo->len) {
+        PyErr_Format(PyExc_ValueError, "%s(): array shapes do not match", fn);
+        return -1;
+    }
+    if (get_quotas(bs, bn, &a->q, fn) < 0)
+        return -1;
+    if (get_positions(s, args[2], bo->len / 8, &a->ps, fn) < 0)
+        return -1;
+    a->out = (const int64_t *)bo->buf;
+    a->mx = (const int64_t *)bm->buf;
+    a->third = b3;
+    return 0;
+}
+
 /* Members on the stack up to this many, else on the heap. */
 #define STACK_MEMBERS 512
 
@@ -379,26 +411,17 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
     tally t;
     t.heap = NULL;
     member stack[STACK_MEMBERS], *all = stack, *heap = NULL;
-    Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
-    Py_buffer *bm = bo ? take(&s, args[1], 'i', "max_tokens", 0) : NULL;
-    Py_buffer *bl = bm ? take(&s, args[3], 'i', "limit", 0) : NULL;
-    Py_buffer *bs = bl ? take(&s, args[4], 'i', "segment", 0) : NULL;
-    Py_buffer *bn = bs ? take(&s, args[5], 'i', "min_n", 0) : NULL;
-    if (bn == NULL)
+    stage_args a;
+    if (take_stage_args(&s, args, "limit", &a, "stage_groups") < 0)
         goto out;
-    Py_ssize_t R = bo->len / 8, L = bl->len / 8;
-    quotas q;
-    if (bm->len != bo->len || L == 0) {
+    Py_ssize_t L = a.third->len / 8;
+    if (L == 0) {
         PyErr_SetString(PyExc_ValueError, "stage_groups(): array shapes do not match");
         goto out;
     }
-    if (get_quotas(bs, bn, &q, "stage_groups") < 0)
-        goto out;
-    positions ps;
-    if (get_positions(&s, args[2], R, &ps, "stage_groups") < 0)
-        goto out;
-    const int64_t *out_ = (const int64_t *)bo->buf, *mx = (const int64_t *)bm->buf;
-    const int64_t *lim = (const int64_t *)bl->buf;
+    const int64_t *out_ = a.out, *mx = a.mx, *lim = (const int64_t *)a.third->buf;
+    const positions ps = a.ps;
+    const quotas q = a.q;
     int hold = (ahead & 2) != 0;
     if (hold && ps.len > STACK_MEMBERS &&
         (all = heap = (member *)malloc(ps.len * sizeof(member))) == NULL) {
@@ -464,26 +487,13 @@ static PyObject *stage_groups_hold(PyObject *self, PyObject *const *args, Py_ssi
     tally t;
     t.heap = NULL;
     member stack[STACK_MEMBERS], *all = stack, *heap = NULL;
-    Py_buffer *bo = take(&s, args[0], 'i', "output", 0);
-    Py_buffer *bm = bo ? take(&s, args[1], 'i', "max_tokens", 0) : NULL;
-    Py_buffer *be = bm ? take(&s, args[3], 'i', "entering", 0) : NULL;
-    Py_buffer *bs = be ? take(&s, args[4], 'i', "segment", 0) : NULL;
-    Py_buffer *bn = bs ? take(&s, args[5], 'i', "min_n", 0) : NULL;
-    if (bn == NULL)
+    stage_args a;
+    if (take_stage_args(&s, args, "entering", &a, "stage_groups_hold") < 0)
         goto out;
-    Py_ssize_t R = bo->len / 8, E = be->len / 8;
-    quotas q;
-    if (bm->len != bo->len) {
-        PyErr_SetString(PyExc_ValueError, "stage_groups_hold(): array shapes do not match");
-        goto out;
-    }
-    if (get_quotas(bs, bn, &q, "stage_groups_hold") < 0)
-        goto out;
-    positions ps;
-    if (get_positions(&s, args[2], R, &ps, "stage_groups_hold") < 0)
-        goto out;
-    const int64_t *out_ = (const int64_t *)bo->buf, *mx = (const int64_t *)bm->buf;
-    const int64_t *ent = (const int64_t *)be->buf;
+    Py_ssize_t E = a.third->len / 8;
+    const int64_t *out_ = a.out, *mx = a.mx, *ent = (const int64_t *)a.third->buf;
+    const positions ps = a.ps;
+    const quotas q = a.q;
     Py_ssize_t N = ps.len + E;
     if (N > STACK_MEMBERS && (all = heap = (member *)malloc(N * sizeof(member))) == NULL) {
         PyErr_NoMemory();

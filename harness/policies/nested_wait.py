@@ -287,7 +287,7 @@ class NestedWaitPolicy(ThresholdFlushing):
                 rc.output, rc.max_tokens, None, _max_tokens(admits), self._seg_a, self._min_n
             )
         return len(admits) < 2 or planops.stage_groups_hold(
-            _NONE_ENTER, _NONE_ENTER, None, _max_tokens(admits), self._seg_a, self._min_n
+            planops.NOBODY, planops.NOBODY, None, _max_tokens(admits), self._seg_a, self._min_n
         )
 
     def _counts_fit_ahead(self, counts: np.ndarray, horizon: int) -> bool:
@@ -334,9 +334,6 @@ class NestedWaitPolicy(ThresholdFlushing):
             "step_cap": self.step_cap,
             "seg_caps": self.seg_caps,
         }
-
-
-_NONE_ENTER = np.zeros(0, dtype=np.int64)  # no admission (shared, never written)
 
 
 def _max_tokens(requests: list[RequestView]) -> np.ndarray:

@@ -28,7 +28,7 @@ HAVE_C = _planops is not None
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_PLANS") != "1"
 
 
-_NONE = np.zeros(0, dtype=np.int64)  # nobody entering (shared, never written)
+NOBODY = np.zeros(0, dtype=np.int64)  # stage_groups_hold: nobody entering (shared, never written)
 
 
 def _at(column: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
@@ -122,7 +122,7 @@ def stage_groups_py(
     bits = 1
     if ahead & 1 and counts_fit_ahead(counts, h, segment, min_n):
         bits |= 2
-    if ahead & 2 and stage_groups_hold_py(output, max_tokens, positions, _NONE, segment, min_n):
+    if ahead & 2 and stage_groups_hold_py(output, max_tokens, positions, NOBODY, segment, min_n):
         bits |= 4
     return bits
 
