@@ -156,11 +156,11 @@ class Plan:
     ``then_steady``: the policy promises that its plan for every following step, for as long
     as nothing arrives, nothing waits, every running request decodes (no prefill left),
     nothing is preempted, their next blocks fit and they fit the token budget (the host checks
-    each of these), is "every running request decodes one
-    token, nothing else" and ``steady`` (and again ``then_steady``), finishes or not. A
-    simulator may then run those steps without calling the policy; it still hears of each
-    step (``on_step``). Another speed hint: a host may ignore it (the servers and adapters
-    do), and a policy must leave it False unless nothing it keeps would make that plan differ.
+    each of these), is "every running request decodes one token, nothing else" and
+    ``steady`` (and again ``then_steady``), finishes or not. A simulator may then run those
+    steps without calling the policy; it still hears of each step (``on_step``). Another
+    speed hint: a host may ignore it (the servers and adapters do), and a policy must leave
+    it False unless nothing it keeps would make that plan differ.
     """
 
     run: list[tuple[str, int]] = field(default_factory=list)
