@@ -191,47 +191,37 @@ def _itl_stats(
 ) -> dict[str | None, tuple[dict[str, float], float | None]]:
     """ITL statistics (:func:`metrics.latency_stats`) and largest sample of the whole run
     (key None) and of each tier (``itl_tier``: the index in ``names`` of each sample's tier).
-    ``itl`` is the last reader's: it is reordered or overwritten.
+    ``itl`` is the last reader's: it is reordered and overwritten.
 
     Each tier's samples are copied in the pooled order (its mean and std sum in it) and
-    sorted in place; when every sample has a tier, the run's percentiles are read from the
-    union of the tiers' sorted samples (no sort of the 15M-sample pool), else the pool is
-    sorted in place. A tier holding every sample shares the run's figures (the same
-    samples, same order). Memory: the pool's mean and std come first; then the largest
-    tier's deviations are written over the pool (read for the last time by its copy)."""
+    partitioned in place for its percentiles. A tier holding every sample shares the run's
+    figures (the same samples, same order). Memory: the pool's mean and std come first; its
+    percentiles once the largest tier has its copy (the pool's last read in pooled order);
+    then that tier's deviations are written over the pool."""
     m_all = [itl_tier == code for code in range(len(names))]
     counts = [int(np.count_nonzero(m)) for m in m_all]
     whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
     split = [j for j in range(len(names)) if names[j] not in whole_tiers]
-    covered = itl.size > 0 and not whole_tiers and sum(counts) == itl.size
     whole_mean_std = M.mean_std(itl) if itl.size else None
+    top = itl.max() if itl.size else None
+
+    def pooled() -> dict[str, float]:
+        return M.latency_stats(itl, "itl", overwrite=True, moments=whole_mean_std)
+
     out: dict[str | None, tuple[dict[str, float], float | None]] = {}
-    parts: list[np.ndarray] = []
     split.sort(key=lambda j: counts[j])  # the largest last: its scratch is the pool
     scratch = np.empty(counts[split[-2]]) if len(split) > 1 else None
+    whole = None
     for i, j in enumerate(split):
         sub = itl[m_all[j]]
         m_all[j] = None  # type: ignore[call-overload]
-        last = i == len(split) - 1
-        use = itl if last and covered else scratch
-        stats = M.latency_stats(sub, "itl", overwrite=True, scratch=use)  # sorts ``sub``
-        out[names[j]] = (stats, sub[-1] if sub.size else None)
-        parts.append(sub)
+        use = scratch
+        if i == len(split) - 1:
+            whole, use = pooled(), itl
+        stats = M.latency_stats(sub, "itl", overwrite=True, scratch=use)  # reorders ``sub``
+        out[names[j]] = (stats, sub.max() if sub.size else None)
     del m_all, scratch
-    stats = M.latency_stats(
-        itl,
-        "itl",
-        overwrite=True,
-        sorted_parts=parts if covered else None,
-        moments=whole_mean_std,
-    )
-    if not itl.size:
-        top = None
-    elif covered:
-        top = np.max(np.array([p[-1] for p in parts if p.size]))
-    else:
-        top = itl[-1]  # sorted in place
-    out[None] = (stats, top)
+    out[None] = (pooled() if whole is None else whole, top)
     for name in whole_tiers:
         out[name] = out[None]
     return out

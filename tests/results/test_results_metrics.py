@@ -383,24 +383,65 @@ def test_per_request_frame(replay):
     assert cv.t.size == sum(len(chunks[r["req"]]) for r in reqs if r.get("success", True))
 
 
-def test_percentiles_of_sorted_are_numpys():
-    """The percentiles read from sorted parts (one array, or a union of several) are
-    np.percentile's to the bit: ties, tiny samples, inf and NaN."""
+def _numpy_stats(x: np.ndarray, metric: str) -> dict[str, float]:
+    """vLLM's figures as numpy computes them; the median as np.percentile's 50th (np.median's
+    value but with an inf sample, where the linear rule gives NaN, as it always has here)."""
+    v = x if x.size else np.zeros(1)
+    out = {
+        f"mean_{metric}_ms": float(np.mean(v) * 1000.0),
+        f"median_{metric}_ms": float(np.percentile(v, 50) * 1000.0),
+        f"std_{metric}_ms": float(np.std(v) * 1000.0),
+    }
+    for p, q in zip(M.PERCENTILES, np.percentile(v, M.PERCENTILES), strict=True):
+        out[M.percentile_key(p, metric)] = float(q * 1000.0)
+    return out
+
+
+def test_latency_stats_are_numpys():
+    """Mean, std, median and percentiles are numpy's to the bit, with or without leave to
+    reorder the caller's array (and without it the array is untouched): ties, tiny samples,
+    empty, inf and NaN."""
     rng = np.random.default_rng(3)
-    q = (50, *M.PERCENTILES, 0, 100, 33.3)
-    for it in range(600):
-        n = int(rng.integers(1, 40)) if it % 2 else int(rng.integers(1, 3000))
+    for it in range(400):
+        n = int(rng.integers(0, 40)) if it % 2 else int(rng.integers(1, 3000))
         x = [rng.exponential(size=n), rng.integers(0, 4, n).astype(float)][it % 2]
-        want = np.percentile(x, q)
-        assert np.array_equal(M.percentiles_of_sorted([np.sort(x)], q), want)
-        cuts = np.sort(rng.integers(0, n + 1, 2))
-        parts = [np.sort(p) for p in np.split(rng.permutation(x), cuts)]
-        assert np.array_equal(M.percentiles_of_sorted(parts, q), want)
+        want = _numpy_stats(x, "itl")
+        keep = x.copy()
+        assert M.latency_stats(x, "itl") == want
+        assert np.array_equal(x, keep)
+        assert M.latency_stats(x, "itl", overwrite=True, scratch=np.empty(n + 3)) == want
+        assert np.array_equal(np.sort(x), np.sort(keep))  # reordered at most
     for x in (np.array([1.0, np.inf, 2.0]), np.array([3.0, np.nan, 1.0])):
         with np.errstate(invalid="ignore"):
-            assert np.array_equal(
-                M.percentiles_of_sorted([np.sort(x)], q), np.percentile(x, q), equal_nan=True
-            )
+            got, want = M.latency_stats(x.copy(), "ttft", True), _numpy_stats(x, "ttft")
+        assert got.keys() == want.keys()
+        assert all(np.array_equal(got[k], want[k], equal_nan=True) for k in got)
+
+
+@pytest.mark.parametrize("layout", ["covered", "uncovered", "one-whole", "empty-tier", "none"])
+def test_itl_stats_per_tier_and_pooled_are_numpys(layout):
+    """The run's and each tier's ITL figures and largest sample, whatever the tiers cover
+    (every sample, some, one tier holding all, a tier with no samples, no sample at all), are
+    numpy's on the samples in pooled order, however the pool is reordered and reused."""
+    from harness.results.summary import _itl_stats
+
+    rng = np.random.default_rng(11)
+    names = ["paid", "free", "batch"]
+    n = 0 if layout == "none" else 5000
+    itl = rng.exponential(size=n)
+    tier = {
+        "covered": rng.integers(0, 3, n),
+        "uncovered": rng.integers(-1, 3, n),
+        "one-whole": np.full(n, 1),
+        "empty-tier": rng.integers(0, 2, n),
+        "none": np.zeros(0, dtype=np.int64),
+    }[layout].astype(np.int8)
+    pool = itl.copy()
+    got = _itl_stats(itl, tier, names)
+    assert got[None] == (_numpy_stats(pool, "itl"), pool.max() if n else None)
+    for code, name in enumerate(names):
+        sub = pool[tier == code]
+        assert got[name] == (_numpy_stats(sub, "itl"), sub.max() if sub.size else None)
 
 
 def test_own_p99_itl_with_samples_in_any_order():
