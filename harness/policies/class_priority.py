@@ -35,8 +35,7 @@ A request's class label (``class_by``):
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from harness.policies.base import (
@@ -48,7 +47,7 @@ from harness.policies.base import (
     View,
     blocks_for,
 )
-from harness.policies.common import split_running
+from harness.policies.common import SortedWaiting, split_running
 from harness.policies.registry import register
 
 CLASS_BY = ("tier", "type", "hop")
@@ -78,6 +77,11 @@ def parse_classes(value: Any) -> tuple[str, ...]:
     return out
 
 
+def _no_key(r: RequestView) -> int:
+    """Every waiting request alike: within a class, the host's queue order alone."""
+    return 0
+
+
 @register("class-priority")
 class ClassPriorityPolicy(BasePolicy):
     """Non-preemptive class priority over decode-priority FCFS mixed batches (seed 004 §4.3)."""
@@ -89,6 +93,8 @@ class ClassPriorityPolicy(BasePolicy):
         self.class_by = class_by
         self._rank = {c: i for i, c in enumerate(parse_classes(classes))}
         self._cache: dict[str, int] = {}  # request_id -> rank (labels never change)
+        # with two classes or more: each class's waiting requests, host order, kept by the hooks
+        self._wq = SortedWaiting(_no_key, len(self._rank) + 1, self.rank, host_order=True)
 
     def rank(self, r: RequestView) -> int:
         """0 = the highest class; unlisted labels share the lowest rank."""
@@ -104,36 +110,15 @@ class ClassPriorityPolicy(BasePolicy):
             out.setdefault(self.rank(r), []).append(r)
         return out
 
-    def _waiting_by_class(
-        self, waiting: Iterable[RequestView]
-    ) -> Callable[[int], Iterator[RequestView]]:
-        """Class ``k``'s waiting requests in queue order, read lazily: one scan of ``waiting``
-        shared by all classes, each item looked at once and parked with its class. A step
-        reads only as far as its admissions need (it stops at the first misfit, or when the
-        budget or the seats run out), so a long queue under overload costs what is admitted,
-        not its length (issue 13: grouping the whole queue every step was quadratic)."""
+    def _waiting_by_class(self, view: View) -> Callable[[int], Iterator[RequestView]]:
+        """Class ``k``'s waiting requests in the host's queue order. With one class, the
+        view's queue; else the per-class queues the hooks keep (``SortedWaiting`` in host
+        order), so a step reads only what it admits, never the whole queue (issue 13: under
+        overload a class with nobody waiting made every step scan the other classes' backlog)."""
         if not self._rank:  # one class: the queue itself
-            return lambda k: iter(waiting) if k == 0 else iter(())
-        scan = iter(waiting)
-        parked: dict[int, deque[RequestView]] = {}
-        rank = self.rank
-
-        def of(k: int) -> Iterator[RequestView]:
-            mine = parked.setdefault(k, deque())
-            while True:
-                if mine:
-                    yield mine.popleft()
-                    continue
-                for r in scan:
-                    rk = rank(r)
-                    if rk == k:
-                        yield r
-                        break
-                    parked.setdefault(rk, deque()).append(r)
-                else:
-                    return
-
-        return of
+            return lambda k: iter(view.waiting) if k == 0 else iter(())
+        self._wq.sync(view)
+        return self._wq.iter
 
     def schedule(self, view: View) -> Plan:
         budget = view.token_budget
@@ -144,7 +129,7 @@ class ClassPriorityPolicy(BasePolicy):
         pre = self._groups(prefilling)
         # waiting is read lazily, class by class, as far as admissions go (it can be long
         # under overload)
-        wait = self._waiting_by_class(view.waiting)
+        wait = self._waiting_by_class(view)
         seats = view.max_num_seqs - len(view.running)
         run: list[tuple[str, int]] = []
         admit: list[tuple[str, int]] = []
@@ -185,7 +170,13 @@ class ClassPriorityPolicy(BasePolicy):
         steady = not any_prefill and not admit and all_granted
         return Plan(run=run, admit=admit, steady=steady)
 
+    def on_arrival(self, request: RequestView, now: float) -> None:
+        if self._rank:
+            self._wq.add(request)
+
     def on_step(self, report: StepReport) -> None:
+        if self._rank:
+            self._wq.on_step(report)
         for rid in report.finished:
             self._cache.pop(rid, None)
 
@@ -193,7 +184,8 @@ class ClassPriorityPolicy(BasePolicy):
         """With one class (no ``classes``) the rules above are decode-priority FCFS with
         token-granular chunks: exactly the FCFS token-budget rule (base.BudgetRule; its
         admission KV check is the host's), so a host may execute it by its own path. The
-        rank cache ``on_step`` keeps is only a memo; skipping it changes no plan."""
+        rank cache ``on_step`` keeps is only a memo, and the hooks keep no queue with one
+        class; skipping them changes no plan."""
         return None if self._rank else BudgetRule()
 
     def params(self) -> dict[str, Any]:
