@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from harness.policies import planops
-from harness.policies.base import RequestView, StepReport, remaining_tokens
+from harness.policies.base import RequestView, StepReport
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
@@ -107,6 +107,22 @@ def future_peak_ok(base: np.ndarray, end: np.ndarray, capacity: int, block_size:
     Q, S = np.divmod(points, bs)
     blocks = cq[k] + k * Q + ge[k, np.maximum(1 - S, 0)] + ge[k, np.minimum(bs + 1 - S, bs)]
     return bool((blocks * bs <= capacity).all())
+
+
+def _dominates_any(failed: list[tuple[int, int]], base: int, end: int) -> bool:
+    """Whether a candidate ``(base, end)`` holds at least the KV of a pair that failed Eq. (1)
+    earlier in this plan, at every check point, so it fails too (``on_fail="skip"``,
+    seed-mcsf.md A4, without its check). Exact: a candidate adds ``[end >= T] *
+    round_up(base + T)`` to the load at each ``T``, non-decreasing in both, and admissions
+    since that failure only added load."""
+    return any(base >= b and end >= e for b, e in failed)
+
+
+def _add_failure(failed: list[tuple[int, int]], base: int, end: int) -> None:
+    """Record a pair that failed its check (so none recorded lies below it), dropping those
+    above it: a later candidate above a dropped pair is above this one too."""
+    failed[:] = [(b, e) for b, e in failed if not (b >= base and e >= end)]
+    failed.append((base, end))
 
 
 @register("mcsf")
@@ -238,19 +254,28 @@ class MCSFPolicy(ColumnPolicy):
         added_b: list[int] = []
         added_e: list[int] = []
         short = False  # an admitted estimate below the request's max_tokens (it may be raised)
+        failed: list[tuple[int, int]] = []  # skip: the (base, end) pairs that failed (below)
         for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
-            need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
+            # its KV tokens now (its num_tokens) and, below, its last step offset (Convention
+            # A or B); each field read once (a host's request object may compute them)
+            o_r = r.num_output_tokens
+            b_r = r.num_prompt_tokens + o_r
+            need = min(b_r - r.num_computed_tokens, cv.token_budget - tokens_used)  # chunked
             if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
                 peak_sum = planops.keyed_sum(rc.key, self._pk_k)
             est_r = self.estimate(r)
-            # its KV tokens now and last step offset (Convention A or B)
-            b_r, e_r = r.num_tokens, max(0, est_r - r.num_output_tokens - 1 + extra)
+            e_r = max(0, est_r - o_r - 1 + extra)
             peak = -(-(b_r + e_r) // bs) * bs
-            if peak_sum + peak <= capacity or self._future_fits(
-                cv, self._est_k[rc.key], extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
-            ):
+            fits = peak_sum + peak <= capacity
+            if not fits and not _dominates_any(failed, b_r, e_r):
+                fits = self._future_fits(
+                    cv, self._est_k[rc.key], extra, [*added_b, b_r], [*added_e, e_r], capacity, bs
+                )
+                if not fits:
+                    _add_failure(failed, b_r, e_r)
+            if fits:
                 admit.append((r, need))
                 short = short or est_r < r.max_tokens
                 key = cv.key_of(r)  # the key it runs under
