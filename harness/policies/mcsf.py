@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from harness.policies import planops
-from harness.policies.base import RequestView, StepReport
+from harness.policies.base import RequestView, StepReport, remaining_tokens
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
@@ -258,15 +258,12 @@ class MCSFPolicy(ColumnPolicy):
         for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
-            # its KV tokens now (its num_tokens) and, below, its last step offset (Convention
-            # A or B); each field read once (a host's request object may compute them)
-            o_r = r.num_output_tokens
-            b_r = r.num_prompt_tokens + o_r
-            need = min(b_r - r.num_computed_tokens, cv.token_budget - tokens_used)  # chunked
+            need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
             if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
                 peak_sum = planops.keyed_sum(rc.key, self._pk_k)
             est_r = self.estimate(r)
-            e_r = max(0, est_r - o_r - 1 + extra)
+            # its KV tokens now and last step offset (Convention A or B)
+            b_r, e_r = r.num_tokens, max(0, est_r - r.num_output_tokens - 1 + extra)
             peak = -(-(b_r + e_r) // bs) * bs
             fits = peak_sum + peak <= capacity
             if not fits and not _dominates_any(failed, b_r, e_r):
