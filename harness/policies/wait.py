@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, ge
 from typing import Any
 
 import numpy as np
@@ -380,7 +380,8 @@ class WaitPolicy(ThresholdFlushing):
     ) -> ColumnPlan:
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
         queues, n = self._wq.queues, self.thresholds
-        eligible = [len(q) >= t or (flush and len(q) > 0) for q, t in zip(queues, n, strict=True)]
+        # a type is eligible at its threshold n_j, or with anyone waiting when flushing
+        eligible = list(map(bool, queues)) if flush else list(map(ge, map(len, queues), n))
         if not flush and not len(partial) and not any(eligible):
             return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
         if flush and self._all_in_quota(cv, decoding, partial):
