@@ -3,7 +3,8 @@
 Usage (any part alone, so the table can be re-measured piece by piece on a quiet machine)::
 
     python benchmarks/bench_simulator.py [--requests 100000] [--policies all|vllm,rad]
-        [--workloads lmsys,azure,overload] [--no-kernel] [--timeout 600] [--json OUT.json]
+        [--workloads lmsys,azure,overload] [--repeat 3] [--no-kernel] [--timeout 600]
+        [--json OUT.json]
 
 Workloads (issue 13):
 
@@ -22,6 +23,13 @@ build, simulate, run-directory and summary.json writing), its wall time and peak
 ``wait4``); *kernel* = :func:`~harness.engine.simulate.simulate` alone in this process on the
 same trace (token times kept in memory). Requests/s = requests / seconds. The header line gives
 the load average: figures from a busy machine are not comparable.
+
+``--repeat N``: each workload's whole-process runs go round the policies N times (policy A, B,
+..., then A, B, ... again) and each row gives the median wall time (its largest peak RSS), so
+a drift of the machine's speed during the table reaches every row alike instead of the few
+that ran while it lasted. The column ``x vllm`` divides a row's whole-process time by
+``vllm``'s on the same workload in the same sitting (when ``vllm`` is in the table): the
+figure that carries from one sitting to another on a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -135,6 +143,24 @@ def kernel_only(trace: Any, src: str, policy: str, cost_model: str) -> dict[str,
     }
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated whole-process runs: the median wall time of those that finished
+    (``runs``: the count of them), the largest peak RSS, the verdict of the median run; the
+    first failure's row when any run failed (a failure is not averaged away)."""
+    bad = [r for r in runs if r.get("error") is not None or r.get("wall_s") is None]
+    if bad:
+        return bad[0]
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    mid = ordered[(len(ordered) - 1) // 2]
+    walls = [r["wall_s"] for r in ordered]
+    return {
+        **mid,
+        "wall_s": float(np.median(walls)),
+        "rss_mib": max(r["rss_mib"] for r in runs),
+        "runs": len(runs),
+    }
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -150,6 +176,7 @@ def main() -> None:
     ap.add_argument("--overload-limit", type=float, default=60.0, help="s, whole process")
     ap.add_argument("--cost-model", default="a100-llama2-7b")
     ap.add_argument("--timeout", type=float, default=600.0, help="per whole-process run, s")
+    ap.add_argument("--repeat", type=int, default=1, help="whole-process runs per row (median)")
     ap.add_argument("--no-kernel", action="store_true", help="skip the kernel-only timing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -164,21 +191,25 @@ def main() -> None:
     if bad:
         print(f"error: unknown policy or workload {bad[0]!r}", file=sys.stderr)
         sys.exit(2)
+    if args.repeat < 1:
+        print("error: --repeat must be >= 1", file=sys.stderr)
+        sys.exit(2)
     n, cm = args.requests, args.cost_model
     cap_lmsys = capacity(LMSYS, "vllm", cm, seed=args.seed)
     rates = {"lmsys": (LMSYS, args.load * cap_lmsys), "azure": (AZURE, args.azure_rate)}
     print(
         f"# {n:,} requests, cost model {cm}; lmsys capacity (vllm) {cap_lmsys:.1f} req/s -> "
         f"{args.load} x = {rates['lmsys'][1]:.1f} req/s; azure {args.azure_rate} req/s; "
-        f"overload {args.overload} x own capacity; load average "
+        f"overload {args.overload} x own capacity; whole process: median of {args.repeat}; "
+        "load average "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
     head = (
-        "| policy | workload | rate req/s | whole s | whole req/s | peak RSS MiB | kernel s "
-        "| kernel req/s | steps | policy calls | kernel | verdict | check |"
+        "| policy | workload | rate req/s | whole s | whole req/s | x vllm | peak RSS MiB "
+        "| kernel s | kernel req/s | steps | policy calls | kernel | verdict | check |"
     )
-    print(head + "\n|" + "---|" * 13, flush=True)
+    print(head + "\n|" + "---|" * 14, flush=True)
     rows: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
@@ -186,7 +217,8 @@ def main() -> None:
         ws, ks = row.get("wall_s"), row.get("kernel_s")
         print(
             f"| {row['policy']} | {row['workload']} | {row['rate']:.1f} | {_fmt(ws, '.1f')} | "
-            f"{_fmt(n / ws if ws else None, ',.0f')} | {_fmt(row.get('rss_mib'), ',.0f')} | "
+            f"{_fmt(n / ws if ws else None, ',.0f')} | {_fmt(row.get('x_vllm'), '.2f')} | "
+            f"{_fmt(row.get('rss_mib'), ',.0f')} | "
             f"{_fmt(ks, '.1f')} | {_fmt(n / ks if ks else None, ',.0f')} | "
             f"{row.get('steps', '-')} | {row.get('policy_calls', '-')} | "
             f"{row.get('kernel', '-')} | {row.get('verdict') or row.get('error', '-')} | "
@@ -198,14 +230,28 @@ def main() -> None:
 
     for wl in workloads:
         traces: dict[float, Any] = {}
+        setups: dict[str, tuple[str, float, str]] = {}
         for pol in policies:
             if wl == "overload":
                 src, rate = LMSYS, args.overload * capacity(LMSYS, pol, cm, seed=args.seed)
                 label = f"lmsys {args.overload:g}x own capacity"
             else:
                 (src, rate), label = rates[wl], wl
+            setups[pol] = (src, rate, label)
+        # the whole-process runs, round the policies --repeat times (module docstring)
+        runs: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+        for _ in range(args.repeat):
+            for pol in policies:
+                src, rate, _label = setups[pol]
+                runs[pol].append(whole_process(src, rate, n, pol, cm, args.timeout, args.seed))
+        medians = {pol: median_run(runs[pol]) for pol in policies}
+        base = medians.get("vllm", {}).get("wall_s")
+        for pol in policies:
+            src, rate, label = setups[pol]
             row: dict[str, Any] = {"policy": pol, "workload": label, "rate": rate}
-            row.update(whole_process(src, rate, n, pol, cm, args.timeout, args.seed))
+            row.update(medians[pol])
+            if base and row.get("wall_s"):
+                row["x_vllm"] = row["wall_s"] / base
             if wl == "overload":
                 fails = []
                 if row.get("wall_s") is None or row["wall_s"] >= args.overload_limit:
