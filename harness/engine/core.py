@@ -227,11 +227,25 @@ def decode_run_ends(
             acc += fixed + rate * kv if affine is not None else step_time(0, n_decode, kv, **attn)
             ends.append(now + acc)
         return np.array(ends)
-    i = np.arange(k_max)
-    durs = cost_model.step_times(np.zeros(k_max), np.full(k_max, n_decode), kv_read + i * n_decode)
+    k_all = k_max
+    if affine is not None:
+        # an affine model's steps take at least the first's time (rate >= 0), so the steps
+        # that start before ``until`` are fewer than (until - now) / first + 1: the rest are
+        # not summed (+2 for the sums' rounding). The same ends up to there.
+        first = fixed + rate * kv_read
+        if rate >= 0 and n_decode >= 0 and first > 0 and until - now < k_max * first:
+            k_all = min(k_max, int((until - now) / first) + 3)
+        # fixed + rate * kv is step_time's float for each step (decode_affine), here as
+        # three array operations instead of step_times' dozen
+        durs = fixed + rate * (kv_read + np.arange(k_all) * n_decode)
+    else:
+        i = np.arange(k_all)
+        durs = cost_model.step_times(
+            np.zeros(k_all), np.full(k_all, n_decode), kv_read + i * n_decode
+        )
     ends = now + np.cumsum(durs)
     k = 1 + int(np.searchsorted(ends[:-1], until, side="left"))
-    return ends[: max(1, min(k, k_max))]
+    return ends[: max(1, min(k, k_all))]
 
 
 def decode_steps_that_fit(comp: np.ndarray, k_max: int, block_size: int, free: int) -> int:

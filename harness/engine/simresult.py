@@ -32,6 +32,8 @@ SAMPLE_COLS = (
     "preemptions_total",
 )
 _FLOAT_COLS = frozenset({"t_s", "step_duration_s", "kv_usage"})
+# a fast-forwarded run of at least this many steps keeps its times as one array (ChunkLog)
+_LONG_RUN = 64
 
 
 @contextmanager
@@ -127,11 +129,13 @@ class ChunkLog:
     object, a length and a dtype cast per group), where a slice assignment into a buffer is one
     C copy. A run of ``k`` steps over ``R`` rows is written as a ``(k, R)`` view of the buffer
     by one broadcast (rows down): no ``tile``/``repeat`` temporaries. Why times as pairs: two
-    list appends cost less than a numpy fill per step, the kernel's most frequent call.
-    With a ``sink``, rows leave memory in batches of at least ``every`` rows (and once more at
-    the end): each sink call builds and buffers an Arrow table, seconds of overhead if called
-    per run. The batches are exactly those of a flush after the first call that reaches
-    ``every`` rows.
+    list appends cost less than a numpy fill per step, the kernel's most frequent call. A
+    long run (``_LONG_RUN`` steps or more) keeps its times as one repeated array instead: its
+    ``k`` ends as Python floats and counts were most of a batch-level policy's run (FT holds
+    its batches for thousands of steps: 16M steps on Azure conversations). With a ``sink``,
+    rows leave memory in batches of at least ``every`` rows (and once more at the end): each
+    sink call builds and buffers an Arrow table, seconds of overhead if called per run. The
+    batches are exactly those of a flush after the first call that reaches ``every`` rows.
     """
 
     def __init__(self, sink: Callable[[np.ndarray, np.ndarray], None] | None, every: int) -> None:
@@ -144,6 +148,7 @@ class ChunkLog:
         self._req = np.empty(self._cap, dtype=np.int32)
         self._times: list[float] = []  # the held rows' times: one per step ...
         self._counts: list[int] = []  # ... and how many rows that step emitted
+        self._pieces: list[np.ndarray] = []  # the times of rows held before those, expanded
         self._n = 0  # rows held in the buffers since the last flush
         self._sealed = 0  # rows sealed before those
 
@@ -176,8 +181,12 @@ class ChunkLog:
         if b > self._cap:
             self._grow(b)
         self._req[a:b].reshape(k, r)[:] = rows
-        self._times.extend(np.asarray(ends, dtype=np.float64).tolist())
-        self._counts.extend([r] * k)
+        if k >= _LONG_RUN:  # its times as one array (the class docstring)
+            self._cut()
+            self._pieces.append(np.repeat(np.asarray(ends, dtype=np.float64), r))
+        else:
+            self._times.extend(np.asarray(ends, dtype=np.float64).tolist())
+            self._counts.extend([r] * k)
         self._n = b
         if b >= self.every:
             self.flush()
@@ -188,12 +197,19 @@ class ChunkLog:
         if not self._n:
             return
         self._sealed += self._n
-        times = np.repeat(np.array(self._times, dtype=np.float64), self._counts)
+        self._cut()
+        pieces, self._pieces = self._pieces, []
+        times = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         self.parts.append((self._req[: self._n], times))
         self._req = np.empty(self._cap, dtype=np.int32)
-        self._times = []
-        self._counts = []
         self._n = 0
+
+    def _cut(self) -> None:
+        """The per-step times held so far, expanded into a piece (before a long run's)."""
+        if self._times:
+            self._pieces.append(np.repeat(np.array(self._times, dtype=np.float64), self._counts))
+            self._times = []
+            self._counts = []
 
     def _joined(self) -> tuple[np.ndarray, np.ndarray]:
         """All sealed parts as one (int32 rows, float64 times) pair; the parts are dropped."""

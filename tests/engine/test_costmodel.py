@@ -317,6 +317,30 @@ def test_decode_run_ends_are_the_vector_sums_in_scalars_too(name: str) -> None:
         assert np.array_equal(got, want), (k_max, n, kv, now, until)
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_decode_run_ends_stop_at_until_exactly_on_long_runs(name: str) -> None:
+    # a long run sums only the steps that can start before until (affine models: at most
+    # (until - now) / first + 1 of them): with until on, just before and just after a step's
+    # end, and the steps' growth tiny or large, the ends are still the full vector sum's cut
+    from harness.engine.core import decode_run_ends
+
+    m = get_cost_model(name)
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        k_max = int(rng.choice([100, 1000, 5000]))
+        n = int(rng.choice([1, 2, 64, 256]))
+        kv = int(rng.integers(0, 3_000_000))
+        now = float(rng.uniform(0, 5000))
+        i = np.arange(k_max)
+        full = now + np.cumsum(m.step_times(np.zeros(k_max), np.full(k_max, n), kv + i * n))
+        j = int(rng.integers(0, k_max))
+        for until in (full[j], np.nextafter(full[j], -np.inf), np.nextafter(full[j], np.inf)):
+            k = 1 + int(np.searchsorted(full[:-1], until, side="left"))
+            want = full[: max(1, min(k, k_max))]
+            got = decode_run_ends(m, now, k_max, n, kv, float(until))
+            assert np.array_equal(got, want), (k_max, n, kv, now, until)
+
+
 @pytest.mark.parametrize(
     "name", sorted(n for n, m in PRESETS.items() if hasattr(m, "decode_affine"))
 )
