@@ -12,7 +12,11 @@
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
  *   opening  the running requests at a block boundary (an all-decode step's new blocks);
  *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
- *            (a policy's RunningColumns.block_counts on the kernel's columns).
+ *            (a policy's RunningColumns.block_counts on the kernel's columns);
+ *   grant    rule 2 for a run order when its KV fits (the grants and the step's composition:
+ *            ~20 numpy calls on a few dozen items, the steps mixing prefill and decodes);
+ *   advance  rule 5 for those grants (the step's emitted tokens);
+ *   recount  the fewest tokens left and the requests not decoding, over the running set.
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -417,6 +421,292 @@ out:
     return ret;
 }
 
+/* numpy's sum of a contiguous float64 array (pairwise: sequential below 8 items, 8
+ * accumulators up to 128, halves beyond), so a step's prefill attention work is the float
+ * ArrayEngine._composition's ``.sum()`` gives. */
+static double pairwise_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+/* The first `n` items of an int64 position array, each in [0, R); else an error. */
+static int check_positions(const int64_t *pos, Py_ssize_t n, Py_ssize_t R, const char *fn) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= R) {
+            PyErr_Format(PyExc_IndexError, "%s(): position out of range", fn);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget left,
+ * scheduled, decodes, prefill tokens, attention work, KV read, new blocks): rule 2 for the
+ * run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
+ * `tok` for all), as ArrayEngine._run_items and _composition: each item's want is clipped
+ * to [0, its remaining], then to the budget left before it (the budget minus the earlier
+ * items' wants, when they exceed it); its new KV blocks are counted. None when they do not
+ * fit in `free` (the caller's array pass preempts), or when a position is listed twice (its
+ * fancy-index updates apply it once); nothing written then. Else the grants go to
+ * `out` (int64, one per item) and the step's composition comes back: items granted
+ * anything, decodes among them (a decode: has output and one token remaining), prefill
+ * tokens and attention work (sum of g * (computed + g / 2), numpy's float) over the other
+ * items, and KV tokens read (computed + granted, over the items granted anything). */
+static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 10, "grant") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
+    int64_t tok = PyLong_AsLongLong(args[4]);
+    int64_t budget = PyLong_AsLongLong(args[5]);
+    int64_t bs = PyLong_AsLongLong(args[6]);
+    int64_t free_blocks = PyLong_AsLongLong(args[7]);
+    int use_attn = PyObject_IsTrue(args[8]);
+    if (PyErr_Occurred() || use_attn < 0)
+        return NULL;
+    if (check_block(bs, "grant") < 0)
+        return NULL;
+    Py_buffer ia, ob, tb, out;
+    int have_tok = args[3] != Py_None;
+    if (get_buf(args[0], &ia, 'i', "IA", 0) < 0)
+        return NULL;
+    if (get_buf(args[2], &ob, 'i', "order", 0) < 0) {
+        PyBuffer_Release(&ia);
+        return NULL;
+    }
+    if (have_tok && get_buf(args[3], &tb, 'i', "tokens", 0) < 0) {
+        PyBuffer_Release(&ia);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    if (get_buf(args[9], &out, 'i', "out", PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ia);
+        PyBuffer_Release(&ob);
+        if (have_tok)
+            PyBuffer_Release(&tb);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    double *work = NULL;
+    char *seen = NULL;
+    Py_ssize_t cap = ia.len / 8 / 5, n = ob.len / 8;
+    const int64_t *order = (const int64_t *)ob.buf;
+    const int64_t *want_in = have_tok ? (const int64_t *)tb.buf : NULL;
+    int64_t *g = (int64_t *)out.buf;
+    if (ia.len != cap * 5 * 8 || R < 0 || R > cap) {
+        PyErr_SetString(PyExc_ValueError, "grant(): expected IA's 5 rows and R <= columns");
+        goto done;
+    }
+    if ((have_tok && tb.len != ob.len) || out.len < ob.len) {
+        PyErr_SetString(PyExc_ValueError, "grant(): tokens and out need one item per position");
+        goto done;
+    }
+    if (check_positions(order, n, R, "grant") < 0)
+        goto done;
+    /* a position listed twice: numpy's fancy-index updates (the array pass) apply it once;
+     * leave that case to it (nothing written) */
+    seen = PyMem_Calloc((size_t)(R ? R : 1), 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (seen[order[i]]) {
+            ret = Py_None;
+            Py_INCREF(ret);
+            goto done;
+        }
+        seen[order[i]] = 1;
+    }
+    const int64_t *P = (const int64_t *)ia.buf, *O = P + cap, *C = P + 2 * cap;
+    /* the wants, clipped to [0, remaining]; their sum decides the budget's clip */
+    int64_t total_want = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = order[i];
+        int64_t w = have_tok ? want_in[i] : tok;
+        int64_t rem = P[p] + O[p] - C[p];
+        if (w < 0)
+            w = 0;
+        if (w > rem)
+            w = rem;
+        g[i] = w;
+        total_want += w;
+    }
+    if (total_want > budget) { /* item i gets min(want, max(budget - earlier wants, 0)) */
+        int64_t before = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t w = g[i], left = budget - before;
+            before += w;
+            if (left < 0)
+                left = 0;
+            g[i] = w < left ? w : left;
+        }
+    }
+    int64_t need = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c = C[order[i]];
+        need += (c + g[i] + bs - 1) / bs - (c + bs - 1) / bs;
+    }
+    if (need > free_blocks) {
+        ret = Py_None;
+        Py_INCREF(ret);
+        goto done;
+    }
+    int64_t granted = 0, sched = 0, decodes = 0, prefill = 0, kv_read = 0;
+    Py_ssize_t nw = 0;
+    if (use_attn) {
+        work = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(double));
+        if (work == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = order[i], gi = g[i], c = C[p];
+        int decode = O[p] > 0 && P[p] + O[p] - c == 1;
+        granted += gi;
+        if (gi > 0) {
+            sched++;
+            decodes += decode;
+            kv_read += c + gi;
+        }
+        if (!decode) {
+            prefill += gi;
+            if (use_attn)
+                work[nw++] = (double)gi * ((double)c + (double)gi / 2.0);
+        }
+    }
+    double attn = use_attn ? pairwise_sum(work, nw) : 0.0;
+    ret = Py_BuildValue("(LLLLdLL)", (long long)(budget - granted), (long long)sched,
+                        (long long)decodes, (long long)prefill, attn, (long long)kv_read,
+                        (long long)need);
+done:
+    PyMem_Free(work);
+    PyMem_Free(seen);
+    PyBuffer_Release(&ia);
+    PyBuffer_Release(&ob);
+    if (have_tok)
+        PyBuffer_Release(&tb);
+    PyBuffer_Release(&out);
+    return ret;
+}
+
+/* advance(IA, FA, R, order, grants, end) -> (emitted, tokens): rule 5 for the grants of
+ * `grant` (positions < R, in run order), as ArrayEngine._advance's array branch: each one's
+ * computed tokens grow by its grant; one whose KV then covers its prompt and outputs emits a
+ * token at `end` (outputs + 1, last token time `end`, the first too if it had none). Returns
+ * the emitted trace rows (a list, in run order) and the tokens computed. */
+static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 6, "advance") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    double end = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    cols c;
+    if (get_cols(args[0], args[1], &c) < 0)
+        return NULL;
+    Py_buffer ob, gb;
+    if (get_buf(args[3], &ob, 'i', "order", 0) < 0) {
+        release_cols(&c);
+        return NULL;
+    }
+    if (get_buf(args[4], &gb, 'i', "grants", 0) < 0) {
+        release_cols(&c);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    PyObject *ret = NULL, *hits = NULL;
+    Py_ssize_t n = ob.len / 8;
+    const int64_t *order = (const int64_t *)ob.buf, *g = (const int64_t *)gb.buf;
+    if (R < 0 || R > c.cap || gb.len < ob.len) {
+        PyErr_SetString(PyExc_ValueError, "advance(): running count or grants out of range");
+        goto done;
+    }
+    if (check_positions(order, n, R, "advance") < 0)
+        goto done;
+    hits = PyList_New(0);
+    if (hits == NULL)
+        goto done;
+    int64_t tokens = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* positions are distinct (the host checked) */
+        int64_t p = order[i], cc = c.C[p] + g[i];
+        c.C[p] = cc;
+        tokens += g[i];
+        if (cc == c.P[p] + c.O[p]) {
+            c.O[p] += 1;
+            c.L[p] = end;
+            if (c.F[p] != c.F[p]) /* NaN: no token yet */
+                c.F[p] = end;
+            PyObject *jo = PyLong_FromLongLong(c.ID[p]);
+            if (jo == NULL || PyList_Append(hits, jo) < 0) {
+                Py_XDECREF(jo);
+                goto done;
+            }
+            Py_DECREF(jo);
+        }
+    }
+    ret = Py_BuildValue("(OL)", hits, (long long)tokens);
+done:
+    Py_XDECREF(hits);
+    release_cols(&c);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&gb);
+    return ret;
+}
+
+/* recount(IA, R) -> (min_left, not_decoding): over the first R running requests, the fewest
+ * tokens left (max_tokens - outputs; NO_LEFT for none) and how many are not decoding
+ * (ArrayEngine._recount). */
+static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 2, "recount") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer b;
+    if (get_buf(args[0], &b, 'i', "IA", 0) < 0)
+        return NULL;
+    Py_ssize_t cap = b.len / 8 / 5;
+    if (b.len != cap * 5 * 8 || R < 0 || R > cap) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "recount(): expected IA's 5 rows and R <= columns");
+        return NULL;
+    }
+    const int64_t *P = (const int64_t *)b.buf, *O = P + cap, *C = P + 2 * cap, *M = P + 3 * cap;
+    int64_t min_left = NO_LEFT, npf = 0;
+    for (Py_ssize_t p = 0; p < R; p++) {
+        int64_t m = M[p] - O[p];
+        if (m < min_left)
+            min_left = m;
+        npf += !(O[p] > 0 && P[p] + O[p] - C[p] == 1);
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(LL)", (long long)min_left, (long long)npf);
+}
+
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
@@ -429,6 +719,15 @@ static PyMethodDef methods[] = {
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,
      "give(IA, FA, items, end) -> (emitted rows, tokens, npf change, min left): rule 5 for "
      "(position, tokens, ...) items of a step ending at end."},
+    {"grant", (PyCFunction)(void (*)(void))grant, METH_FASTCALL,
+     "grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget "
+     "left, scheduled, decodes, prefill, attention, KV read, new blocks): rule 2 for a run "
+     "order whose KV fits."},
+    {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
+     "advance(IA, FA, R, order, grants, end) -> (emitted rows, tokens): rule 5 for grant's "
+     "grants."},
+    {"recount", (PyCFunction)(void (*)(void))recount, METH_FASTCALL,
+     "recount(IA, R) -> (min_left, not_decoding) over the running set."},
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
      "finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, "
      "c, min_left): retire the running requests that reached max_tokens (module docstring)."},

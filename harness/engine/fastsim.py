@@ -372,6 +372,7 @@ class ArrayEngine:
         pure = False
         sp: np.ndarray | None = None
         sg: np.ndarray | None = None
+        one_pass = False  # sp and sg from _grant (rule 5 then applies them in one pass)
         prefill = n_prefill = n_decode = kv_read = 0
         n_sched = 0
         attn = 0.0
@@ -416,6 +417,13 @@ class ArrayEngine:
                         order = order[:0]  # done: skip the array pass
                     else:  # the array pass preempts
                         budget += sum(f[1] for f in few)
+                got = self._grant(order, tok, budget) if len(order) else None
+                if got is not None:  # rule 2 in one pass: the run's KV fits
+                    sg, budget, n_sched, n_decode, prefill, attn, kv_read = got
+                    sp, one_pass = order, True
+                    n_prefill = n_sched - n_decode
+                    free = total - self.used
+                    order = order[:0]  # done: skip the array pass
                 if len(order):
                     req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
                     Co = Cr[order]
@@ -500,7 +508,9 @@ class ArrayEngine:
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
         else:
-            end = self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted)
+            end = self._advance(
+                t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted, one_pass
+            )
         if self.hooks is not None:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         # the next step's conditions (nothing waits, all decode, blocks fit) are checked then
@@ -601,12 +611,72 @@ class ArrayEngine:
             return self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
         return self.cost_model.step_time(prefill, n_decode, kv_read)
 
-    def _recount(self) -> None:
+    def _recount_c(self) -> None:
+        """:meth:`_recount_py` in one pass of the C extension (``_rows.recount``)."""
+        self.min_left, self.npf = _rows.recount(self.IA, self.R)  # type: ignore[union-attr]
+
+    def _recount_py(self) -> None:
         """``min_left`` and ``npf`` from the arrays (after a change they do not track)."""
         Pr, Or, Cr, Mr = self.cols[:4]
         R = self.R
         self.min_left = int((Mr[:R] - Or[:R]).min()) if R else _NO_LEFT
         self.npf = R - int(np.count_nonzero(decoding_mask(Pr[:R], Or[:R], Cr[:R])))
+
+    def _grant_c(
+        self, order: np.ndarray, tok: np.ndarray | int, budget: int
+    ) -> tuple[np.ndarray, int, int, int, int, float, int] | None:
+        """Rule 2 for run order ``order`` and the step's composition, in one pass of the C
+        extension (``_rows.grant``: what :meth:`_run_items` and :meth:`_composition` compute
+        when nothing is preempted), the KV allocated. Returns ``(grants, budget left,
+        scheduled, decodes, prefill tokens, attention work, KV read)``; None when the run's
+        KV does not fit or the plan's arrays are not plain int64 ones: the array pass then
+        does it all, as it did before (nothing was written)."""
+        arr = isinstance(tok, np.ndarray)
+        if order.dtype != np.int64 or (arr and (tok.dtype != np.int64 or len(tok) != len(order))):
+            return None
+        sg = np.empty(len(order), np.int64)
+        got = _rows.grant(  # type: ignore[union-attr]
+            self.IA,
+            self.R,
+            order,
+            tok if arr else None,
+            0 if arr else tok,
+            budget,
+            self.bs,
+            self.total - self.used,
+            self.use_attn,
+            sg,
+        )
+        if got is None:
+            return None
+        left, n_sched, n_decode, prefill, attn, kv_read, need = got
+        self.used += need
+        return sg, left, n_sched, n_decode, prefill, attn, kv_read
+
+    def _grant_py(
+        self, order: np.ndarray, tok: np.ndarray | int, budget: int
+    ) -> tuple[np.ndarray, int, int, int, int, float, int] | None:
+        """No one-pass rule 2 in Python: the array pass (:meth:`_run_items`) does it."""
+        return None
+
+    def _apply(self, sp: np.ndarray, sg: np.ndarray, end: float, one_pass: bool) -> Any:
+        """Rule 5 for positions ``sp`` granted ``sg`` tokens in a step ending at ``end``: their
+        KV grows, and those whose KV then covers prompt and outputs emit a token. Returns
+        the emitting trace rows. ``one_pass``: the grants are :meth:`_grant_c`'s (distinct
+        plain int64 positions), applied in one C pass (``_rows.advance``)."""
+        if one_pass:
+            hits, g = _rows.advance(self.IA, self.FA, self.R, sp, sg, end)  # type: ignore[union-attr]
+            self.sum_c += g
+            return hits
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
+        Cr[sp] += sg
+        self.sum_c += int(sg.sum())
+        hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
+        Or[hit] += 1
+        Lr[hit] = end
+        fh = Fr[hit]
+        Fr[hit] = np.where(np.isnan(fh), end, fh)
+        return IDr[hit]
 
     def _report(
         self,
@@ -674,6 +744,7 @@ class ArrayEngine:
         prefill: int,
         n_decode: int,
         few: Sequence[tuple[int, ...]] | None = None,
+        one_pass: bool = False,
     ) -> float:
         """Rule 5 for one step from ``t`` to ``end``: advance what ran (``pure``: every one of
         the first ``R0`` decoded; ``few``: ``(p, g, ...)``, position p got g tokens, nothing
@@ -692,14 +763,7 @@ class ArrayEngine:
             self.sum_c += R0
             self.min_left -= 1
         elif sp is not None and len(sp):
-            Cr[sp] += sg
-            self.sum_c += int(sg.sum())
-            hit = sp[Cr[sp] == Pr[sp] + Or[sp]]
-            Or[hit] += 1
-            Lr[hit] = end
-            fh = Fr[hit]
-            Fr[hit] = np.where(np.isnan(fh), end, fh)
-            samp_ids = IDr[hit]
+            samp_ids = self._apply(sp, sg, end, one_pass)
         else:
             samp_ids = None
         if samp_ids is not None and len(samp_ids):
@@ -1098,6 +1162,8 @@ class ArrayEngine:
     _decode = _decode_c if USE_C else _decode_py
     _give = _give_c if USE_C else _give_py
     _opening = _opening_c if USE_C else _opening_py
+    _grant = _grant_c if USE_C else _grant_py
+    _recount = _recount_c if USE_C else _recount_py
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:

@@ -1,9 +1,11 @@
 """The kernel's C passes over its running arrays do what their Python versions do (issue 13).
 
 ``harness.engine._rows`` (optional C extension, built by setup.py where a compiler is present)
-runs four of :class:`~harness.engine.fastsim.ArrayEngine`'s loops over its running arrays:
-retiring finished requests (``_finish``), every running request decoding (``_decode``), rule 5
-for a few items (``_give``), counting the decodes that open a KV block (``_opening``); and a
+runs :class:`~harness.engine.fastsim.ArrayEngine`'s loops over its running arrays: retiring
+finished requests (``_finish``), every running request decoding (``_decode``), rule 5 for a
+few items (``_give``), counting the decodes that open a KV block (``_opening``), rule 2 and the
+step's composition for a run order whose KV fits (``_grant``, then rule 5 for its grants in
+``_apply``), the running set's fewest tokens left and prefilling count (``_recount``); and a
 policy's block count of the columns (``KernelColumns.block_counts``). Each test here puts two
 engines in the same random state (finished and unfinished requests, prefilling and decoding
 ones, requests without a first token), runs the C method on one and the Python method on the
@@ -40,7 +42,7 @@ pytestmark = [
 ]
 
 BS = 16
-METHODS = ("_finish", "_decode", "_give", "_opening")
+METHODS = ("_finish", "_decode", "_give", "_opening", "_grant", "_recount")
 
 
 def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
@@ -186,6 +188,95 @@ def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     _assert_same(_state(c), _state(py))
 
 
+def _array_pass(eng: ArrayEngine, order: np.ndarray, tok, budget: int):
+    """execute_plan's array pass (rule 2, then the composition), as before the C pass."""
+    Pr, Or, Cr = eng.cols[:3]
+    req = tok if isinstance(tok, np.ndarray) else np.full(len(order), tok, np.int64)
+    Co, Oo = Cr[order], Or[order]
+    rem = Pr[order] + Oo - Co
+    want = np.minimum(np.maximum(req, 0), rem)
+    sp, sg, left, preempted = eng._run_items(order, want, Co, budget)
+    if preempted:
+        return None
+    ran, n_decode, prefill, attn, kv_read = eng._composition(sg, Co, Oo, rem)
+    return sg, left, int(np.count_nonzero(ran)), n_decode, prefill, attn, kv_read
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("attn", [False, True])
+def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool) -> None:
+    c, py = _pair(seed)
+    c.use_attn = py.use_attn = attn
+    rng = np.random.default_rng(2000 + seed)
+    R = c.R
+    if R == 0:
+        return
+    for _ in range(3):
+        order = rng.permutation(R)[: int(rng.integers(1, R + 1))].astype(np.int64)
+        if rng.random() < 0.5:
+            tok = rng.integers(-2, 400, len(order)).astype(np.int64)
+        else:
+            tok = int(rng.choice([1, 16, 512]))
+        budget = int(rng.choice([1, 37, 512, 1 << 20]))
+        if rng.random() < 0.3:  # little KV left: the run may not fit
+            c.used = py.used = c.total - int(rng.integers(0, 8))
+        before = _state(c)
+        got = c._grant_c(order, tok, budget)
+        want = _array_pass(py, order, tok, budget)
+        if want is None:  # the array pass preempted: the C pass declined, wrote nothing
+            assert got is None
+            _assert_same(_state(c), before)
+            return
+        assert got is not None
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1:] == want[1:]  # the attention float too, bit for bit
+        assert c.used == py.used
+        hits_c = c._apply(order, got[0], 30.0, True)
+        hits_py = py._apply(order, want[0], 30.0, False)
+        assert list(hits_c) == hits_py.tolist()
+        c._recount_c()
+        py._recount_py()
+        _assert_same(_state(c), _state(py))
+
+
+def test_grant_declines_a_run_order_that_names_a_position_twice() -> None:
+    eng = next(e for e in map(_engine, map(np.random.default_rng, range(50))) if e.R >= 2)
+    before = _state(eng)
+    assert eng._grant_c(np.array([0, 1, 0], np.int64), 1, 1 << 20) is None
+    assert eng._grant_c(np.array([0, 1], np.int32), 1, 1 << 20) is None  # not int64
+    _assert_same(_state(eng), before)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 100, 128, 129, 300, 1000])
+def test_grant_sums_the_attention_work_as_numpy_does(n: int) -> None:
+    # numpy sums a float array pairwise; the C pass must give the same float. A step's terms
+    # are exact multiples of 0.5 at real sizes (any order gives the same sum), so the terms
+    # here are made inexact: contexts of ~1e15 tokens
+    from harness.engine import _rows
+
+    rng = np.random.default_rng(n)
+    IA = np.zeros((5, n), np.int64)
+    IA[2] = rng.integers(10**14, 10**16, n)  # computed: prefilling, no output yet
+    IA[0] = IA[2] + rng.integers(2, 5000, n)  # prompt
+    IA[3] = 10
+    order = rng.permutation(n).astype(np.int64)
+    tok = rng.integers(1, 5000, n).astype(np.int64)
+    out = np.empty(n, np.int64)
+    got = _rows.grant(IA, n, order, tok, 0, 1 << 40, 16, 1 << 60, True, out)
+    Co = IA[2][order]
+    pg = np.minimum(tok, IA[0][order] - Co)
+    np.testing.assert_array_equal(out, pg)
+    assert got[4] == float((pg * (Co + pg / 2)).sum())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_recount_counts_as_the_python_pass(seed: int) -> None:
+    c, py = _pair(seed)
+    c._recount_c()
+    py._recount_py()
+    assert (c.min_left, c.npf) == (py.min_left, py.npf)
+
+
 @pytest.mark.parametrize(
     "policy",
     ["vllm", "sarathi", "orca", "rad", "slai", "wait", "nested-wait", "mcsf", "mcsf-alpha"],
@@ -222,7 +313,8 @@ def test_simulations_with_either_pass_give_the_same_token_times(
 def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     code = (
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
-        "print(*[getattr(A, m).__name__ for m in ('_finish', '_decode', '_give', '_opening')],"
+        "print(*[getattr(A, m).__name__ for m in"
+        " ('_finish', '_decode', '_give', '_opening', '_grant', '_recount')],"
         " _COLUMNS.__name__)"
     )
     env = {**os.environ, "HARNESS_PURE_KERNEL": value}
