@@ -83,6 +83,8 @@ from harness.policies.columns import (
 from harness.workload.trace import Trace
 
 _PENDING, _RUNNING, _FINISHED, _REJECTED, _WAITING = 0, 1, 2, 3, 4
+# a run item's want that its remaining tokens always clip (execute's "all it has left")
+_ALL_LEFT = 1 << 62
 _NO_LEFT = 1 << 62  # min_left of an empty batch
 _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
@@ -1063,6 +1065,7 @@ class ArrayEngine:
         pure = False
         sp: np.ndarray | None = None
         sg: np.ndarray | None = None
+        one_pass = False  # sp and sg from _grant (rule 5 then applies them in one pass)
         prefill = n_decode = kv_read = 0
         attn = 0.0
         if R:
@@ -1085,11 +1088,19 @@ class ArrayEngine:
                     ordp = np.arange(R)
                 else:
                     ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                sp, sg, budget, preempted_any = self._run_items(ordp, rem[ordp], Cv[ordp], budget)
+                # each wants all it has left (the budget clips): one C pass when its KV fits
+                got = self._grant(ordp, _ALL_LEFT, budget)
+                if got is not None:
+                    sg, budget, _, n_decode, prefill, attn, kv_read = got
+                    sp, one_pass = ordp, True
+                else:
+                    sp, sg, budget, preempted_any = self._run_items(
+                        ordp, rem[ordp], Cv[ordp], budget
+                    )
                 used = self.used
                 free = total - used
                 R = self.R
-                if len(sp):
+                if len(sp) and not one_pass:
                     Co = Cr[sp]
                     Oo = Or[sp]
                     _, n_decode, prefill, attn, kv_read = self._composition(
@@ -1155,7 +1166,9 @@ class ArrayEngine:
             elif by_plan:
                 return self._finish_run(t, np.array([t + dur]), 1, R)
 
-        return self._advance(t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode)
+        return self._advance(
+            t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, one_pass=one_pass
+        )
 
     # the C passes where the extension is built, unless HARNESS_PURE_KERNEL=1 (module docstring)
     _finish = _finish_c if USE_C else _finish_py
