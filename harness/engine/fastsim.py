@@ -31,12 +31,14 @@ that schedule nothing it retries, and the prefix of a rejection message.
 
 The loops over the running arrays that numpy does in many small calls (retiring finished
 requests, every running request decoding, rule 5 for a few items, the new blocks of an
-all-decode step, a policy's block count of the columns) run in the optional C extension
-:mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
-requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
-microseconds of call overhead a step. Each has its Python version here (the ``_py`` methods),
-used where the extension is missing or under ``HARNESS_PURE_KERNEL=1`` (read at import);
-tests/engine/test_rows_c.py checks the two give the same state and token times.
+all-decode step, a policy's block count of the columns, rule 2 and the composition of a step
+mixing prefill chunks and decodes when its KV fits, the running set's recount) run in the
+optional C extension :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on
+~100 running requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens
+of microseconds of call overhead a step. Each has its Python version here (the ``_py``
+methods; for the mixed step, the array pass that also preempts), used where the extension is
+missing or under ``HARNESS_PURE_KERNEL=1`` (read at import); tests/engine/test_rows_c.py
+checks the two give the same state and token times.
 
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
