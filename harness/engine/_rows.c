@@ -341,6 +341,23 @@ static PyObject *opening(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLongLong(open);
 }
 
+/* Position p's request emits a token at `end` (its KV covers prompt and outputs): outputs +
+ * 1, last token time `end`, the first too if it had none (NaN); its trace row joins `hits`.
+ * -1 when the append fails (out of memory). */
+static int emit(cols *c, Py_ssize_t p, double end, PyObject *hits) {
+    c->O[p] += 1;
+    c->L[p] = end;
+    if (c->F[p] != c->F[p]) /* NaN: no token yet */
+        c->F[p] = end;
+    PyObject *jo = PyLong_FromLongLong(c->ID[p]);
+    if (jo == NULL || PyList_Append(hits, jo) < 0) {
+        Py_XDECREF(jo);
+        return -1;
+    }
+    Py_DECREF(jo);
+    return 0;
+}
+
 /* give(IA, FA, items, end) -> (emitted, tokens, npf_change, min_left): rule 5 for items
  * (position p, g tokens, ...) of a step ending at `end`, in order: p's computed tokens grow
  * by g; a request whose KV then covers its prompt and outputs emits a token at `end` (outputs
@@ -396,17 +413,9 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         int64_t o = c.O[p], prompt = c.P[p];
         int was_decoding = o > 0 && prompt + o - cc + g == 1;
         if (cc == prompt + o) {
-            o += 1;
-            c.O[p] = o;
-            c.L[p] = end;
-            if (c.F[p] != c.F[p]) /* NaN: no token yet */
-                c.F[p] = end;
-            PyObject *jo = PyLong_FromLongLong(c.ID[p]);
-            if (jo == NULL || PyList_Append(hits, jo) < 0) {
-                Py_XDECREF(jo);
+            if (emit(&c, p, end, hits) < 0)
                 goto out;
-            }
-            Py_DECREF(jo);
+            o += 1;
         }
         npf += was_decoding - (o > 0 && prompt + o - cc == 1);
         int64_t m = c.M[p] - o;
@@ -654,18 +663,8 @@ static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         int64_t p = order[i], cc = c.C[p] + g[i];
         c.C[p] = cc;
         tokens += g[i];
-        if (cc == c.P[p] + c.O[p]) {
-            c.O[p] += 1;
-            c.L[p] = end;
-            if (c.F[p] != c.F[p]) /* NaN: no token yet */
-                c.F[p] = end;
-            PyObject *jo = PyLong_FromLongLong(c.ID[p]);
-            if (jo == NULL || PyList_Append(hits, jo) < 0) {
-                Py_XDECREF(jo);
-                goto done;
-            }
-            Py_DECREF(jo);
-        }
+        if (cc == c.P[p] + c.O[p] && emit(&c, p, end, hits) < 0)
+            goto done;
     }
     ret = Py_BuildValue("(OL)", hits, (long long)tokens);
 done:

@@ -234,7 +234,7 @@ def decode_run_ends(
         # not summed (+2 for the sums' rounding). The same ends up to there.
         first = fixed + rate * kv_read
         if rate >= 0 and n_decode >= 0 and first > 0 and until - now < k_max * first:
-            k_all = min(k_max, int((until - now) / first) + 3)
+            k_all = max(1, min(k_max, int((until - now) / first) + 3))
         # fixed + rate * kv is step_time's float for each step (decode_affine), here as
         # three array operations instead of step_times' dozen
         durs = fixed + rate * (kv_read + np.arange(k_all) * n_decode)

@@ -633,10 +633,17 @@ class ArrayEngine:
         extension (``_rows.grant``: what :meth:`_run_items` and :meth:`_composition` compute
         when nothing is preempted), the KV allocated. Returns ``(grants, budget left,
         scheduled, decodes, prefill tokens, attention work, KV read)``; None when the run's
-        KV does not fit or the plan's arrays are not plain int64 ones: the array pass then
-        does it all, as it did before (nothing was written)."""
+        KV does not fit or the plan's order and tokens are not contiguous int64 arrays and
+        integers: the array pass then does it all, as it did before (nothing was written). A
+        position outside the running set raises IndexError (the array pass read a stale
+        column there)."""
         arr = isinstance(tok, np.ndarray)
-        if order.dtype != np.int64 or (arr and (tok.dtype != np.int64 or len(tok) != len(order))):
+        if order.dtype != np.int64 or not order.flags.c_contiguous:
+            return None
+        if arr:
+            if tok.dtype != np.int64 or len(tok) != len(order) or not tok.flags.c_contiguous:
+                return None
+        elif not isinstance(tok, int | np.integer):
             return None
         sg = np.empty(len(order), np.int64)
         got = _rows.grant(  # type: ignore[union-attr]

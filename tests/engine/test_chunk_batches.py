@@ -41,8 +41,9 @@ def test_sink_gets_large_batches_with_the_same_rows(policy):
 
 
 def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
-    """Fast-forwarded runs are kept as (rows, ends) and expanded at flush: the rows must be
-    exactly the naive one-token-per-row-per-step expansion, in order, with any flush size."""
+    """Fast-forwarded runs are kept as (rows, ends) and expanded at flush (long runs as one
+    array of times each): the rows must be exactly the naive one-token-per-row-per-step
+    expansion, in order, with any flush size."""
     from harness.engine.simresult import ChunkLog
 
     rng = np.random.default_rng(7)
@@ -51,7 +52,9 @@ def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
     for _ in range(300):
         rows = rng.integers(0, 1000, size=int(rng.integers(0, 6))).tolist()
         if rng.random() < 0.4:
-            ends = t + np.cumsum(rng.random(int(rng.integers(1, 5))))
+            # short runs, and runs at and past ChunkLog's _LONG_RUN (one array of times)
+            k = int(rng.choice([1, 2, 4, 63, 64, 65, 200])) if rng.random() < 0.3 else 2
+            ends = t + np.cumsum(rng.random(k))
             events.append(("run", ends, np.asarray(rows, dtype=np.int64)))
             t = float(ends[-1])
         else:
@@ -59,7 +62,7 @@ def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
             events.append(("step", t, rows))
     want_r = [r for kind, e, rows in events for tt in np.atleast_1d(e) for r in rows]
     want_t = [tt for kind, e, rows in events for tt in np.atleast_1d(e) for _r in rows]
-    for every in (1, 7, 10**9):
+    for every in (1, 7, 100, 10**9):
         got: list[tuple[np.ndarray, np.ndarray]] = []
         log = ChunkLog(lambda r, tt, got=got: got.append((r, tt)), every)
         for kind, e, rows in events:

@@ -226,7 +226,9 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         if want is None:  # the array pass preempted: the C pass declined, wrote nothing
             assert got is None
             _assert_same(_state(c), before)
-            return
+            c, py = _pair(seed)  # the array pass did preempt: both from the start again
+            c.use_attn = py.use_attn = attn
+            continue
         assert got is not None
         np.testing.assert_array_equal(got[0], want[0])
         assert got[1:] == want[1:]  # the attention float too, bit for bit
@@ -244,6 +246,40 @@ def test_grant_declines_a_run_order_that_names_a_position_twice() -> None:
     before = _state(eng)
     assert eng._grant_c(np.array([0, 1, 0], np.int64), 1, 1 << 20) is None
     assert eng._grant_c(np.array([0, 1], np.int32), 1, 1 << 20) is None  # not int64
+    assert eng._grant_c(np.arange(4, dtype=np.int64)[::-1][:2], 1, 1 << 20) is None  # strided
+    assert eng._grant_c(np.array([0, 1], np.int64), 1.0, 1 << 20) is None  # a float want
+    _assert_same(_state(eng), before)
+
+
+def test_the_grant_passes_reject_bad_input_and_write_nothing() -> None:
+    from harness.engine import _rows
+
+    eng = next(e for e in map(_engine, map(np.random.default_rng, range(50))) if e.R >= 2)
+    IA, FA, R = eng.IA, eng.FA, eng.R
+    before = _state(eng)
+    out = np.empty(2, np.int64)
+    two = np.array([0, 1], np.int64)
+    with pytest.raises(IndexError, match="position"):
+        _rows.grant(IA, R, np.array([0, R], np.int64), None, 1, 99, BS, 99, False, out)
+    with pytest.raises(ValueError, match="R <= columns"):
+        _rows.grant(IA, IA.shape[1] + 1, two, None, 1, 99, BS, 99, False, out)
+    with pytest.raises(ValueError, match="one item per position"):
+        _rows.grant(IA, R, two, np.ones(1, np.int64), 0, 99, BS, 99, False, out)
+    with pytest.raises(ValueError, match="one item per position"):
+        _rows.grant(IA, R, two, None, 1, 99, BS, 99, False, out[:1])
+    with pytest.raises(ValueError, match="block size"):
+        _rows.grant(IA, R, two, None, 1, 99, 0, 99, False, out)
+    read_only = np.ones(2, np.int64)
+    read_only.flags.writeable = False
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        _rows.grant(IA, R, two, None, 1, 99, BS, 99, False, read_only)
+    grants = np.ones(2, np.int64)
+    with pytest.raises(IndexError, match="position"):
+        _rows.advance(IA, FA, R, np.array([R], np.int64), grants, 1.0)
+    with pytest.raises(ValueError, match="out of range"):
+        _rows.advance(IA, FA, R, two, grants[:1], 1.0)
+    with pytest.raises(ValueError, match="R <= columns"):
+        _rows.recount(IA, IA.shape[1] + 1)
     _assert_same(_state(eng), before)
 
 
