@@ -13,8 +13,9 @@
  *   opening  the running requests at a block boundary (an all-decode step's new blocks);
  *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
  *            (a policy's RunningColumns.block_counts on the kernel's columns);
- *   grant    rule 2 for a run order when its KV fits (the grants and the step's composition:
- *            ~20 numpy calls on a few dozen items, the steps mixing prefill and decodes);
+ *   grant    rule 2 for a run order (the grants, the prefix kept when the KV runs short,
+ *            and the step's composition: ~20 numpy calls on a few dozen items, the steps
+ *            mixing prefill and decodes);
  *   advance  rule 5 for those grants (the step's emitted tokens);
  *   recount  the fewest tokens left and the requests not decoding, over the running set.
  *
@@ -470,17 +471,20 @@ static int check_positions(const int64_t *pos, Py_ssize_t n, Py_ssize_t R, const
 }
 
 /* grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget left,
- * scheduled, decodes, prefill tokens, attention work, KV read, new blocks): rule 2 for the
+ * scheduled, decodes, prefill tokens, attention work, KV read, new blocks, kept): rule 2 for the
  * run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
- * `tok` for all), as ArrayEngine._run_items and _composition: each item's want is clipped
- * to [0, its remaining], then to the budget left before it (the budget minus the earlier
- * items' wants, when they exceed it); its new KV blocks are counted. None when they do not
- * fit in `free` (the caller's array pass preempts), or when a position is listed twice (its
- * fancy-index updates apply it once); nothing written then. Else the grants go to
- * `out` (int64, one per item) and the step's composition comes back: items granted
- * anything, decodes among them (a decode: has output and one token remaining), prefill
- * tokens and attention work (sum of g * (computed + g / 2), numpy's float) over the other
- * items, and KV tokens read (computed + granted, over the items granted anything). */
+ * `tok` for all), as ArrayEngine._run_items, _run_preempting and _composition: each item's
+ * want is clipped to [0, its remaining], then to the budget left before it (the budget minus
+ * the earlier items' wants, when they exceed it); its new KV blocks are counted. When they do
+ * not fit in `free`, only the longest prefix that rule 2's sequential pass keeps is granted
+ * (`kept` items: the caller preempts the others, from the tail). None when a position is
+ * listed twice (its fancy-index updates apply it once; the array pass decides), nothing
+ * written. Else the grants go to `out` (int64, one per item) and the step's composition over
+ * the kept items comes back: items granted anything, decodes among them (a decode: has
+ * output and one token remaining), prefill tokens and attention work (sum of g * (computed
+ * + g / 2), numpy's float) over the other items, KV tokens read (computed + granted, over
+ * the items granted anything), their new blocks, and `kept` (the item count: nothing to
+ * preempt). */
 static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 10, "grant") < 0)
@@ -571,15 +575,41 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             g[i] = w < left ? w : left;
         }
     }
-    int64_t need = 0;
+    int64_t need = 0, held = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t c = C[order[i]];
         need += (c + g[i] + bs - 1) / bs - (c + bs - 1) / bs;
+        held += (c + bs - 1) / bs;
     }
+    Py_ssize_t kept = n;
     if (need > free_blocks) {
-        ret = Py_None;
-        Py_INCREF(ret);
-        goto done;
+        /* rule 2's sequential pass in closed form (ArrayEngine._run_preempting): victims come
+         * from the tail, so it keeps the longest prefix k whose new blocks fit in the free
+         * ones plus all the blocks the items from k on hold; the caller preempts the rest.
+         * The condition holds on a prefix of k = 0..n (what is spent only grows, what is
+         * freed only shrinks): k is how many hold, less one. */
+        Py_ssize_t hold = 0;
+        int64_t spent = 0, freed = held;
+        for (Py_ssize_t k = 0;; k++) {
+            hold += spent <= free_blocks + freed;
+            if (k == n)
+                break;
+            int64_t c = C[order[k]];
+            if (g[k] > 0)
+                spent += (c + g[k] + bs - 1) / bs - (c + bs - 1) / bs;
+            freed -= (c + bs - 1) / bs;
+        }
+        if (hold == 0) { /* not even the empty prefix: the array pass decides */
+            ret = Py_None;
+            Py_INCREF(ret);
+            goto done;
+        }
+        kept = hold - 1;
+        need = 0;
+        for (Py_ssize_t i = 0; i < kept; i++) {
+            int64_t c = C[order[i]];
+            need += (c + g[i] + bs - 1) / bs - (c + bs - 1) / bs;
+        }
     }
     int64_t granted = 0, sched = 0, decodes = 0, prefill = 0, kv_read = 0;
     Py_ssize_t nw = 0;
@@ -590,7 +620,7 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < kept; i++) {
         int64_t p = order[i], gi = g[i], c = C[p];
         int decode = O[p] > 0 && P[p] + O[p] - c == 1;
         granted += gi;
@@ -599,16 +629,18 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             decodes += decode;
             kv_read += c + gi;
         }
-        if (!decode) {
+        /* the array pass's composition reads every item when nothing is preempted, only
+         * the granted ones after a preemption: the same terms in the same places */
+        if (!decode && (gi > 0 || kept == n)) {
             prefill += gi;
             if (use_attn)
                 work[nw++] = (double)gi * ((double)c + (double)gi / 2.0);
         }
     }
     double attn = use_attn ? pairwise_sum(work, nw) : 0.0;
-    ret = Py_BuildValue("(LLLLdLL)", (long long)(budget - granted), (long long)sched,
+    ret = Py_BuildValue("(LLLLdLLn)", (long long)(budget - granted), (long long)sched,
                         (long long)decodes, (long long)prefill, attn, (long long)kv_read,
-                        (long long)need);
+                        (long long)need, kept);
 done:
     PyMem_Free(work);
     PyMem_Free(seen);
@@ -720,8 +752,8 @@ static PyMethodDef methods[] = {
      "(position, tokens, ...) items of a step ending at end."},
     {"grant", (PyCFunction)(void (*)(void))grant, METH_FASTCALL,
      "grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget "
-     "left, scheduled, decodes, prefill, attention, KV read, new blocks): rule 2 for a run "
-     "order whose KV fits."},
+     "left, scheduled, decodes, prefill, attention, KV read, new blocks, kept): rule 2 for a "
+     "run order (the items past kept are to be preempted)."},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
      "advance(IA, FA, R, order, grants, end) -> (emitted rows, tokens): rule 5 for grant's "
      "grants."},

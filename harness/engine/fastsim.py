@@ -32,13 +32,13 @@ that schedule nothing it retries, and the prefix of a rejection message.
 The loops over the running arrays that numpy does in many small calls (retiring finished
 requests, every running request decoding, rule 5 for a few items, the new blocks of an
 all-decode step, a policy's block count of the columns, rule 2 and the composition of a step
-mixing prefill chunks and decodes when its KV fits, the running set's recount) run in the
-optional C extension :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on
-~100 running requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens
-of microseconds of call overhead a step. Each has its Python version here (the ``_py``
-methods; for the mixed step, the array pass that also preempts), used where the extension is
-missing or under ``HARNESS_PURE_KERNEL=1`` (read at import); tests/engine/test_rows_c.py
-checks the two give the same state and token times.
+mixing prefill chunks and decodes, with the prefix it keeps when the KV runs short, the
+running set's recount) run in the optional C extension :mod:`harness.engine._rows`
+(``_rows.c``) where the install built it: on ~100 running requests a numpy call costs 1-5 us
+and a scalar store ~0.25 us, so each was tens of microseconds of call overhead a step. Each
+has its Python version here (the ``_py`` methods; for the mixed step, the array pass), used
+where the extension is missing or under ``HARNESS_PURE_KERNEL=1`` (read at import);
+tests/engine/test_rows_c.py checks the two give the same state and token times.
 
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
@@ -422,9 +422,11 @@ class ArrayEngine:
                     else:  # the array pass preempts
                         budget += sum(f[1] for f in few)
                 got = self._grant(order, tok, budget) if len(order) else None
-                if got is not None:  # rule 2 in one pass: the run's KV fits
-                    sg, budget, n_sched, n_decode, prefill, attn, kv_read = got
-                    sp, one_pass = order, True
+                if got is not None:  # rule 2 in one pass (preempting the tail if it must)
+                    sp, sg, budget, n_sched, n_decode, prefill, attn, kv_read = got
+                    one_pass = True
+                    preempted_in_run = sp is not order
+                    R = self.R
                     n_prefill = n_sched - n_decode
                     free = total - self.used
                     order = order[:0]  # done: skip the array pass
@@ -628,15 +630,17 @@ class ArrayEngine:
 
     def _grant_c(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
-    ) -> tuple[np.ndarray, int, int, int, int, float, int] | None:
+    ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, float, int] | None:
         """Rule 2 for run order ``order`` and the step's composition, in one pass of the C
-        extension (``_rows.grant``: what :meth:`_run_items` and :meth:`_composition` compute
-        when nothing is preempted), the KV allocated. Returns ``(grants, budget left,
-        scheduled, decodes, prefill tokens, attention work, KV read)``; None when the run's
-        KV does not fit or the plan's order and tokens are not contiguous int64 arrays and
-        integers: the array pass then does it all, as it did before (nothing was written). A
-        position outside the running set raises IndexError (the array pass read a stale
-        column there)."""
+        extension (``_rows.grant``: what :meth:`_run_items`, :meth:`_run_preempting` and
+        :meth:`_composition` compute), the KV allocated; when it runs short, the items past the
+        kept prefix are preempted here (tail first) and the running arrays compacted, as the
+        array pass does. Returns ``(scheduled positions, their grants, budget left, scheduled,
+        decodes, prefill tokens, attention work, KV read)``: ``order`` itself with every
+        item's grant when nothing was preempted. None when the plan's order and tokens are not
+        contiguous int64 arrays and integers, or name a position twice: the array pass then
+        does it all, as it did before (nothing was written). A position outside the running
+        set raises IndexError (the array pass read a stale column there)."""
         arr = isinstance(tok, np.ndarray)
         if order.dtype != np.int64 or not order.flags.c_contiguous:
             return None
@@ -660,13 +664,22 @@ class ArrayEngine:
         )
         if got is None:
             return None
-        left, n_sched, n_decode, prefill, attn, kv_read, need = got
+        left, n_sched, n_decode, prefill, attn, kv_read, need, kept = got
         self.used += need
-        return sg, left, n_sched, n_decode, prefill, attn, kv_read
+        if kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
+            for v in order[kept:][::-1].tolist():  # the tail first, as the pass meets them
+                self._evict(v)
+            alive = np.ones(self.R, dtype=bool)
+            alive[order[kept:]] = False
+            g = sg[:kept]
+            ran = g > 0
+            order, sg = (np.cumsum(alive) - 1)[order[:kept][ran]], g[ran]
+            self._retire(alive)
+        return order, sg, left, n_sched, n_decode, prefill, attn, kv_read
 
     def _grant_py(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
-    ) -> tuple[np.ndarray, int, int, int, int, float, int] | None:
+    ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, float, int] | None:
         """No one-pass rule 2 in Python: the array pass (:meth:`_run_items`) does it."""
         return None
 
@@ -1097,11 +1110,13 @@ class ArrayEngine:
                     ordp = np.arange(R)
                 else:
                     ordp = np.concatenate((np.flatnonzero(dec), np.flatnonzero(~dec)))
-                # each wants all it has left (the budget clips): one C pass when its KV fits
+                # each wants all it has left (the budget clips): one C pass, preempting the
+                # tail when the KV runs short (the array pass where the extension is missing)
                 got = self._grant(ordp, _ALL_LEFT, budget)
                 if got is not None:
-                    sg, budget, _, n_decode, prefill, attn, kv_read = got
-                    sp, one_pass = ordp, True
+                    sp, sg, budget, _, n_decode, prefill, attn, kv_read = got
+                    one_pass = True
+                    preempted_any = sp is not ordp
                 else:
                     sp, sg, budget, preempted_any = self._run_items(
                         ordp, rem[ordp], Cv[ordp], budget
