@@ -667,14 +667,7 @@ class ArrayEngine:
         left, n_sched, n_decode, prefill, attn, kv_read, need, kept = got
         self.used += need
         if kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
-            for v in order[kept:][::-1].tolist():  # the tail first, as the pass meets them
-                self._evict(v)
-            alive = np.ones(self.R, dtype=bool)
-            alive[order[kept:]] = False
-            g = sg[:kept]
-            ran = g > 0
-            order, sg = (np.cumsum(alive) - 1)[order[:kept][ran]], g[ran]
-            self._retire(alive)
+            order, sg = self._preempt_tail(order, sg, kept)
         return order, sg, left, n_sched, n_decode, prefill, attn, kv_read
 
     def _grant_py(
@@ -997,16 +990,25 @@ class ArrayEngine:
         spent = np.concatenate(([0], np.cumsum(need)))
         freed = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
         k = int(np.count_nonzero(spent <= (self.total - self.used) + freed)) - 1
-        for v in order[k:][::-1].tolist():  # the tail first, as the pass meets them
-            self._evict(v)
-        kept, g = order[:k], grant[:k]
         self.used += int(need[:k].sum())
+        sp, sg = self._preempt_tail(order, grant, k)
+        return sp, sg, budget - int(grant[:k].sum()), True
+
+    def _preempt_tail(
+        self, order: np.ndarray, grant: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Preempt the run items past the first ``k`` of ``order`` (the tail first, as rule
+        2's sequential pass meets them) and compact the running arrays; returns the kept
+        items granted anything, as positions after compaction, and their grants."""
+        for v in order[k:][::-1].tolist():
+            self._evict(v)
         alive = np.ones(self.R, dtype=bool)
         alive[order[k:]] = False
+        g = grant[:k]
         ran = g > 0
-        sp = (np.cumsum(alive) - 1)[kept[ran]]
+        sp = (np.cumsum(alive) - 1)[order[:k][ran]]
         self._retire(alive)
-        return sp, g[ran], budget - int(g.sum()), True
+        return sp, g[ran]
 
     def _evict(self, v: int) -> None:
         """Recompute-preempt running slot ``v`` (base.py rules 1-2): its KV freed, its progress
