@@ -62,7 +62,13 @@ class RunningColumns(NamedTuple):
     def split(self) -> tuple[np.ndarray, np.ndarray]:
         """``(decoding positions, prefilling positions)`` in running order
         (common.split_running's rule: has output, and its KV covers all but the last token)."""
-        return self.decoding(), self.prefilling()
+        n = len(self.prompt)
+        if self.num_prefilling == 0:
+            return np.arange(n), NO_POSITIONS
+        if self.num_prefilling == 1 and self._last_prefills():  # the usual one: the newest
+            return np.arange(n - 1), np.array([n - 1])
+        dec = decoding_mask(self.prompt, self.output, self.computed)
+        return np.flatnonzero(dec), np.flatnonzero(~dec)
 
     def _last_prefills(self) -> bool:
         """Whether the newest (last) running request is the one not decoding: with one

@@ -247,7 +247,10 @@ class SLAIPolicy(ColumnPolicy):
                 ranked = self._ranked(rc, decodes, lst)
             free = cv.kv.free_blocks - nc
             unsure = nc > 0
-            if len(part):
+            if isinstance(got, int):  # the one partial prefill (above): in scalars
+                c0 = int(rc.computed[part[0]])
+                free -= (c0 + got + bs - 1) // bs - (c0 + bs - 1) // bs
+            elif len(part):
                 c0 = rc.computed[part]
                 free -= int(((c0 + got + bs - 1) // bs - (c0 + bs - 1) // bs).sum())
             reserve = math.ceil(self.watermark * cv.kv.total_blocks)

@@ -225,7 +225,7 @@ class ThresholdFlushing(ColumnPolicy):
         flush = self._stuck(cv) or (self.trace_end_s is not None and cv.now >= self.trace_end_s)
         self._wq.sync(cv)
         rc = cv.running
-        decoding, partial = rc.decoding(), rc.prefilling()
+        decoding, partial = rc.split()
         plan = self._plan(cv, decoding, partial, flush=flush)
         if (
             not flush
