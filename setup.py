@@ -3,12 +3,14 @@
 - ``harness.loadgen._sse_scan``: the load generator's SSE byte scan (issue 18);
 - ``harness.engine._rows``: the simulator kernel's scalar loops over its running arrays
   (issue 13);
-- ``harness.policies._planops``: the column policies' per-decode passes (issue 13).
+- ``harness.policies._planops``: the column policies' per-decode passes (issue 13);
+- ``harness.results._chunkgroup``: the summary's grouping of the chunk log by request
+  (issue 13).
 
 ``optional=True``: where an extension cannot be compiled (no compiler, no Python headers)
 the install still succeeds and its module uses the pure-Python code that does the same
 (:mod:`harness.loadgen.fastscan`, :mod:`harness.engine.fastsim`,
-:mod:`harness.policies.planops`).
+:mod:`harness.policies.planops`, :mod:`harness.results.chunklog`).
 """
 
 from setuptools import Extension, setup
@@ -28,6 +30,11 @@ setup(
         Extension(
             "harness.policies._planops",
             sources=["harness/policies/_planops.c"],
+            optional=True,
+        ),
+        Extension(
+            "harness.results._chunkgroup",
+            sources=["harness/results/_chunkgroup.c"],
             optional=True,
         ),
     ]

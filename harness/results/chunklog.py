@@ -12,6 +12,7 @@ analysis's token backlog, which only sums chunk tokens per request and per grid 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results import schema
+
+try:  # the optional C grouping (setup.py); without it the numpy path below does the same
+    from harness.results import _chunkgroup
+except ImportError:  # pragma: no cover - an install without a compiler
+    _chunkgroup = None  # type: ignore[assignment]
+if os.environ.get("HARNESS_PURE_GROUP") == "1":  # the numpy path where C is built (A/B runs)
+    _chunkgroup = None  # type: ignore[assignment]
 
 _BATCH = 1 << 20  # rows per read batch / per slice of a chunked pass
 _I32 = np.iinfo(np.int32)
@@ -246,6 +254,8 @@ def group_rows(chunks: ChunkArrays, key: np.ndarray | None = None) -> None:
     ids go once the sort has its own copy, the old times once the new ones exist (the peak
     is the times twice plus the order); the rare lexsort case scatters them back first."""
     dtype = chunks.req.dtype
+    if key is None and _group_in_place(chunks):
+        return
     if key is None:
         k = chunks.req.astype(np.intp)  # the counting sort's key type
         chunks.req = np.zeros(0, dtype)  # rebuilt from the counts (or from ``k``)
@@ -284,6 +294,35 @@ def group_rows(chunks: ChunkArrays, key: np.ndarray | None = None) -> None:
         chunks.tokens = chunks.tokens[order]
     chunks.grouped = True
     chunks.id_counts = counts if key is None else None
+
+
+def _group_in_place(chunks: ChunkArrays) -> bool:
+    """:func:`group_rows` by the request ids in the C extension, when it applies: a log in
+    time order (a simulation's: then the stable grouping keeps each request's times
+    ascending, no check after), one token a row, ids in a counting sort's range, writable
+    contiguous columns. The same rows, counts and order as the numpy path; the only fresh
+    array is the grouped times (the ids are regrouped in their own buffer). False: nothing
+    was done."""
+    req, t = chunks.req, chunks.t
+    if (
+        _chunkgroup is None
+        or chunks.tokens is not None
+        or req.size < 2
+        or req.dtype not in (np.int32, np.int64)
+        or t.dtype != np.float64
+        or not (req.flags.c_contiguous and req.flags.writeable and t.flags.c_contiguous)
+    ):
+        return False
+    lo, hi = int(req.min()), int(req.max())
+    if lo < 0 or hi >= 4 * req.size + 1_000_000 or not _time_sorted(t):
+        return False  # the counting sort's range (_stable_order_counts), else its checks
+    counts = np.empty(hi + 1, dtype=np.int64)
+    out = np.empty_like(t)
+    _chunkgroup.group_by_id(req, t, counts, out)
+    chunks.t = out
+    chunks.grouped = True
+    chunks.id_counts = counts
+    return True
 
 
 def _ascend_in_runs(key: np.ndarray, t: np.ndarray) -> bool:
