@@ -190,7 +190,7 @@ def _block(
 
 
 def _itl_stats(
-    itl: np.ndarray, itl_tier: np.ndarray, names: list[str]
+    itl: np.ndarray, itl_tier: np.ndarray, names: list[str], spare: np.ndarray | None = None
 ) -> dict[str | None, tuple[dict[str, float], float | None]]:
     """ITL statistics (:func:`metrics.latency_stats`) and largest sample of the whole run
     (key None) and of each tier (``itl_tier``: the index in ``names`` of each sample's tier).
@@ -200,14 +200,25 @@ def _itl_stats(
     partitioned in place for its percentiles. A tier holding every sample shares the run's
     figures (the same samples, same order). Memory: the pool's mean and std come first; its
     percentiles once the largest tier has its copy (the pool's last read in pooled order);
-    then that tier's deviations are written over the pool."""
+    then that tier's deviations are written over the pool. ``spare``: a float64 buffer the
+    caller no longer reads (the chunk times), used for the pool's deviations and the largest
+    tier's copy when it is long enough (no fresh pages to fault in)."""
     m_all = [itl_tier == code for code in range(len(names))]
     counts = [int(np.count_nonzero(m)) for m in m_all]
     whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
     split = [j for j in range(len(names)) if names[j] not in whole_tiers]
     # the pool's deviations go into the buffer the largest tier is copied to afterwards (one
     # fresh array for both: its pages are touched once, 8 bytes a sample fewer page faults)
-    big = np.empty(itl.size) if split and itl.size else None
+    big = None
+    if split and itl.size:
+        usable = (
+            spare is not None
+            and spare.dtype == np.float64
+            and spare.size >= itl.size
+            and spare.flags.writeable
+        )
+        big = spare if usable else np.empty(itl.size)
+    del spare
     whole_mean_std = M.mean_std(itl, big) if itl.size else None
     top = itl.max() if itl.size else None
 
@@ -406,7 +417,9 @@ def compute_summary(
     tiers_meta = tiers_from_meta(meta)
     peaks = _chunk_peaks(rm, cv, tier_masks(rm, tiers_meta)[1])
     runs = cv.itl_runs()  # the samples with their requests as runs (memory: its peak)
+    spare = None
     if peaks is not None:  # every later read of the chunk times is done: let them go (memory)
+        spare = cv.t  # ... into the ITL statistics' scratch (more rows than samples)
         cv = M.ChunkView(
             np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), cv.start, cv.end
         )
@@ -447,8 +460,8 @@ def compute_summary(
     out["duration"] = duration
     out["goodput_slos_ms"] = dict(goodput) if goodput else None
     out["warmup"] = warm
-    itl_by = _itl_stats(itl, itl_tier, sm.names)
-    del itl, itl_tier  # sorted or split by tier: only the statistics are read from here
+    itl_by = _itl_stats(itl, itl_tier, sm.names, spare)
+    del itl, itl_tier, spare  # sorted or split by tier: only the statistics are read from here
     out.update(_block(rm, cv, itl_by[None], everyone, duration, good, peaks))
 
     # Failures by error kind.

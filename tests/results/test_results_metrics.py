@@ -418,11 +418,13 @@ def test_latency_stats_are_numpys():
         assert all(np.array_equal(got[k], want[k], equal_nan=True) for k in got)
 
 
+@pytest.mark.parametrize("spare", [None, "long", "short", "int"])
 @pytest.mark.parametrize("layout", ["covered", "uncovered", "one-whole", "empty-tier", "none"])
-def test_itl_stats_per_tier_and_pooled_are_numpys(layout):
+def test_itl_stats_per_tier_and_pooled_are_numpys(layout, spare):
     """The run's and each tier's ITL figures and largest sample, whatever the tiers cover
     (every sample, some, one tier holding all, a tier with no samples, no sample at all), are
-    numpy's on the samples in pooled order, however the pool is reordered and reused."""
+    numpy's on the samples in pooled order, however the pool is reordered and reused; with a
+    spare buffer (the chunk times) as scratch, or one too short or of another type (unused)."""
     from harness.results.summary import _itl_stats
 
     rng = np.random.default_rng(11)
@@ -437,7 +439,16 @@ def test_itl_stats_per_tier_and_pooled_are_numpys(layout):
         "none": np.zeros(0, dtype=np.int64),
     }[layout].astype(np.int8)
     pool = itl.copy()
-    got = _itl_stats(itl, tier, names)
+    buf = {
+        None: None,
+        "long": rng.random(n + 7),
+        "short": np.full(max(n - 1, 0), 3.0),
+        "int": np.zeros(n + 7, np.int64),
+    }[spare]
+    kept = None if buf is None else buf.copy()
+    got = _itl_stats(itl, tier, names, buf)
+    if spare in ("short", "int"):
+        assert np.array_equal(buf, kept)  # not used
     assert got[None] == (_numpy_stats(pool, "itl"), pool.max() if n else None)
     for code, name in enumerate(names):
         sub = pool[tier == code]
