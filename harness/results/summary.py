@@ -44,6 +44,7 @@ import inspect
 import json
 import math
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,11 +199,12 @@ def _itl_stats(
 
     Each tier's samples are copied in the pooled order (its mean and std sum in it) and
     partitioned in place for its percentiles. A tier holding every sample shares the run's
-    figures (the same samples, same order). Memory: the pool's mean and std come first; its
-    percentiles once the largest tier has its copy (the pool's last read in pooled order);
-    then that tier's deviations are written over the pool. ``spare``: a float64 buffer the
-    caller no longer reads (the chunk times), used for the pool's deviations and the largest
-    tier's copy when it is long enough (no fresh pages to fault in)."""
+    figures (the same samples, same order). Memory: the pool's mean and std come first (the
+    deviations in one buffer); the largest tier is copied into that buffer, its deviations
+    written over the copy, and copied again; then its partition and the pool's run at once
+    (the pool's on a thread: numpy sorts without the GIL). ``spare``: a float64 buffer the
+    caller no longer reads (the chunk times), that buffer when it is long enough (no fresh
+    pages to fault in)."""
     m_all = [itl_tier == code for code in range(len(names))]
     counts = [int(np.count_nonzero(m)) for m in m_all]
     whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
@@ -226,20 +228,30 @@ def _itl_stats(
         return M.latency_stats(itl, "itl", overwrite=True, moments=whole_mean_std)
 
     out: dict[str | None, tuple[dict[str, float], float | None]] = {}
-    split.sort(key=lambda j: counts[j])  # the largest last: its scratch is the pool
+    split.sort(key=lambda j: counts[j])  # the largest last (beside the pool's partition)
     scratch = np.empty(counts[split[-2]]) if len(split) > 1 else None
     whole = None
     for i, j in enumerate(split):
-        if i == len(split) - 1 and big is not None:
-            sub = _masked_into(itl, m_all[j], big)  # itl[m_all[j]], in the pool's scratch
-            big = None
+        mask, m_all[j] = m_all[j], None  # type: ignore[call-overload]
+        if i < len(split) - 1:
+            sub = itl[mask]
+            stats = M.latency_stats(sub, "itl", overwrite=True, scratch=scratch)  # reorders it
+        elif big is None or not counts[j]:
+            sub = itl[mask]
+            whole = pooled()
+            stats = M.latency_stats(sub, "itl", overwrite=True, scratch=itl)
         else:
-            sub = itl[m_all[j]]
-        m_all[j] = None  # type: ignore[call-overload]
-        use = scratch
-        if i == len(split) - 1:
-            whole, use = pooled(), itl
-        stats = M.latency_stats(sub, "itl", overwrite=True, scratch=use)  # reorders ``sub``
+            # the largest tier: its mean and std on a copy (the deviations over it), then a
+            # fresh copy partitioned while a thread partitions the pool (numpy sorts without
+            # the GIL): the two largest partitions at once, in the memory they had
+            sub = _masked_into(itl, mask, big)
+            moments = M.mean_std(sub, sub)
+            sub = _masked_into(itl, mask, big)
+            with ThreadPoolExecutor(1, thread_name_prefix="summary") as pool_side:
+                pooled_stats = pool_side.submit(pooled)
+                stats = M.latency_stats(sub, "itl", overwrite=True, moments=moments)
+                whole = pooled_stats.result()
+        del mask
         out[names[j]] = (stats, sub.max() if sub.size else None)
     del m_all, scratch
     out[None] = (pooled() if whole is None else whole, top)
