@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from harness.policies import planops
-from harness.policies.base import RequestView, StepReport, remaining_tokens
+from harness.policies.base import RequestView, StepReport
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
@@ -164,6 +164,9 @@ class MCSFPolicy(ColumnPolicy):
         # accept's running sum without per-step arithmetic over the running set
         self._pk_k = np.zeros(0, np.int64)
         self._pk_bs = 0
+        # whether any estimate set under a key was below its request's max_tokens (sticky):
+        # until one is, no running estimate can be raised, and then_steady needs no scan
+        self._short_k = False
         # waiting in A3 order, kept by the hooks (no per-step sort of the queue, issue 13); a
         # waiting request's estimate is fixed (its output count does not move while it waits)
         self._wq = SortedWaiting(lambda r: (self.estimate(r), r.arrival_s, r.num_prompt_tokens))
@@ -197,12 +200,14 @@ class MCSFPolicy(ColumnPolicy):
         bs = self._pk_bs
         return -(-(prompt + est - 1 + extra) // bs) * bs
 
-    def _set_estimate(self, key: int, prompt: int, est: int) -> None:
+    def _set_estimate(self, key: int, prompt: int, est: int, max_tokens: int) -> None:
         """Record a running request's estimate and its KV peak under its key."""
         self._est_k = per_key(self._est_k, key + 1, 0)
         self._pk_k = per_key(self._pk_k, key + 1, 0)
         self._est_k[key] = est
         self._pk_k[key] = self._peak(prompt, est)
+        if est < max_tokens:
+            self._short_k = True
 
     def _raise_reached(self, cv: ColumnView) -> None:
         """Raise the per-key estimates (set at admission) that a running request has reached
@@ -222,7 +227,7 @@ class MCSFPolicy(ColumnPolicy):
                 if o >= e:  # under-estimate discovered (REC a)
                     e = o + self.overrun_extra
                 self._est[rid] = e
-                self._set_estimate(key, int(rc.prompt[p]), e)
+                self._set_estimate(key, int(rc.prompt[p]), e, int(rc.max_tokens[p]))
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         # Running in admission order = the host's running order (admissions join its end).
@@ -258,12 +263,15 @@ class MCSFPolicy(ColumnPolicy):
         for r in self._wq.iter():  # A3: (ô, arrival, prompt_len, id)
             if seqs >= cv.max_num_seqs or tokens_used >= cv.token_budget:
                 break  # compute caps: wait for the next step, keep the order
-            need = min(remaining_tokens(r), cv.token_budget - tokens_used)  # chunked if long
+            # its KV tokens now (r.num_tokens) and last step offset (Convention A or B); the
+            # request's counts read once (each a property on the vectorised kernel's rows)
+            o_r = r.num_output_tokens
+            b_r = r.num_prompt_tokens + o_r
+            need = min(b_r - r.num_computed_tokens, cv.token_budget - tokens_used)  # chunked
             if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
                 peak_sum = planops.keyed_sum(rc.key, self._pk_k)
             est_r = self.estimate(r)
-            # its KV tokens now and last step offset (Convention A or B)
-            b_r, e_r = r.num_tokens, max(0, est_r - r.num_output_tokens - 1 + extra)
+            e_r = max(0, est_r - o_r - 1 + extra)
             peak = -(-(b_r + e_r) // bs) * bs
             fits = peak_sum + peak <= capacity
             if not fits and not _dominates_any(failed, b_r, e_r):
@@ -276,7 +284,7 @@ class MCSFPolicy(ColumnPolicy):
                 admit.append((r, need))
                 short = short or est_r < r.max_tokens
                 key = cv.key_of(r)  # the key it runs under
-                self._set_estimate(key, r.num_prompt_tokens, est_r)
+                self._set_estimate(key, r.num_prompt_tokens, est_r, r.max_tokens)
                 added_b.append(b_r)
                 added_e.append(e_r)
                 peak_sum += peak
@@ -291,7 +299,11 @@ class MCSFPolicy(ColumnPolicy):
         then = (
             cv.num_waiting == len(admit)  # else the host would not keep it: no check
             and not short
-            and not (n and planops.keyed_reached(rc.max_tokens - 1, rc.key, self._est_k))
+            and not (
+                n
+                and self._short_k  # else every running estimate is its max_tokens or above
+                and planops.keyed_reached(rc.max_tokens - 1, rc.key, self._est_k)
+            )
         )
         return ColumnPlan(None, step, admit_requests=admit, steady=steady, then_steady=then)
 
