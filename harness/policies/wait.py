@@ -221,11 +221,19 @@ class ThresholdFlushing(ColumnPolicy):
         """The plan, given the running positions that decode and those with prefill left."""
         raise NotImplementedError
 
+    def _strict_empty(self, partial: np.ndarray) -> bool:
+        """True only when the strict (threshold) plan is known to run and admit nothing
+        without making it, so ``on_idle="flush"`` goes straight to the flush plan; False:
+        make it and see (the default)."""
+        return False
+
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         flush = self._stuck(cv) or (self.trace_end_s is not None and cv.now >= self.trace_end_s)
         self._wq.sync(cv)
         rc = cv.running
         decoding, partial = rc.split()
+        if not flush and self.on_idle == "flush" and self._strict_empty(partial):
+            flush = bool(cv.num_waiting or len(rc))  # the flush below, without the empty plan
         plan = self._plan(cv, decoding, partial, flush=flush)
         if (
             not flush
@@ -368,6 +376,15 @@ class WaitPolicy(ThresholdFlushing):
         return admits
 
     # -- planning ---------------------------------------------------------------------
+    def _strict_empty(self, partial: np.ndarray) -> bool:
+        # Algorithm 1's strict plan with no partial prefill and no type at its threshold
+        # runs and admits nothing (_plan_type's NOTHING)
+        return (
+            self.gating == "type"
+            and not len(partial)
+            and not any(map(ge, map(len, self._wq.queues), self.thresholds))
+        )
+
     def _plan(
         self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
     ) -> ColumnPlan:

@@ -103,6 +103,30 @@ def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict
     _same_runs(a, b)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+@pytest.mark.parametrize("load", ["light", "near", "kv"])
+def test_wait_going_straight_to_its_flush_changes_nothing(kernel: str, load: str) -> None:
+    # WAIT skips making its strict plan when it knows it would be empty (no partial prefill,
+    # no type at its threshold) and flushes directly (on_idle="flush"): the same steps,
+    # tokens and flush count as making that empty plan first and seeing it empty.
+    from harness.policies.wait import WaitPolicy
+
+    class MakesIt(WaitPolicy):
+        def _strict_empty(self, partial):
+            return False
+
+    rate, kv = {"light": (2.0, 65_536), "near": (40.0, 65_536), "kv": (40.0, 4_096)}[load]
+    tr = poisson_trace(400, rate, seed=5, pmax=300, omax=200)
+    cfg = EngineConfig(kv_tokens=kv, token_budget=512, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    fast, made = WaitPolicy(), MakesIt()
+    a = simulate(tr, fast, cost, cfg, kernel=kernel)
+    b = simulate(tr, made, cost, cfg, kernel=kernel)
+    _same_runs(a, b)
+    assert a.num_calls == b.num_calls and fast.flushes == made.flushes > 0
+    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+
+
 # policies under test by name, and variants: WAIT with the authors' admission gating; Nested
 # WAIT with short segments whose quotas fall to 1, so groups outgrow them (refused promises)
 _VARIANTS = {
