@@ -130,6 +130,10 @@ class NestedWaitPolicy(ThresholdFlushing):
         """First stage of segment ``i`` (0-based): 0, then ``l'_{i}`` (§4.3)."""
         return 0 if i == 0 else self.edges[i - 1]
 
+    def _strict_empty(self, partial: np.ndarray) -> bool:
+        # the strict plan's first test below: segment 1 misses its threshold (NOTHING)
+        return not len(partial) and self.seg_caps is None and len(self._wq) < self.thresholds[0]
+
     def _plan(
         self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
     ) -> ColumnPlan:

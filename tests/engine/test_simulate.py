@@ -105,13 +105,15 @@ def test_threshold_steady_runs_are_exact_across_quotas(policy: str, params: dict
 
 @pytest.mark.parametrize("kernel", ["auto", "reference"])
 @pytest.mark.parametrize("load", ["light", "near", "kv"])
-def test_wait_going_straight_to_its_flush_changes_nothing(kernel: str, load: str) -> None:
-    # WAIT skips making its strict plan when it knows it would be empty (no partial prefill,
-    # no type at its threshold) and flushes directly (on_idle="flush"): the same steps,
-    # tokens and flush count as making that empty plan first and seeing it empty.
-    from harness.policies.wait import WaitPolicy
+@pytest.mark.parametrize("policy", ["wait", "nested-wait"])
+def test_going_straight_to_the_flush_changes_nothing(policy: str, kernel: str, load: str) -> None:
+    # WAIT and Nested WAIT skip making their strict plan when they know it would be empty
+    # (no partial prefill, no type / not segment 1 at its threshold) and flush directly
+    # (on_idle="flush"): the same steps, tokens and flush count as making that empty plan
+    # first and seeing it empty.
+    from harness.policies.registry import policy_class
 
-    class MakesIt(WaitPolicy):
+    class MakesIt(policy_class(policy)):
         def _strict_empty(self, partial):
             return False
 
@@ -119,7 +121,7 @@ def test_wait_going_straight_to_its_flush_changes_nothing(kernel: str, load: str
     tr = poisson_trace(400, rate, seed=5, pmax=300, omax=200)
     cfg = EngineConfig(kv_tokens=kv, token_budget=512, max_num_seqs=64, block_size=16)
     cost = get_cost_model("a100-llama2-7b")
-    fast, made = WaitPolicy(), MakesIt()
+    fast, made = make_policy(policy), MakesIt()
     a = simulate(tr, fast, cost, cfg, kernel=kernel)
     b = simulate(tr, made, cost, cfg, kernel=kernel)
     _same_runs(a, b)
