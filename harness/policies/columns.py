@@ -61,7 +61,8 @@ class RunningColumns(NamedTuple):
 
     def split(self) -> tuple[np.ndarray, np.ndarray]:
         """``(decoding positions, prefilling positions)`` in running order
-        (common.split_running's rule: has output, and its KV covers all but the last token)."""
+        (common.split_running's rule: has output, and its KV covers all but the last token);
+        the usual cases from the prefilling count alone (none, or only the newest)."""
         n = len(self.prompt)
         if self.num_prefilling == 0:
             return np.arange(n), NO_POSITIONS
@@ -78,12 +79,7 @@ class RunningColumns(NamedTuple):
 
     def decoding(self) -> np.ndarray:
         """Positions of the decoding requests (base.is_decoding), in running order."""
-        n = len(self.prompt)
-        if self.num_prefilling == 0:
-            return np.arange(n)
-        if self.num_prefilling == 1 and self._last_prefills():
-            return np.arange(n - 1)
-        return np.flatnonzero(decoding_mask(self.prompt, self.output, self.computed))
+        return self.split()[0]
 
     def block_counts(self, block_size: int) -> tuple[int, int]:
         """``(blocks held, requests at a block boundary)``: the sum of ceil(computed / block)
@@ -105,11 +101,7 @@ class RunningColumns(NamedTuple):
 
     def prefilling(self) -> np.ndarray:
         """Positions of the requests with prefill (or recompute) left, in running order."""
-        if self.num_prefilling == 0:
-            return NO_POSITIONS
-        if self.num_prefilling == 1 and self._last_prefills():
-            return np.array([len(self.prompt) - 1])
-        return np.flatnonzero(~decoding_mask(self.prompt, self.output, self.computed))
+        return self.split()[1]
 
 
 # no positions (shared, never written): ColumnPlan(NO_POSITIONS) runs nothing (None: everyone)

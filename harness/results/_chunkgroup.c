@@ -16,7 +16,7 @@
  * harness.results.chunklog.group_rows uses it where the install built it; its numpy path
  * (pandas' counting sort and a gather) defines the answer, and
  * tests/results/test_chunkgroup.py compares the two. Arrays come through the buffer protocol;
- * an id out of range raises ValueError before anything is written.
+ * an id out of range, or arrays that overlap, raise ValueError before anything is written.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A C-contiguous writable buffer whose items are `size` bytes of format `code` ('i': int32,
- * 'q': int64, 'd': float64); int32 and int64 accept both C spellings numpy may give. */
-static int get_buf(PyObject *o, Py_buffer *b, const char *what, char want) {
-    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+/* A C-contiguous buffer (writable when `flags` says so) of `want` items ('i': int32 or
+ * int64, 'q': int64, 'd': float64), each spelling numpy may give. */
+static int get_buf(PyObject *o, Py_buffer *b, const char *what, char want, int flags) {
+    if (PyObject_GetBuffer(o, b, flags | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
     const char *f = b->format ? b->format : "B";
     if (*f == '@' || *f == '=' || *f == '<')
@@ -49,6 +49,12 @@ static int get_buf(PyObject *o, Py_buffer *b, const char *what, char want) {
     return 0;
 }
 
+/* Whether two buffers share a byte. */
+static int overlap(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a->len > 0 && b->len > 0 && a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
 static PyObject *group_by_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -57,13 +63,13 @@ static PyObject *group_by_id(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     Py_buffer bi, bt, bc, bo;
     PyObject *ret = NULL;
-    if (get_buf(args[0], &bi, "ids", 'i') < 0)
+    if (get_buf(args[0], &bi, "ids", 'i', PyBUF_WRITABLE) < 0)
         return NULL;
-    if (get_buf(args[1], &bt, "t", 'd') < 0)
+    if (get_buf(args[1], &bt, "t", 'd', 0) < 0)  /* only read */
         goto r1;
-    if (get_buf(args[2], &bc, "counts", 'q') < 0)
+    if (get_buf(args[2], &bc, "counts", 'q', PyBUF_WRITABLE) < 0)
         goto r2;
-    if (get_buf(args[3], &bo, "out", 'd') < 0)
+    if (get_buf(args[3], &bo, "out", 'd', PyBUF_WRITABLE) < 0)
         goto r3;
     const Py_ssize_t n = bt.len / 8, m = bc.len / 8;
     const int wide = bi.itemsize == 8;
@@ -71,11 +77,13 @@ static PyObject *group_by_id(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "group_by_id(): ids, t and out differ in length");
         goto r4;
     }
-    if (bo.buf == bt.buf) {
-        PyErr_SetString(PyExc_ValueError, "group_by_id(): out must not be t");
+    if (overlap(&bo, &bt) || overlap(&bo, &bi) || overlap(&bo, &bc) || overlap(&bc, &bi) ||
+        overlap(&bc, &bt) || overlap(&bi, &bt)) {
+        PyErr_SetString(PyExc_ValueError, "group_by_id(): the four arrays must not overlap");
         goto r4;
     }
-    /* next[v]: the slot of id v's next row (first the counts, one place up) */
+    /* next[v]: the slot of id v's next row (first the counts, one place up); the GIL is held
+     * throughout, so the ids read again below are the ones validated here */
     int64_t *next = calloc((size_t)m + 1, sizeof(int64_t));
     if (next == NULL) {
         PyErr_NoMemory();
@@ -100,26 +108,24 @@ static PyObject *group_by_id(PyObject *self, PyObject *const *args, Py_ssize_t n
         next[v] += next[v - 1];
     const double *t = bt.buf;
     double *out = bo.buf;
-    Py_BEGIN_ALLOW_THREADS
     if (wide)
         for (Py_ssize_t i = 0; i < n; i++)
             out[next[i64[i]]++] = t[i];
     else
         for (Py_ssize_t i = 0; i < n; i++)
             out[next[i32[i]]++] = t[i];
-    /* the ids grouped: each id repeated by its count, over the old ones */
+    /* the ids grouped, over the old ones: next[v] is now where id v's rows end (and id v+1's
+     * begin), so each group's span comes from this function's own counts, not the caller's */
     Py_ssize_t at = 0;
     for (Py_ssize_t v = 0; v < m; v++) {
-        Py_ssize_t k = (Py_ssize_t)counts[v];
+        Py_ssize_t end = (Py_ssize_t)next[v];
         if (wide)
-            for (Py_ssize_t j = 0; j < k; j++)
-                ((int64_t *)bi.buf)[at + j] = v;
+            for (; at < end; at++)
+                ((int64_t *)bi.buf)[at] = v;
         else
-            for (Py_ssize_t j = 0; j < k; j++)
-                ((int32_t *)bi.buf)[at + j] = (int32_t)v;
-        at += k;
+            for (; at < end; at++)
+                ((int32_t *)bi.buf)[at] = (int32_t)v;
     }
-    Py_END_ALLOW_THREADS
     free(next);
     ret = Py_None;
     Py_INCREF(ret);

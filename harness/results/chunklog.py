@@ -41,13 +41,16 @@ class ChunkArrays:
 
     ``grouped``: the rows are known to come in one run per request, time-ordered within
     (:func:`group_rows` made them so), so readers skip the check; ``id_counts``: rows per
-    request id 0..k when that grouping counted them (a simulation's dense ids)."""
+    request id 0..k when that grouping counted them (a simulation's dense ids); ``owned``:
+    the columns' memory is this holder's to write over (read from the run's files), not views
+    of someone's frame (:meth:`from_frame`)."""
 
     req: np.ndarray
     t: np.ndarray
     tokens: np.ndarray | None = None
     grouped: bool = field(default=False, compare=False)
     id_counts: np.ndarray | None = field(default=None, compare=False, repr=False)
+    owned: bool = field(default=True, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.t.size)
@@ -61,6 +64,7 @@ class ChunkArrays:
             chunks["req"].to_numpy(dtype=np.int64),
             chunks["t_s"].to_numpy(dtype=np.float64),
             chunks["tokens"].to_numpy(dtype=np.int64),
+            owned=False,
         )
 
     def token_counts(self) -> np.ndarray:
@@ -299,13 +303,14 @@ def group_rows(chunks: ChunkArrays, key: np.ndarray | None = None) -> None:
 def _group_in_place(chunks: ChunkArrays) -> bool:
     """:func:`group_rows` by the request ids in the C extension, when it applies: a log in
     time order (a simulation's: then the stable grouping keeps each request's times
-    ascending, no check after), one token a row, ids in a counting sort's range, writable
-    contiguous columns. The same rows, counts and order as the numpy path; the only fresh
-    array is the grouped times (the ids are regrouped in their own buffer). False: nothing
-    was done."""
+    ascending, no check after), one token a row, ids in a counting sort's range, columns this
+    holder owns (ids writable), both contiguous. The same rows, counts and order as the numpy
+    path; the only fresh array is the grouped times (the ids are regrouped in their own
+    buffer). False: nothing was done."""
     req, t = chunks.req, chunks.t
     if (
         _chunkgroup is None
+        or not chunks.owned  # the ids are regrouped in their own buffer
         or chunks.tokens is not None
         or req.size < 2
         or req.dtype not in (np.int32, np.int64)

@@ -199,18 +199,15 @@ def _itl_stats(
 
     Each tier's samples are copied in the pooled order (its mean and std sum in it) and
     partitioned in place for its percentiles. A tier holding every sample shares the run's
-    figures (the same samples, same order). Memory: the pool's mean and std come first (the
-    deviations in one buffer); the largest tier is copied into that buffer, its deviations
-    written over the copy, and copied again; then its partition and the pool's run at once
-    (the pool's on a thread: numpy sorts without the GIL). ``spare``: a float64 buffer the
-    caller no longer reads (the chunk times), that buffer when it is long enough (no fresh
-    pages to fault in)."""
+    figures (the same samples, same order). Memory: one buffer beside ``itl`` holds, in turn,
+    the pool's deviations, then each tier's copy: its deviations written over it, copied
+    again, partitioned; the largest tier last, its partition beside the pool's (on a thread:
+    numpy sorts without the GIL). ``spare``: a float64 buffer the caller no longer reads (the
+    chunk times), that buffer when it is long enough (no fresh pages to fault in)."""
     m_all = [itl_tier == code for code in range(len(names))]
     counts = [int(np.count_nonzero(m)) for m in m_all]
     whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
     split = [j for j in range(len(names)) if names[j] not in whole_tiers]
-    # the pool's deviations go into the buffer the largest tier is copied to afterwards (one
-    # fresh array for both: its pages are touched once, 8 bytes a sample fewer page faults)
     big = None
     if split and itl.size:
         usable = (
@@ -229,31 +226,28 @@ def _itl_stats(
 
     out: dict[str | None, tuple[dict[str, float], float | None]] = {}
     split.sort(key=lambda j: counts[j])  # the largest last (beside the pool's partition)
-    scratch = np.empty(counts[split[-2]]) if len(split) > 1 else None
     whole = None
     for i, j in enumerate(split):
         mask, m_all[j] = m_all[j], None  # type: ignore[call-overload]
-        if i < len(split) - 1:
+        last = i == len(split) - 1
+        if big is None or not counts[j]:  # no samples: numpy's figures of none
             sub = itl[mask]
-            stats = M.latency_stats(sub, "itl", overwrite=True, scratch=scratch)  # reorders it
-        elif big is None or not counts[j]:
-            sub = itl[mask]
-            whole = pooled()
-            stats = M.latency_stats(sub, "itl", overwrite=True, scratch=itl)
+            whole = pooled() if last else None
+            stats = M.latency_stats(sub, "itl")
         else:
-            # the largest tier: its mean and std on a copy (the deviations over it), then a
-            # fresh copy partitioned while a thread partitions the pool (numpy sorts without
-            # the GIL): the two largest partitions at once, in the memory they had
             sub = _masked_into(itl, mask, big)
-            moments = M.mean_std(sub, sub)
-            sub = _masked_into(itl, mask, big)
-            with ThreadPoolExecutor(1, thread_name_prefix="summary") as pool_side:
-                pooled_stats = pool_side.submit(pooled)
+            moments = M.mean_std(sub, sub)  # the deviations over the copy ...
+            sub = _masked_into(itl, mask, big)  # ... and the samples again
+            if not last:
                 stats = M.latency_stats(sub, "itl", overwrite=True, moments=moments)
-                whole = pooled_stats.result()
+            else:  # the pool is read for the last time: its partition beside this one
+                with ThreadPoolExecutor(1, thread_name_prefix="summary") as pool_side:
+                    pooled_stats = pool_side.submit(pooled)
+                    stats = M.latency_stats(sub, "itl", overwrite=True, moments=moments)
+                    whole = pooled_stats.result()
         del mask
         out[names[j]] = (stats, sub.max() if sub.size else None)
-    del m_all, scratch
+    del m_all
     out[None] = (pooled() if whole is None else whole, top)
     for name in whole_tiers:
         out[name] = out[None]
@@ -416,6 +410,7 @@ def compute_summary(
     if chunks is None:
         chunks = ChunkArrays.from_frame(run.chunks)
         run = dataclasses.replace(run, chunks=run.chunks.iloc[:0])  # the metrics read ``chunks``
+    owned = chunks.owned  # ours to write over (read from the files), not views of run.chunks
     run, warm = without_warmup(run)  # --warmup: the first requests are not measured
     grid = _stability_grid(full_run) if stability else None
     # the stability's chunk tokens per bin, from the log's time-ordered stretches as written
@@ -431,7 +426,8 @@ def compute_summary(
     runs = cv.itl_runs()  # the samples with their requests as runs (memory: its peak)
     spare = None
     if peaks is not None:  # every later read of the chunk times is done: let them go (memory)
-        spare = cv.t  # ... into the ITL statistics' scratch (more rows than samples)
+        if owned:  # ... into the ITL statistics' scratch (more rows than samples)
+            spare = cv.t
         cv = M.ChunkView(
             np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), cv.start, cv.end
         )

@@ -97,7 +97,9 @@ class Trace:
                 values = pd.Series(list(map(str, values.tolist())), dtype=object)
             else:
                 values = values.astype(str)
-            # the unique columns skip pandas' categorising pass (the same hashes, ~4x faster)
+            # the unique columns skip pandas' categorising pass (the same hashes, ~4x faster;
+            # the same because every value is a string by now: ids are cast to str in
+            # from_frame and a NaN arrival is refused there)
             unique = col in ("request_id", "arrival_s")
             h.update(pd.util.hash_pandas_object(values, index=False, categorize=not unique).values)
         return h.hexdigest()

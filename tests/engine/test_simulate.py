@@ -129,6 +129,37 @@ def test_going_straight_to_the_flush_changes_nothing(policy: str, kernel: str, l
     assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
 
 
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+@pytest.mark.parametrize("params", [{}, {"margin": -20}, {"noise_sigma": 0.5}])
+def test_mcsf_skipping_its_promise_scan_changes_nothing(kernel: str, params: dict) -> None:
+    # MC-SF skips then_steady's scan of the running estimates until one below its request's
+    # max_tokens was ever set: the same steps, tokens and calls as scanning every plan, with
+    # estimates at the lengths (no scan) and below them (margin, noise: raised ones too).
+    from harness.policies.registry import policy_class
+
+    class Scans(policy_class("mcsf")):
+        @property
+        def _short_k(self) -> bool:
+            return True
+
+        @_short_k.setter
+        def _short_k(self, value: bool) -> None:
+            pass
+
+    tr = poisson_trace(400, 40.0, seed=9, pmax=300, omax=200)
+    cfg = EngineConfig(kv_tokens=16_384, token_budget=512, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    pol = make_policy("mcsf", **params)
+    a = simulate(tr, pol, cost, cfg, kernel=kernel)
+    b = simulate(tr, Scans(**params), cost, cfg, kernel=kernel)
+    _same_runs(a, b)
+    assert a.num_calls == b.num_calls
+    assert a.counters["preemptions_total"] == b.counters["preemptions_total"]
+    # the flag says whether an estimate below a request's length was set: never with the
+    # lengths themselves (ignore-EOS traces: max_tokens), always with a negative margin
+    assert pol._short_k == bool(params)
+
+
 # policies under test by name, and variants: WAIT with the authors' admission gating; Nested
 # WAIT with short segments whose quotas fall to 1, so groups outgrow them (refused promises)
 _VARIANTS = {

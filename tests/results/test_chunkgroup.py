@@ -65,6 +65,18 @@ def test_group_by_id_is_a_stable_counting_sort():
     assert np.array_equal(counts, np.bincount(ids, minlength=60))
 
 
+def test_read_only_times_are_only_read():
+    rng = np.random.default_rng(4)
+    req, t = _log(rng, 3000, 50, np.int32)
+    frozen = t.copy()
+    frozen.flags.writeable = False
+    want = _numpy_path(req, t)
+    got = ChunkArrays(req.copy(), frozen)
+    assert chunklog._group_in_place(got)
+    assert np.array_equal(got.t, want.t) and np.array_equal(got.req, want.req)
+    assert np.array_equal(frozen, t)
+
+
 def test_bad_input_raises_and_writes_nothing():
     ids = np.array([0, 2, 1, 2], np.int32)
     t = np.arange(4.0)
@@ -86,8 +98,15 @@ def test_bad_input_raises_and_writes_nothing():
     assert unchanged() and np.array_equal(neg, [0, -1, 1, 2])
     with pytest.raises(ValueError, match="length"):
         _chunkgroup.group_by_id(ids, t[:3], counts, out)
-    with pytest.raises(ValueError, match="must not be t"):
+    with pytest.raises(ValueError, match="overlap"):
         _chunkgroup.group_by_id(ids, t, counts, t)
+    shared = np.zeros(8, np.int64)  # counts over the ids' bytes: refused, not a corruption
+    with pytest.raises(ValueError, match="overlap"):
+        _chunkgroup.group_by_id(shared[:4], t, shared[2:5], out)
+    both = np.zeros(9)
+    with pytest.raises(ValueError, match="overlap"):  # out half over t
+        _chunkgroup.group_by_id(ids, both[:4], counts, both[2:6])
+    assert np.array_equal(shared, [0] * 8) and np.array_equal(both, [0.0] * 9)
     with pytest.raises(TypeError, match="int32 or int64"):
         _chunkgroup.group_by_id(ids.astype(np.int16), t, counts, out)
     with pytest.raises(TypeError, match="float64"):

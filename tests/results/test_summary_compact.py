@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from summary_runs import RUNS
+from summary_runs import RUNS, TIERS
 
 from harness.results import metrics as M
 from harness.results import schema
@@ -284,3 +284,21 @@ def test_masked_copy_into_a_buffer_is_boolean_indexing(n):
     got = _masked_into(values, mask, out)
     assert np.array_equal(got, values[mask]) and got.base is out
     assert np.all(out[got.size :] == -1.0)
+
+
+def test_a_summary_of_a_loaded_run_leaves_its_chunks_as_they_were(make_run):
+    """compute_summary(run) on a frame (the report's path: it plots run.chunks afterwards)
+    writes nothing into the frame's columns: only chunk arrays read for the summary itself
+    serve as its scratch (issue 13). A replay-shaped run: each request's one-token chunks
+    written at once (grouped), two tiers."""
+    rng = np.random.default_rng(2)
+    reqs, chunks = [], {}
+    for i in range(60):
+        t0 = float(i) * 0.1
+        chunks[i] = [(t0 + 0.2 + 0.03 * k + rng.random() * 0.01, 1) for k in range(8)]
+        reqs.append({"tier": "paid" if i % 3 == 0 else "free", "output_tokens": 8})
+    run = read_run(make_run(reqs, chunks, meta={"tiers": TIERS}))
+    before = run.chunks.copy(deep=True)
+    s = compute_summary(run, stability=False)
+    assert s["tiers"]["paid"]["num_requests"] == 20
+    assert run.chunks.equals(before)
