@@ -587,28 +587,22 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
          * from the tail, so it keeps the longest prefix k whose new blocks fit in the free
          * ones plus all the blocks the items from k on hold; the caller preempts the rest.
          * The condition holds on a prefix of k = 0..n (what is spent only grows, what is
-         * freed only shrinks): k is how many hold, less one. */
-        Py_ssize_t hold = 0;
+         * freed only shrinks), so the walk stops at the first k where it fails; what the
+         * kept prefix spent is its new blocks. (k = n never holds: need > free.) */
         int64_t spent = 0, freed = held;
-        for (Py_ssize_t k = 0;; k++) {
-            hold += spent <= free_blocks + freed;
-            if (k == n)
-                break;
+        int any = 0;
+        for (Py_ssize_t k = 0; k < n && spent <= free_blocks + freed; k++) {
+            any = 1;
+            kept = k;
+            need = spent;
             int64_t c = C[order[k]];
-            if (g[k] > 0)
-                spent += (c + g[k] + bs - 1) / bs - (c + bs - 1) / bs;
+            spent += (c + g[k] + bs - 1) / bs - (c + bs - 1) / bs;
             freed -= (c + bs - 1) / bs;
         }
-        if (hold == 0) { /* not even the empty prefix: the array pass decides */
+        if (!any) { /* not even the empty prefix: the array pass decides */
             ret = Py_None;
             Py_INCREF(ret);
             goto done;
-        }
-        kept = hold - 1;
-        need = 0;
-        for (Py_ssize_t i = 0; i < kept; i++) {
-            int64_t c = C[order[i]];
-            need += (c + g[i] + bs - 1) / bs - (c + bs - 1) / bs;
         }
     }
     int64_t granted = 0, sched = 0, decodes = 0, prefill = 0, kv_read = 0;
