@@ -66,20 +66,19 @@ def latency_stats(
     values_s: np.ndarray,
     metric: str,
     overwrite: bool = False,
-    scratch: np.ndarray | None = None,
     moments: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """mean/median/std (ddof=0)/percentiles in ms with vLLM key names; empty gives 0 (vLLM
     computes ``np.mean(x or 0)``), percentiles and median by ``np.percentile`` (linear: vLLM's
     ``np.percentile`` / ``np.median``). ``overwrite``: the caller's array may be reordered
     in place (no copy of 15M pooled ITL samples; numpy's multi-kth partition, ~8x faster
-    than a sort there). ``scratch``: :func:`mean_std`'s; ``moments``: its result when the
-    caller has it."""
+    than a sort there). ``moments``: :func:`mean_std`'s result when the caller has it (its
+    deviations in a buffer of the caller's)."""
     v = np.asarray(values_s, dtype=np.float64)
     if v.size == 0:
         v = np.zeros(1)
     # mean and std first, in the caller's order (pairwise sums): the partition reorders v
-    mean, std = mean_std(v, scratch) if moments is None else moments
+    mean, std = mean_std(v) if moments is None else moments
     # vLLM's np.median(v) is np.percentile(v, 50) for finite samples (both average the middle pair)
     pcts = np.percentile(v, (50, *PERCENTILES), overwrite_input=overwrite)
     out = {
@@ -176,6 +175,18 @@ class ChunkView:
         gaps, grp = _gaps_where(self.t, self.grp[1:] == self.grp[:-1], self.grp)
         assert grp is not None
         return gaps, grp
+
+
+def masked_into(values: np.ndarray, mask: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``values[mask]`` written into the front of ``out`` (returned: that front), slice by
+    slice as :func:`_gaps_where` fills (``np.compress`` with ``out`` builds an index array
+    and a buffered copy: two N-row temporaries)."""
+    at = 0
+    for a in range(0, values.size, _SLICE):
+        s = values[a : a + _SLICE][mask[a : a + _SLICE]]
+        out[at : at + s.size] = s
+        at += s.size
+    return out[:at]
 
 
 def _gaps_where(

@@ -82,9 +82,6 @@ _ECHO = {
 }
 
 
-_SLICE = 1 << 20  # rows per slice of a chunked pass (bounded temporaries)
-
-
 def _lookup(meta: Mapping[str, Any], key: str) -> Any:
     """A run.json key at top level or one level down (``config``, ``trace``, ...)."""
     if key in meta:
@@ -232,12 +229,13 @@ def _itl_stats(
         last = i == len(split) - 1
         if big is None or not counts[j]:  # no samples: numpy's figures of none
             sub = itl[mask]
-            whole = pooled() if last else None
+            if last:
+                whole = pooled()
             stats = M.latency_stats(sub, "itl")
         else:
-            sub = _masked_into(itl, mask, big)
+            sub = M.masked_into(itl, mask, big)
             moments = M.mean_std(sub, sub)  # the deviations over the copy ...
-            sub = _masked_into(itl, mask, big)  # ... and the samples again
+            sub = M.masked_into(itl, mask, big)  # ... and the samples again
             if not last:
                 stats = M.latency_stats(sub, "itl", overwrite=True, moments=moments)
             else:  # the pool is read for the last time: its partition beside this one
@@ -252,17 +250,6 @@ def _itl_stats(
     for name in whole_tiers:
         out[name] = out[None]
     return out
-
-
-def _masked_into(values: np.ndarray, mask: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``values[mask]`` written into the front of ``out`` slice by slice (``np.compress``
-    with ``out`` builds an index array and a buffered copy: two N-row temporaries)."""
-    at = 0
-    for a in range(0, values.size, _SLICE):
-        s = values[a : a + _SLICE][mask[a : a + _SLICE]]
-        out[at : at + s.size] = s
-        at += s.size
-    return out[:at]
 
 
 def _chunk_peak(rm: pd.DataFrame, cv: M.ChunkView, mask: np.ndarray) -> float:

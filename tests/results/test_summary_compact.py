@@ -275,13 +275,13 @@ def test_masked_copy_into_a_buffer_is_boolean_indexing(n):
     """The largest tier's ITL samples are copied into the buffer that held the pool's
     deviations, slice by slice (issue 13, page faults): the same values in the same order
     as ``itl[mask]``, across slice boundaries."""
-    from harness.results.summary import _masked_into
+    from harness.results.metrics import masked_into
 
     rng = np.random.default_rng(n)
     values = rng.random(n)
     mask = rng.random(n) < 0.9
     out = np.full(n + 2, -1.0)
-    got = _masked_into(values, mask, out)
+    got = masked_into(values, mask, out)
     assert np.array_equal(got, values[mask]) and got.base is out
     assert np.all(out[got.size :] == -1.0)
 
