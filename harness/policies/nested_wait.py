@@ -131,7 +131,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         return 0 if i == 0 else self.edges[i - 1]
 
     def _strict_empty(self, partial: np.ndarray) -> bool:
-        # the strict plan's first test below: segment 1 misses its threshold (NOTHING)
+        # segment 1 misses its threshold: _plan returns NOTHING by this test
         return not len(partial) and self.seg_caps is None and len(self._wq) < self.thresholds[0]
 
     def _plan(
@@ -140,7 +140,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         m = len(self.edges)
         n = self.thresholds
         num_waiting = len(self._wq)
-        if not flush and not len(partial) and self.seg_caps is None and num_waiting < n[0]:
+        if not flush and self._strict_empty(partial):
             return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
         unsorted = self._flush_in_running_order(flush, decoding)
         if unsorted and self.seg_caps is None:

@@ -378,7 +378,7 @@ class WaitPolicy(ThresholdFlushing):
     # -- planning ---------------------------------------------------------------------
     def _strict_empty(self, partial: np.ndarray) -> bool:
         # Algorithm 1's strict plan with no partial prefill and no type at its threshold
-        # runs and admits nothing (_plan_type's NOTHING)
+        # runs and admits nothing (_plan_type returns NOTHING by this test)
         return (
             self.gating == "type"
             and not len(partial)
@@ -397,10 +397,10 @@ class WaitPolicy(ThresholdFlushing):
     ) -> ColumnPlan:
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
         queues, n = self._wq.queues, self.thresholds
+        if not flush and self._strict_empty(partial):
+            return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
         # a type is eligible at its threshold n_j, or with anyone waiting when flushing
         eligible = list(map(bool, queues)) if flush else list(map(ge, map(len, queues), n))
-        if not flush and not len(partial) and not any(eligible):
-            return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
         if flush and self._all_in_quota(cv, decoding, partial):
             # every decode runs and nothing is cut: the order that the stage rule gives them
             # changes nothing, so they stay in running order (no age or group sort)
