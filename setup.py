@@ -5,12 +5,14 @@
   (issue 13);
 - ``harness.policies._planops``: the column policies' per-decode passes (issue 13);
 - ``harness.results._chunkgroup``: the summary's grouping of the chunk log by request
-  (issue 13).
+  (issue 13);
+- ``harness.results._orderstats``: the summary's percentiles by radix selection (issue 13).
 
 ``optional=True``: where an extension cannot be compiled (no compiler, no Python headers)
 the install still succeeds and its module uses the pure-Python code that does the same
 (:mod:`harness.loadgen.fastscan`, :mod:`harness.engine.fastsim`,
-:mod:`harness.policies.planops`, :mod:`harness.results.chunklog`).
+:mod:`harness.policies.planops`, :mod:`harness.results.chunklog`,
+:mod:`harness.results.metrics`).
 """
 
 from setuptools import Extension, setup
@@ -35,6 +37,11 @@ setup(
         Extension(
             "harness.results._chunkgroup",
             sources=["harness/results/_chunkgroup.c"],
+            optional=True,
+        ),
+        Extension(
+            "harness.results._orderstats",
+            sources=["harness/results/_orderstats.c"],
             optional=True,
         ),
     ]

@@ -21,13 +21,21 @@ row per step that emitted tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from harness.results.chunklog import ChunkArrays, dense_ids, group_order, positions
+
+try:  # the optional C selection (setup.py); without it numpy's partition does the same
+    from harness.results import _orderstats
+except ImportError:  # pragma: no cover - an install without a compiler
+    _orderstats = None  # type: ignore[assignment]
+if os.environ.get("HARNESS_PURE_SELECT") == "1":  # numpy's partition where C is built (A/B)
+    _orderstats = None  # type: ignore[assignment]
 
 #: Percentiles emitted for every latency metric (a superset of vLLM's default ``99``; §6.2).
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
@@ -37,6 +45,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_SEND_LAG_THRESHOLD_MS = 10.0
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 _SLICE = 1 << 20  # rows per slice of the chunked passes (bounded temporaries at 30M rows)
+_SELECT_MIN = 1 << 16  # samples from which the C selection beats numpy's partition
 
 
 def percentile_key(p: float, metric: str) -> str:
@@ -62,6 +71,54 @@ def mean_std(v: np.ndarray, scratch: np.ndarray | None = None) -> tuple[float, f
     return mean, var.dtype.type(np.sqrt(var))
 
 
+def percentiles(v: np.ndarray, pcts: Sequence[float], overwrite: bool = False) -> np.ndarray:
+    """``np.percentile(v, pcts)`` (its default linear method) of a 1-D float64 array, bit for
+    bit. numpy's own steps (``_quantile``: virtual index ``(n-1)q``, its floor and the next
+    index, the last one past the end, ``_lerp``) over order statistics that the C radix
+    selection (:mod:`harness.results._orderstats`) finds in three passes that only read
+    ``v``, where it is built and ``v`` is large: ~4x quicker than numpy's partition at 15M ITL
+    samples. Else, or when it declines (a NaN; more equal values than a copy of an eighth of
+    ``v`` holds), numpy's percentile (``overwrite``: in place, as its ``overwrite_input``)."""
+    n = v.size
+    q = np.true_divide(pcts, 100)
+    if (
+        _orderstats is None
+        or n < _SELECT_MIN
+        or v.dtype != np.float64
+        or v.ndim != 1
+        or not v.flags.c_contiguous
+        or q.ndim != 1
+        or not 1 <= q.size <= 32
+        or not bool(((q >= 0) & (q <= 1)).all())
+    ):
+        return np.percentile(v, pcts, overwrite_input=overwrite)
+    vi = (n - 1) * q  # numpy's 'linear' get_virtual_index
+    prev = np.floor(vi)
+    nxt = np.add(prev, 1)
+    above = vi >= n - 1  # numpy's _get_indexes: the last value, both sides
+    prev[above] = -1
+    nxt[above] = -1
+    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
+    ranks = np.unique(np.concatenate((prev_i, next_i)) % n).astype(np.int64)
+    got = _orderstats.select_ranks(v, ranks, n // 8)
+    if got is None:
+        return np.percentile(v, pcts, overwrite_input=overwrite)
+    at = np.array(got)
+    a, b = at[np.searchsorted(ranks, prev_i % n)], at[np.searchsorted(ranks, next_i % n)]
+    gamma = np.asanyarray(np.asanyarray(vi - prev_i), dtype=vi.dtype)  # numpy's _get_gamma
+    diff_b_a = b - a  # numpy's _lerp
+    out = np.add(a, diff_b_a * gamma)
+    np.subtract(
+        b,
+        diff_b_a * (1 - gamma),
+        out=out,
+        where=gamma >= 0.5,
+        casting="unsafe",
+        dtype=type(out.dtype),
+    )
+    return out
+
+
 def latency_stats(
     values_s: np.ndarray,
     metric: str,
@@ -80,7 +137,7 @@ def latency_stats(
     # mean and std first, in the caller's order (pairwise sums): the partition reorders v
     mean, std = mean_std(v) if moments is None else moments
     # vLLM's np.median(v) is np.percentile(v, 50) for finite samples (both average the middle pair)
-    pcts = np.percentile(v, (50, *PERCENTILES), overwrite_input=overwrite)
+    pcts = percentiles(v, (50, *PERCENTILES), overwrite)
     out = {
         f"mean_{metric}_ms": float(mean * 1000.0),
         f"median_{metric}_ms": float(pcts[0] * 1000.0),

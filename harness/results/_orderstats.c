@@ -1,0 +1,334 @@
+/* Order statistics of a float64 array by radix selection, without sorting or copying it
+ * (issue 13).
+ *
+ * Why: the summary's ITL percentiles are numpy's np.percentile over 15-21M samples (the
+ * pooled run and its largest tier). numpy partitions the samples in place at ~12 ranks
+ * (introselect): ~0.23 s an array on this machine, most of the summary. The same order
+ * statistics come from two counting passes and one filtered copy: each sample's float bits
+ * as an unsigned key that sorts as the float does, a histogram of its top 16 bits, a second
+ * one of the next 16 bits for the buckets that hold a wanted rank, then only the samples of
+ * those narrow buckets copied out and split further (16 bits a level) until each rank is one
+ * key. The caller's array is only read.
+ *
+ *   select_ranks(values, ranks, cap)   values: float64; ranks: int64, ascending, distinct,
+ *                                      each in [0, len(values)), at most 64 of them; cap: the
+ *                                      most samples the copy may hold. Returns a tuple of the
+ *                                      values at those ranks of the sorted array (as floats),
+ *                                      or None when the values hold a NaN (numpy's percentile
+ *                                      defines that case) or the wanted buckets hold more than
+ *                                      cap samples (many equal values: numpy's partition
+ *                                      does that in place, without the copy).
+ *
+ * Both zeros are one key (+0.0): an order statistic's value is the same either way, except
+ * for a zero's sign. harness.results.metrics.percentiles uses it where the install built it;
+ * numpy's np.percentile defines the answer, and tests/results/test_orderstats.py compares
+ * them bit for bit. The GIL is released over the passes, which only read the caller's array
+ * and bound every write by their own counts.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NB 65536 /* buckets a level (16 bits) */
+#define MAX_RANKS 64
+#define SIGN 0x8000000000000000ULL
+
+/* The key of x: unsigned, in the order of the floats (negatives reversed below the
+ * positives); both zeros are +0.0's key. */
+static inline uint64_t key_of(double x) {
+    uint64_t u;
+    if (x == 0.0)
+        return SIGN;
+    memcpy(&u, &x, 8);
+    return (u & SIGN) ? ~u : (u | SIGN);
+}
+
+static inline double value_of(uint64_t k) {
+    uint64_t u = (k & SIGN) ? (k & ~SIGN) : ~k;
+    double x;
+    memcpy(&x, &u, 8);
+    return x;
+}
+
+/* A C-contiguous buffer of 8-byte items, float64 ('d') or int64 ('q'). */
+static int get_buf(PyObject *o, Py_buffer *b, const char *what, char want) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    int ok = b->itemsize == 8 && f[0] != 0 && f[1] == 0 &&
+             (want == 'd' ? f[0] == 'd' : (f[0] == 'l' || f[0] == 'q'));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s items", what,
+                     want == 'd' ? "float64" : "int64");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where each of the ascending ranks r[0..nr) falls in the histogram h: its bucket (b) and
+ * its rank within the bucket (r rewritten). */
+static void locate(const size_t *h, size_t *r, int nr, int *b) {
+    size_t below = 0;
+    int d = 0;
+    for (int i = 0; i < nr; i++) {
+        while (below + h[d] <= r[i])
+            below += h[d++];
+        b[i] = d;
+        r[i] -= below;
+    }
+}
+
+/* The keys at ranks r[0..nr) (ascending, each < m) of keys[0..m), whose bits above `shift`
+ * + 16 are all equal, into out[0..nr). keys may be reordered. Returns -1 on no memory. */
+static int resolve(uint64_t *keys, size_t m, int shift, size_t *r, int nr, uint64_t *out) {
+    if (m <= 32) { /* insertion sort */
+        for (size_t i = 1; i < m; i++) {
+            uint64_t k = keys[i];
+            size_t j = i;
+            for (; j > 0 && keys[j - 1] > k; j--)
+                keys[j] = keys[j - 1];
+            keys[j] = k;
+        }
+        for (int i = 0; i < nr; i++)
+            out[i] = keys[r[i]];
+        return 0;
+    }
+    if (shift < 0) { /* every bit decided: the keys are equal */
+        for (int i = 0; i < nr; i++)
+            out[i] = keys[0];
+        return 0;
+    }
+    size_t *h = calloc(NB, sizeof(size_t));
+    if (h == NULL)
+        return -1;
+    for (size_t i = 0; i < m; i++)
+        h[(keys[i] >> shift) & 0xffff]++;
+    int b[MAX_RANKS] = {0};
+    locate(h, r, nr, b);
+    if (h[b[0]] == m) { /* one bucket holds them all: the next digit, in place */
+        free(h);
+        return resolve(keys, m, shift - 16, r, nr, out);
+    }
+    /* the wanted buckets' keys, bucket after bucket, in one pass */
+    size_t at[MAX_RANKS + 1], fill[MAX_RANKS];
+    int seg[MAX_RANKS], ns = 0;
+    at[0] = 0;
+    for (int i = 0; i < nr; i++) {
+        if (i == 0 || b[i] != b[i - 1]) {
+            at[ns + 1] = at[ns] + h[b[i]];
+            fill[ns] = at[ns];
+            ns++;
+        }
+        seg[i] = ns - 1;
+    }
+    uint64_t *sub = malloc(at[ns] * sizeof(uint64_t));
+    if (sub == NULL) {
+        free(h);
+        return -1;
+    }
+    int16_t *seg_of = (int16_t *)h; /* bucket -> its segment, or -1 (over the histogram) */
+    memset(seg_of, 0xff, NB * sizeof(int16_t));
+    for (int i = 0; i < nr; i++)
+        seg_of[b[i]] = (int16_t)seg[i];
+    for (size_t i = 0; i < m; i++) {
+        int s = seg_of[(keys[i] >> shift) & 0xffff];
+        if (s >= 0)
+            sub[fill[s]++] = keys[i];
+    }
+    free(h);
+    int rc = 0;
+    for (int s = 0, i = 0; s < ns && rc == 0; s++) {
+        int j = i;
+        while (j < nr && seg[j] == s)
+            j++;
+        rc = resolve(sub + at[s], at[s + 1] - at[s], shift - 16, r + i, j - i, out + i);
+        i = j;
+    }
+    free(sub);
+    return rc;
+}
+
+/* The selection itself, on the caller's values (only read). Returns 1 done, 0 declined
+ * (NaN, or more than cap samples to copy), -1 no memory. */
+static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
+                       uint64_t *out) {
+    int rc = -1;
+    size_t *h1 = calloc(NB, sizeof(size_t));
+    size_t *h2 = NULL;
+    uint64_t *buf = NULL;
+    int16_t *slot = NULL; /* top bucket -> its index among the wanted ones, or -1 */
+    if (h1 == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] != v[i]) {
+            rc = 0;
+            goto done;
+        }
+        h1[key_of(v[i]) >> 48]++;
+    }
+    int b1[MAX_RANKS], u1[MAX_RANKS], nu = 0;
+    locate(h1, r, nr, b1);
+    for (int i = 0; i < nr; i++)
+        if (i == 0 || b1[i] != b1[i - 1])
+            u1[nu++] = b1[i];
+    slot = malloc(NB * sizeof(int16_t));
+    h2 = calloc((size_t)nu * NB, sizeof(size_t));
+    if (slot == NULL || h2 == NULL)
+        goto done;
+    memset(slot, 0xff, NB * sizeof(int16_t));
+    for (int j = 0; j < nu; j++)
+        slot[u1[j]] = (int16_t)j;
+    /* the second level, within the wanted top buckets */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = key_of(v[i]);
+        int j = slot[k >> 48];
+        if (j >= 0)
+            h2[(size_t)j * NB + ((k >> 32) & 0xffff)]++;
+    }
+    /* each rank's 32-bit bucket: (top bucket index, second digit) */
+    int b2[MAX_RANKS], seg[MAX_RANKS], ns = 0;
+    size_t at[MAX_RANKS + 1], fill[MAX_RANKS];
+    at[0] = 0;
+    for (int i = 0, j = 0; i < nr; i++) {
+        while (u1[j] != b1[i])
+            j++;
+        size_t rr = r[i];
+        locate(h2 + (size_t)j * NB, &rr, 1, &b2[i]);
+        r[i] = rr;
+        if (i == 0 || b1[i] != b1[i - 1] || b2[i] != b2[i - 1]) {
+            at[ns + 1] = at[ns] + h2[(size_t)j * NB + b2[i]];
+            fill[ns] = at[ns];
+            ns++;
+        }
+        seg[i] = ns - 1;
+    }
+    if (at[ns] > cap) {
+        rc = 0;
+        goto done;
+    }
+    buf = malloc((at[ns] ? at[ns] : 1) * sizeof(uint64_t));
+    /* (top bucket index, second digit) -> its segment, or -1 (over the second histograms) */
+    int16_t *seg_of = (int16_t *)h2;
+    if (buf == NULL)
+        goto done;
+    memset(seg_of, 0xff, (size_t)nu * NB * sizeof(int16_t));
+    for (int i = 0, j = 0; i < nr; i++) {
+        while (u1[j] != b1[i])
+            j++;
+        seg_of[(size_t)j * NB + b2[i]] = (int16_t)seg[i];
+    }
+    /* copy the wanted 32-bit buckets' keys, segment by segment */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = key_of(v[i]);
+        int j = slot[k >> 48];
+        if (j < 0)
+            continue;
+        int s = seg_of[(size_t)j * NB + ((k >> 32) & 0xffff)];
+        if (s >= 0 && fill[s] < at[s + 1]) /* the counts bound every write */
+            buf[fill[s]++] = k;
+    }
+    for (int s = 0; s < ns; s++)
+        if (fill[s] != at[s + 1]) { /* the values changed under us: numpy decides */
+            rc = 0;
+            goto done;
+        }
+    rc = 1;
+    for (int s = 0, i = 0; s < ns && rc == 1; s++) {
+        int j = i;
+        while (j < nr && seg[j] == s)
+            j++;
+        if (resolve(buf + at[s], at[s + 1] - at[s], 16, r + i, j - i, out + i) < 0)
+            rc = -1;
+        i = j;
+    }
+done:
+    free(h1);
+    free(h2);
+    free(slot);
+    free(buf);
+    return rc;
+}
+
+static PyObject *select_ranks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "select_ranks() takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t cap = PyLong_AsSsize_t(args[2]);
+    if (cap == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer bv, br;
+    PyObject *ret = NULL;
+    if (get_buf(args[0], &bv, "values", 'd') < 0)
+        return NULL;
+    if (get_buf(args[1], &br, "ranks", 'q') < 0)
+        goto r1;
+    const Py_ssize_t n = bv.len / 8, nr = br.len / 8;
+    const int64_t *rk = br.buf;
+    if (nr < 1 || nr > MAX_RANKS) {
+        PyErr_Format(PyExc_ValueError, "select_ranks(): 1 to %d ranks, not %zd", MAX_RANKS, nr);
+        goto r2;
+    }
+    size_t r[MAX_RANKS];
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        if (rk[i] < 0 || rk[i] >= n || (i && rk[i] <= rk[i - 1])) {
+            PyErr_Format(PyExc_ValueError,
+                         "select_ranks(): ranks must ascend, distinct, in [0, %zd)", n);
+            goto r2;
+        }
+        r[i] = (size_t)rk[i];
+    }
+    uint64_t out[MAX_RANKS];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = select_keys(bv.buf, (size_t)n, r, (int)nr, cap < 0 ? 0 : (size_t)cap, out);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto r2;
+    }
+    if (rc == 0) {
+        ret = Py_None;
+        Py_INCREF(ret);
+        goto r2;
+    }
+    ret = PyTuple_New(nr);
+    if (ret == NULL)
+        goto r2;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *f = PyFloat_FromDouble(value_of(out[i]));
+        if (f == NULL) {
+            Py_CLEAR(ret);
+            goto r2;
+        }
+        PyTuple_SET_ITEM(ret, i, f);
+    }
+r2:
+    PyBuffer_Release(&br);
+r1:
+    PyBuffer_Release(&bv);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"select_ranks", (PyCFunction)(void (*)(void))select_ranks, METH_FASTCALL,
+     "select_ranks(values, ranks, cap) -> tuple | None: the values at those ranks of the "
+     "sorted array; None on a NaN or more than cap samples to copy."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_orderstats",
+    .m_doc = "Order statistics by radix selection (harness.results.metrics.percentiles).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__orderstats(void) { return PyModule_Create(&module); }
