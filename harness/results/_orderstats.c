@@ -1,5 +1,5 @@
-/* Order statistics of a float64 array by radix selection, without sorting or copying it
- * (issue 13).
+/* Order statistics of a float64 array by radix selection, without sorting it or writing to
+ * it (issue 13).
  *
  * Why: the summary's ITL percentiles are numpy's np.percentile over 15-21M samples (the
  * pooled run and its largest tier). numpy partitions the samples in place at ~12 ranks
@@ -15,15 +15,17 @@
  *                                      most samples the copy may hold. Returns a tuple of the
  *                                      values at those ranks of the sorted array (as floats),
  *                                      or None when the values hold a NaN (numpy's percentile
- *                                      defines that case) or the wanted buckets hold more than
- *                                      cap samples (many equal values: numpy's partition
- *                                      does that in place, without the copy).
+ *                                      defines that case) or a negative zero (which zero numpy
+ *                                      reports there depends on its partition's arrangement),
+ *                                      or the wanted buckets hold more than cap samples (many
+ *                                      equal values: numpy's partition does that in place,
+ *                                      without the copy).
  *
- * Both zeros are one key (+0.0): an order statistic's value is the same either way, except
- * for a zero's sign. harness.results.metrics.percentiles uses it where the install built it;
- * numpy's np.percentile defines the answer, and tests/results/test_orderstats.py compares
- * them bit for bit. The GIL is released over the passes, which only read the caller's array
- * and bound every write by their own counts.
+ * harness.results.metrics.percentiles uses it where the install built it; numpy's
+ * np.percentile defines the answer, and tests/results/test_orderstats.py compares them bit for
+ * bit. The GIL is released over the passes, which only read the caller's array; a count that
+ * disagrees with an earlier one (another thread wrote the values meanwhile) declines, and
+ * every write is bounded by the function's own counts.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,13 +36,12 @@
 #define NB 65536 /* buckets a level (16 bits) */
 #define MAX_RANKS 64
 #define SIGN 0x8000000000000000ULL
+#define NEG_ZERO 0x7fffffffffffffffULL /* key_of(-0.0) */
 
 /* The key of x: unsigned, in the order of the floats (negatives reversed below the
- * positives); both zeros are +0.0's key. */
+ * positives). */
 static inline uint64_t key_of(double x) {
     uint64_t u;
-    if (x == 0.0)
-        return SIGN;
     memcpy(&u, &x, 8);
     return (u & SIGN) ? ~u : (u | SIGN);
 }
@@ -165,11 +166,12 @@ static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
     if (h1 == NULL)
         return -1;
     for (size_t i = 0; i < n; i++) {
-        if (v[i] != v[i]) {
+        uint64_t k = key_of(v[i]);
+        if (v[i] != v[i] || k == NEG_ZERO) {
             rc = 0;
             goto done;
         }
-        h1[key_of(v[i]) >> 48]++;
+        h1[k >> 48]++;
     }
     int b1[MAX_RANKS], u1[MAX_RANKS], nu = 0;
     locate(h1, r, nr, b1);
@@ -189,6 +191,17 @@ static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
         int j = slot[k >> 48];
         if (j >= 0)
             h2[(size_t)j * NB + ((k >> 32) & 0xffff)]++;
+    }
+    /* each wanted top bucket's second histogram counts what the first did (else the values
+     * changed under us: numpy decides), so every rank below falls inside its row */
+    for (int j = 0; j < nu; j++) {
+        size_t sum = 0;
+        for (size_t d = 0; d < NB; d++)
+            sum += h2[(size_t)j * NB + d];
+        if (sum != h1[u1[j]]) {
+            rc = 0;
+            goto done;
+        }
     }
     /* each rank's 32-bit bucket: (top bucket index, second digit) */
     int b2[MAX_RANKS], seg[MAX_RANKS], ns = 0;
