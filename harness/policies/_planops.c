@@ -18,7 +18,11 @@
  *                   segment (Nested WAIT's memory guard, seed-wait.md §9 #12);
  *   keyed_reached   how many running requests reached a per-key bound (MC-SF: output
  *                   estimates reached, seed-mcsf.md REC a);
- *   keyed_sum       the sum of a per-key value over the running requests (MC-SF: KV peaks).
+ *   keyed_sum       the sum of a per-key value over the running requests (MC-SF: KV peaks);
+ *   ranked_order    SLAI's run order: the decodes ranked by (last schedulable time,
+ *                   arrival), the critical ones first, then the partial prefills, then the
+ *                   non-critical ones that fit, with each item's tokens (seed-rad-slai.md
+ *                   §5.5, §7 #6).
  *
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
@@ -30,6 +34,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* `nargs` is `n`, else a TypeError naming `fn`. */
 static int want_args(Py_ssize_t nargs, Py_ssize_t n, const char *fn) {
@@ -641,6 +646,133 @@ out:
     return ret;
 }
 
+/* numpy's float order (NaN last, NaNs equal): a before b. */
+static inline int f_lt(double a, double b) { return a < b || (b != b && a == a); }
+
+/* The decode indices idx[0..n) sorted by (lst[i], arrival[dec[i]], i), as numpy's stable
+ * lexsort((arrival[dec], lst)) orders them (merge sort, tmp: n slots). */
+static void rank_sort(int64_t *idx, int64_t *tmp, Py_ssize_t n, const double *lst,
+                      const double *arrival, const int64_t *dec) {
+    if (n < 2)
+        return;
+    if (n <= 12) { /* insertion sort: stable, ties keep the index order */
+        for (Py_ssize_t i = 1; i < n; i++) {
+            int64_t x = idx[i];
+            Py_ssize_t j = i;
+            for (; j > 0; j--) {
+                int64_t y = idx[j - 1];
+                int before = f_lt(lst[x], lst[y]) ||
+                             (!f_lt(lst[y], lst[x]) && f_lt(arrival[dec[x]], arrival[dec[y]]));
+                if (!before)
+                    break;
+                idx[j] = y;
+            }
+            idx[j] = x;
+        }
+        return;
+    }
+    Py_ssize_t h = n / 2;
+    rank_sort(idx, tmp, h, lst, arrival, dec);
+    rank_sort(idx + h, tmp, n - h, lst, arrival, dec);
+    memcpy(tmp, idx, (size_t)h * sizeof(int64_t));
+    Py_ssize_t a = 0, b = h, k = 0;
+    while (a < h && b < n) { /* the right one first only when strictly before: stable */
+        int64_t x = tmp[a], y = idx[b];
+        int right = f_lt(lst[y], lst[x]) ||
+                    (!f_lt(lst[x], lst[y]) && f_lt(arrival[dec[y]], arrival[dec[x]]));
+        idx[k++] = right ? (b++, y) : (a++, x);
+    }
+    while (a < h)
+        idx[k++] = tmp[a++];
+}
+
+/* ranked_order(decodes, lst, arrival, part, got, nc, ncrit, nn, order, tok) -> None: SLAI's
+ * run order into `order`: the decodes ranked by (lst, arrival[decode]) (stable), their first
+ * nc (the critical ones run), the partial prefills `part`, then ranked[ncrit:ncrit + nn]
+ * (the non-critical ones that fit); `tok` gets 1 a decode and `got` a partial prefill (an
+ * int for every one, or an int64 array beside `part`). `order` and `tok` hold exactly
+ * nc + len(part) + nn items. */
+static PyObject *ranked_order(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 10, "ranked_order") < 0)
+        return NULL;
+    Py_ssize_t nc = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t ncrit = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t nn = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    int got_int = PyLong_Check(args[4]);
+    long long got1 = got_int ? PyLong_AsLongLong(args[4]) : 0;
+    if (got_int && got1 == -1 && PyErr_Occurred())
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    int64_t stack[2 * 256], *heap = NULL;
+    Py_buffer *bd = take(&s, args[0], 'i', "decodes", 0);
+    Py_buffer *bl = bd ? take(&s, args[1], 'f', "lst", 0) : NULL;
+    Py_buffer *ba = bl ? take(&s, args[2], 'f', "arrival", 0) : NULL;
+    Py_buffer *bp = ba ? take(&s, args[3], 'i', "part", 0) : NULL;
+    Py_buffer *bg = (bp && !got_int) ? take(&s, args[4], 'i', "got", 0) : bp;
+    Py_buffer *bo = bg ? take(&s, args[8], 'i', "order", PyBUF_WRITABLE) : NULL;
+    Py_buffer *bt = bo ? take(&s, args[9], 'i', "tok", PyBUF_WRITABLE) : NULL;
+    if (bt == NULL)
+        goto out;
+    Py_ssize_t nd = bd->len / 8, np_ = bp->len / 8, R = ba->len / 8;
+    Py_ssize_t n = nc + np_ + nn;
+    if (bl->len != bd->len || (!got_int && bg->len != bp->len)) {
+        PyErr_SetString(PyExc_ValueError, "ranked_order(): lst or got lengths differ");
+        goto out;
+    }
+    if (nc < 0 || nn < 0 || nc > ncrit || ncrit > nd || nn > nd - ncrit ||
+        bo->len / 8 != n || bt->len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "ranked_order(): counts do not fit the decodes");
+        goto out;
+    }
+    if (bo->buf == bt->buf || (bo->buf < (void *)((char *)bt->buf + bt->len) &&
+                               bt->buf < (void *)((char *)bo->buf + bo->len))) {
+        PyErr_SetString(PyExc_ValueError, "ranked_order(): order and tok overlap");
+        goto out;
+    }
+    const int64_t *dec = (const int64_t *)bd->buf, *part = (const int64_t *)bp->buf;
+    for (Py_ssize_t i = 0; i < nd; i++)
+        if (dec[i] < 0 || dec[i] >= R) {
+            PyErr_SetString(PyExc_IndexError, "ranked_order(): position out of range");
+            goto out;
+        }
+    int64_t *idx = stack;
+    if (nd > 256) {
+        idx = heap = (int64_t *)malloc(2 * (size_t)nd * sizeof(int64_t));
+        if (heap == NULL) {
+            PyErr_NoMemory();
+            goto out;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nd; i++)
+        idx[i] = i;
+    rank_sort(idx, idx + nd, nd, (const double *)bl->buf, (const double *)ba->buf, dec);
+    int64_t *o = (int64_t *)bo->buf, *t = (int64_t *)bt->buf;
+    const int64_t *g = got_int ? NULL : (const int64_t *)bg->buf;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < nc; i++, k++) {
+        o[k] = dec[idx[i]];
+        t[k] = 1;
+    }
+    for (Py_ssize_t i = 0; i < np_; i++, k++) {
+        o[k] = part[i];
+        t[k] = g ? g[i] : (int64_t)got1;
+    }
+    for (Py_ssize_t i = ncrit; i < ncrit + nn; i++, k++) {
+        o[k] = dec[idx[i]];
+        t[k] = 1;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+out:
+    free(heap);
+    release_all(&s);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"deadlines", (PyCFunction)(void (*)(void))deadlines, METH_FASTCALL,
      "deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out) -> "
@@ -662,6 +794,10 @@ static PyMethodDef methods[] = {
      "keyed_reached(values, key, table) -> n: how many have values[p] >= table[key[p]]."},
     {"keyed_sum", (PyCFunction)(void (*)(void))keyed_sum, METH_FASTCALL,
      "keyed_sum(key, table) -> the sum of table[key[p]]."},
+    {"ranked_order", (PyCFunction)(void (*)(void))ranked_order, METH_FASTCALL,
+     "ranked_order(decodes, lst, arrival, part, got, nc, ncrit, nn, order, tok) -> None: "
+     "SLAI's run order (ranked critical decodes, partial prefills, ranked non-critical "
+     "ones) and its tokens."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -191,6 +191,29 @@ def keyed_sum_py(key: np.ndarray, table: np.ndarray) -> int:
     return int(table[key].sum())
 
 
+def ranked_order_py(
+    decodes: np.ndarray,
+    lst: np.ndarray,
+    arrival: np.ndarray,
+    part: np.ndarray,
+    got: np.ndarray | int,
+    nc: int,
+    ncrit: int,
+    nn: int,
+    order: np.ndarray,
+    tok: np.ndarray,
+) -> None:
+    """SLAI's run order (seed-rad-slai.md §5.5) into ``order``: the decodes ranked by
+    ``(lst, arrival)``, stable (#6), their first ``nc`` (the critical ones that run), the
+    partial prefills ``part``, then ``ranked[ncrit:ncrit + nn]`` (the non-critical ones that
+    fit); ``tok``: 1 a decode, ``got`` a partial prefill (one int for each, or an array
+    beside ``part``). ``order`` and ``tok`` hold exactly ``nc + len(part) + nn`` items."""
+    ranked = decodes[np.lexsort((arrival[decodes], lst))] if len(decodes) > 1 else decodes
+    order[:] = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
+    tok[:] = 1
+    tok[nc : nc + len(part)] = got
+
+
 if USE_C:
     deadlines = _planops.deadlines  # type: ignore[union-attr]
     type_stages = _planops.type_stages  # type: ignore[union-attr]
@@ -199,6 +222,7 @@ if USE_C:
     segment_blocks = _planops.segment_blocks  # type: ignore[union-attr]
     keyed_reached = _planops.keyed_reached  # type: ignore[union-attr]
     keyed_sum = _planops.keyed_sum  # type: ignore[union-attr]
+    ranked_order = _planops.ranked_order  # type: ignore[union-attr]
 else:
     deadlines = deadlines_py
     type_stages = type_stages_py
@@ -207,3 +231,4 @@ else:
     segment_blocks = segment_blocks_py
     keyed_reached = keyed_reached_py
     keyed_sum = keyed_sum_py
+    ranked_order = ranked_order_py

@@ -283,11 +283,14 @@ class SLAIPolicy(ColumnPolicy):
         if not len(part) and nc + nn == nd:  # every decode runs one token, nothing else
             order = self._every_decode_order(cv, decodes, lst)
             return ColumnPlan(order, 1, admit_requests=admit, then_steady=then)
-        if ranked is None:
-            ranked = self._ranked(rc, decodes, lst)
-        order = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
-        tok = np.ones(len(order), np.int64)
-        tok[nc : nc + len(part)] = got
+        order = np.empty(nc + len(part) + nn, np.int64)
+        tok = np.empty(len(order), np.int64)
+        if ranked is None:  # ranked, then the critical ones, the prefills, the rest (C)
+            planops.ranked_order(decodes, lst, rc.arrival, part, got, nc, ncrit, nn, order, tok)
+        else:
+            order[:] = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
+            tok[:] = 1
+            tok[nc : nc + len(part)] = got
         return ColumnPlan(order, tok, admit_requests=admit, then_steady=then)
 
     def _every_decode_order(

@@ -1,13 +1,13 @@
 """The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
 
-:mod:`harness.policies.planops` defines seven passes in numpy (SLAI's Eq. 8 deadlines with
-their per-key cache, WAIT's (type, stage) quota check, Nested WAIT's stage groups, whether
-they hold until they empty, and its memory guard's blocks, MC-SF's reached estimates and sum
-of peaks by key) and runs them in C where the optional extension ``harness.policies._planops``
-was built. Here each C function meets its numpy definition on random columns (return values,
-and every array the pass writes); whole simulations of the policies that use them give the
-same token times and counters with either set; the environment variable selects them; and
-the C code refuses bad input without writing.
+:mod:`harness.policies.planops` defines eight passes in numpy (SLAI's Eq. 8 deadlines with
+their per-key cache and its ranked run order, WAIT's (type, stage) quota check, Nested WAIT's
+stage groups, whether they hold until they empty, and its memory guard's blocks, MC-SF's
+reached estimates and sum of peaks by key) and runs them in C where the optional extension
+``harness.policies._planops`` was built. Here each C function meets its numpy definition on
+random columns (return values, and every array the pass writes); whole simulations of the
+policies that use them give the same token times and counters with either set; the
+environment variable selects them; and the C code refuses bad input without writing.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ PASSES = (
     "segment_blocks",
     "keyed_reached",
     "keyed_sum",
+    "ranked_order",
 )
 
 
@@ -203,6 +204,75 @@ def test_keyed_passes_match_the_numpy_ones(seed: int) -> None:
     assert _c("keyed_sum")(key, table) == _py("keyed_sum")(key, table)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_ranked_order_matches_the_numpy_one(seed: int) -> None:
+    """SLAI's run order: ties in the deadlines (broken by arrival, then running order), NaN
+    deadlines (last, as numpy sorts them), more decodes than the C code's stack holds, the
+    partial prefills' tokens as one int or an array."""
+    rng = np.random.default_rng(seed)
+    R = int(rng.integers(1, 600 if seed % 5 == 0 else 140))
+    nd = int(rng.integers(1, R + 1))
+    decodes = np.sort(rng.choice(R, nd, replace=False)).astype(np.int64)
+    if seed % 2:
+        rng.shuffle(decodes)
+    lst = np.round(rng.random(nd) * 4) / 4  # many ties
+    if seed % 3 == 0:
+        lst[rng.random(nd) < 0.2] = np.nan
+    arrival = np.round(rng.random(R) * 3) / 3
+    ncrit = int(rng.integers(0, nd + 1))
+    nc, nn = int(rng.integers(0, ncrit + 1)), int(rng.integers(0, nd - ncrit + 1))
+    rest = np.setdiff1d(np.arange(R), decodes)
+    part = rest[: int(rng.integers(0, min(3, len(rest)) + 1))].astype(np.int64)
+    got = int(rng.integers(1, 500)) if seed % 4 else rng.integers(1, 500, len(part))
+    n = nc + len(part) + nn
+    outs = []
+    for impl in (_c, _py):
+        order, tok = np.full(n, -7, np.int64), np.full(n, -7, np.int64)
+        assert (
+            impl("ranked_order")(decodes, lst, arrival, part, got, nc, ncrit, nn, order, tok)
+            is None
+        )
+        outs.append((order, tok))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def test_ranked_order_refuses_bad_input_without_writing() -> None:
+    ro = _c("ranked_order")
+    decodes, lst = np.array([0, 2], dtype=np.int64), np.array([0.5, 0.1])
+    arrival, part = np.zeros(4), np.array([3], dtype=np.int64)
+    order, tok = np.full(4, -7, np.int64), np.full(4, -7, np.int64)
+    args = [decodes, lst, arrival, part, 5, 1, 1, 1, order[:3], tok[:3]]
+
+    def with_arg(i: int, value) -> None:
+        ro(*[value if j == i else a for j, a in enumerate(args)])
+
+    with pytest.raises(TypeError, match="int64"):
+        with_arg(0, decodes.astype(np.int32))
+    with pytest.raises(TypeError, match="float64"):
+        with_arg(1, lst.astype(np.float32))
+    with pytest.raises(ValueError, match="lengths differ"):
+        with_arg(1, lst[:1])
+    with pytest.raises(ValueError, match="lengths differ"):
+        with_arg(4, np.array([1, 2], dtype=np.int64))
+    with pytest.raises(IndexError, match="position"):
+        with_arg(0, np.array([0, 4], dtype=np.int64))
+    for i, bad in ((5, 2), (6, 3), (7, 2), (5, -1), (8, order[:2]), (9, tok)):
+        with pytest.raises(ValueError, match="counts"):
+            with_arg(i, bad)
+    with pytest.raises(ValueError, match="overlap"):
+        with_arg(9, order[:3])
+    frozen = tok[:3].copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        with_arg(9, frozen)
+    with pytest.raises(TypeError, match="takes 10"):
+        ro(*args[:9])
+    assert (order == -7).all() and (tok == -7).all()
+    ro(*args)  # the good call: decodes ranked by deadline, the critical one, the prefill, ...
+    assert order[:3].tolist() == [2, 3, 0] and tok[:3].tolist() == [1, 5, 1]
+
+
 def _synthetic(n: int, rate: float, seed: int):
     from harness.workload import build_trace
 
@@ -272,7 +342,7 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:
-    dl, ts, sg, sh, sb, kr, ks = (_c(n) for n in PASSES)
+    dl, ts, sg, sh, sb, kr, ks = (_c(n) for n in PASSES[:7])
     key = np.array([0, 1, 2], dtype=np.int64)
     last, tbt = np.array([1.0, 2.0, 3.0]), np.array([0.1, np.nan, 0.5])
     e, v, out = np.full(4, np.nan), np.zeros(4), np.zeros(3)
