@@ -65,8 +65,10 @@ class RunningColumns(NamedTuple):
         the usual cases from the prefilling count alone (none, or only the newest)."""
         n = len(self.prompt)
         if self.num_prefilling == 0:
-            return np.arange(n), NO_POSITIONS
+            return (_SPAN[:n] if n <= len(_SPAN) else np.arange(n)), NO_POSITIONS
         if self.num_prefilling == 1 and self._last_prefills():  # the usual one: the newest
+            if n <= len(_SPAN):
+                return _SPAN[: n - 1], _SPAN[n - 1 : n]
             return np.arange(n - 1), np.array([n - 1])
         dec = decoding_mask(self.prompt, self.output, self.computed)
         return np.flatnonzero(dec), np.flatnonzero(~dec)
@@ -106,6 +108,10 @@ class RunningColumns(NamedTuple):
 
 # no positions (shared, never written): ColumnPlan(NO_POSITIONS) runs nothing (None: everyone)
 NO_POSITIONS = np.empty(0, np.int64)
+# positions 0, 1, 2, ...: RunningColumns.split's usual answers are read-only views of it (two
+# fresh arrays a plan cost more than the rest of a light plan's split)
+_SPAN = np.arange(1 << 12, dtype=np.int64)
+_SPAN.flags.writeable = False
 
 
 class ColumnView(NamedTuple):
