@@ -646,6 +646,12 @@ out:
     return ret;
 }
 
+/* Whether two buffers share a byte (empty ones share none). */
+static int overlaps(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a->len > 0 && b->len > 0 && a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
 /* numpy's float order (NaN last, NaNs equal): a before b. */
 static inline int f_lt(double a, double b) { return a < b || (b != b && a == a); }
 
@@ -691,45 +697,71 @@ static void rank_sort(int64_t *idx, int64_t *tmp, Py_ssize_t n, const double *ls
  * nc (the critical ones run), the partial prefills `part`, then ranked[ncrit:ncrit + nn]
  * (the non-critical ones that fit); `tok` gets 1 a decode and `got` a partial prefill (an
  * int for every one, or an int64 array beside `part`). `order` and `tok` hold exactly
- * nc + len(part) + nn items. */
+ * nc + len(part) + nn items and share no byte with an input. */
 static PyObject *ranked_order(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 10, "ranked_order") < 0)
         return NULL;
-    Py_ssize_t nc = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t ncrit = PyLong_AsSsize_t(args[6]);
-    Py_ssize_t nn = PyLong_AsSsize_t(args[7]);
-    if (PyErr_Occurred())
-        return NULL;
-    int got_int = PyLong_Check(args[4]);
-    long long got1 = got_int ? PyLong_AsLongLong(args[4]) : 0;
-    if (got_int && got1 == -1 && PyErr_Occurred())
-        return NULL;
+    Py_ssize_t cnt[3]; /* nc, ncrit, nn: any Python or numpy integer */
+    for (int i = 0; i < 3; i++) {
+        cnt[i] = PyNumber_AsSsize_t(args[5 + i], PyExc_OverflowError);
+        if (cnt[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    const Py_ssize_t nc = cnt[0], ncrit = cnt[1], nn = cnt[2];
     bufs s = {.n = 0};
     PyObject *ret = NULL;
     int64_t stack[2 * 256], *heap = NULL;
+    int64_t got1 = 0; /* got as one int for every prefill (g == NULL) */
+    const int64_t *g = NULL;
     Py_buffer *bd = take(&s, args[0], 'i', "decodes", 0);
     Py_buffer *bl = bd ? take(&s, args[1], 'f', "lst", 0) : NULL;
     Py_buffer *ba = bl ? take(&s, args[2], 'f', "arrival", 0) : NULL;
     Py_buffer *bp = ba ? take(&s, args[3], 'i', "part", 0) : NULL;
-    Py_buffer *bg = (bp && !got_int) ? take(&s, args[4], 'i', "got", 0) : bp;
-    Py_buffer *bo = bg ? take(&s, args[8], 'i', "order", PyBUF_WRITABLE) : NULL;
+    if (bp == NULL)
+        goto out;
+    if (PyLong_Check(args[4])) {
+        got1 = PyLong_AsLongLong(args[4]);
+        if (got1 == -1 && PyErr_Occurred())
+            goto out;
+    } else { /* an int64 array beside part, or a numpy int64 scalar (0-d) */
+        Py_buffer *bg = take(&s, args[4], 'i', "got", 0);
+        if (bg == NULL)
+            goto out;
+        if (bg->ndim == 0)
+            got1 = *(const int64_t *)bg->buf;
+        else if (bg->len != bp->len) {
+            PyErr_SetString(PyExc_ValueError, "ranked_order(): lst or got lengths differ");
+            goto out;
+        } else
+            g = (const int64_t *)bg->buf;
+    }
+    Py_buffer *bo = take(&s, args[8], 'i', "order", PyBUF_WRITABLE);
     Py_buffer *bt = bo ? take(&s, args[9], 'i', "tok", PyBUF_WRITABLE) : NULL;
     if (bt == NULL)
         goto out;
     Py_ssize_t nd = bd->len / 8, np_ = bp->len / 8, R = ba->len / 8;
-    Py_ssize_t n = nc + np_ + nn;
-    if (bl->len != bd->len || (!got_int && bg->len != bp->len)) {
+    if (bl->len != bd->len) {
         PyErr_SetString(PyExc_ValueError, "ranked_order(): lst or got lengths differ");
         goto out;
     }
     if (nc < 0 || nn < 0 || nc > ncrit || ncrit > nd || nn > nd - ncrit ||
-        bo->len / 8 != n || bt->len / 8 != n) {
+        bo->len / 8 != nc + np_ + nn || bt->len / 8 != nc + np_ + nn) {
         PyErr_SetString(PyExc_ValueError, "ranked_order(): counts do not fit the decodes");
         goto out;
     }
-    if (bo->buf == bt->buf || (bo->buf < (void *)((char *)bt->buf + bt->len) &&
-                               bt->buf < (void *)((char *)bo->buf + bo->len))) {
+    /* the outputs are written while the inputs are read: no byte in common (s.b[4] is got
+     * when it came as a buffer) */
+    for (int i = 0; i < s.n; i++) {
+        const Py_buffer *x = &s.b[i];
+        if (x == bo || x == bt)
+            continue;
+        if (overlaps(bo, x) || overlaps(bt, x)) {
+            PyErr_SetString(PyExc_ValueError, "ranked_order(): an output overlaps an input");
+            goto out;
+        }
+    }
+    if (overlaps(bo, bt)) {
         PyErr_SetString(PyExc_ValueError, "ranked_order(): order and tok overlap");
         goto out;
     }
@@ -751,7 +783,6 @@ static PyObject *ranked_order(PyObject *self, PyObject *const *args, Py_ssize_t 
         idx[i] = i;
     rank_sort(idx, idx + nd, nd, (const double *)bl->buf, (const double *)ba->buf, dec);
     int64_t *o = (int64_t *)bo->buf, *t = (int64_t *)bt->buf;
-    const int64_t *g = got_int ? NULL : (const int64_t *)bg->buf;
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < nc; i++, k++) {
         o[k] = dec[idx[i]];
@@ -759,7 +790,7 @@ static PyObject *ranked_order(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     for (Py_ssize_t i = 0; i < np_; i++, k++) {
         o[k] = part[i];
-        t[k] = g ? g[i] : (int64_t)got1;
+        t[k] = g ? g[i] : got1;
     }
     for (Py_ssize_t i = ncrit; i < ncrit + nn; i++, k++) {
         o[k] = dec[idx[i]];

@@ -65,11 +65,11 @@ class RunningColumns(NamedTuple):
         the usual cases from the prefilling count alone (none, or only the newest)."""
         n = len(self.prompt)
         if self.num_prefilling == 0:
-            return (_SPAN[:n] if n <= len(_SPAN) else np.arange(n)), NO_POSITIONS
+            return (_SPAN[:n] if n <= len(_SPAN) else np.arange(n, dtype=np.int64)), NO_POSITIONS
         if self.num_prefilling == 1 and self._last_prefills():  # the usual one: the newest
             if n <= len(_SPAN):
                 return _SPAN[: n - 1], _SPAN[n - 1 : n]
-            return np.arange(n - 1), np.array([n - 1])
+            return np.arange(n - 1, dtype=np.int64), np.array([n - 1], dtype=np.int64)
         dec = decoding_mask(self.prompt, self.output, self.computed)
         return np.flatnonzero(dec), np.flatnonzero(~dec)
 

@@ -332,7 +332,7 @@ r1:
 static PyMethodDef methods[] = {
     {"select_ranks", (PyCFunction)(void (*)(void))select_ranks, METH_FASTCALL,
      "select_ranks(values, ranks, cap) -> tuple | None: the values at those ranks of the "
-     "sorted array; None on a NaN or more than cap samples to copy."},
+     "sorted array; None on a NaN, a negative zero or more than cap samples to copy."},
     {NULL, NULL, 0, NULL},
 };
 

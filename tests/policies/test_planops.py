@@ -262,6 +262,8 @@ def test_ranked_order_refuses_bad_input_without_writing() -> None:
             with_arg(i, bad)
     with pytest.raises(ValueError, match="overlap"):
         with_arg(9, order[:3])
+    with pytest.raises(ValueError, match="overlaps an input"):  # an output over an input
+        ro(decodes, lst, arrival, order[:1], 5, 1, 1, 1, order[:3], tok[:3])
     frozen = tok[:3].copy()
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
@@ -271,6 +273,9 @@ def test_ranked_order_refuses_bad_input_without_writing() -> None:
     assert (order == -7).all() and (tok == -7).all()
     ro(*args)  # the good call: decodes ranked by deadline, the critical one, the prefill, ...
     assert order[:3].tolist() == [2, 3, 0] and tok[:3].tolist() == [1, 5, 1]
+    for counts, got in (((np.int64(1), np.int32(1), np.int64(1)), np.int64(6)), ((1, 1, 1), 6)):
+        ro(decodes, lst, arrival, part, got, *counts, order[:3], tok[:3])  # numpy integers too
+        assert order[:3].tolist() == [2, 3, 0] and tok[:3].tolist() == [1, 6, 1]
 
 
 def _synthetic(n: int, rate: float, seed: int):
