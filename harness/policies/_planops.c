@@ -22,7 +22,9 @@
  *   ranked_order    SLAI's run order: the decodes ranked by (last schedulable time,
  *                   arrival), the critical ones first, then the partial prefills, then the
  *                   non-critical ones that fit, with each item's tokens (seed-rad-slai.md
- *                   §5.5, §7 #6).
+ *                   §5.5, §7 #6);
+ *   ascending       whether a column never decreases (RAD: its decode batch is oldest first
+ *                   already when the running set's arrivals ascend, seed-rad-slai.md §3.3).
  *
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
@@ -804,6 +806,23 @@ out:
     return ret;
 }
 
+/* ascending(values) -> bool: values[i] <= values[i + 1] for every i (float64; a NaN makes
+ * it False, as numpy's comparison does). */
+static PyObject *ascending(PyObject *self, PyObject *arg) {
+    (void)self;
+    bufs s = {.n = 0};
+    Py_buffer *bv = take(&s, arg, 'f', "values", 0);
+    if (bv == NULL)
+        return NULL;
+    const double *v = (const double *)bv->buf;
+    Py_ssize_t n = bv->len / 8;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i + 1 < n && ok; i++)
+        ok = v[i] <= v[i + 1];
+    release_all(&s);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"deadlines", (PyCFunction)(void (*)(void))deadlines, METH_FASTCALL,
      "deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out) -> "
@@ -829,6 +848,8 @@ static PyMethodDef methods[] = {
      "ranked_order(decodes, lst, arrival, part, got, nc, ncrit, nn, order, tok) -> None: "
      "SLAI's run order (ranked critical decodes, partial prefills, ranked non-critical "
      "ones) and its tokens."},
+    {"ascending", (PyCFunction)ascending, METH_O,
+     "ascending(values) -> bool: every value at most the next (a NaN: False)."},
     {NULL, NULL, 0, NULL},
 };
 

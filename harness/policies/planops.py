@@ -214,6 +214,12 @@ def ranked_order_py(
     tok[nc : nc + len(part)] = got
 
 
+def ascending_py(values: np.ndarray) -> bool:
+    """Whether ``values`` never decreases (a NaN: False): RAD's decode batch is oldest first
+    already when the running set's arrivals ascend (seed-rad-slai.md §3.3)."""
+    return bool((values[:-1] <= values[1:]).all())
+
+
 if USE_C:
     deadlines = _planops.deadlines  # type: ignore[union-attr]
     type_stages = _planops.type_stages  # type: ignore[union-attr]
@@ -223,6 +229,7 @@ if USE_C:
     keyed_reached = _planops.keyed_reached  # type: ignore[union-attr]
     keyed_sum = _planops.keyed_sum  # type: ignore[union-attr]
     ranked_order = _planops.ranked_order  # type: ignore[union-attr]
+    ascending = _planops.ascending  # type: ignore[union-attr]
 else:
     deadlines = deadlines_py
     type_stages = type_stages_py
@@ -232,3 +239,4 @@ else:
     keyed_reached = keyed_reached_py
     keyed_sum = keyed_sum_py
     ranked_order = ranked_order_py
+    ascending = ascending_py

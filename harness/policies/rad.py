@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.policies import planops
 from harness.policies.base import RequestView, StepReport, blocks_for, remaining_tokens
 from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.registry import register
@@ -95,10 +96,8 @@ class RADPolicy(ColumnPolicy):
             steady = not rc.num_prefilling and n_decoding <= cv.token_budget
             # with a request already queued, an arrival (younger) changes neither the head nor
             # this decision: the host may run the batch on past arrivals (Plan.hold)
-            if steady:
-                arr = rc.arrival
-                if n_decoding < 2 or bool((arr[:-1] <= arr[1:]).all()):  # already oldest first
-                    return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
+            if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
+                return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
             # oldest first (a stable sort: equal arrivals keep the running order)
             decoding = rc.decoding()
             order = decoding[np.argsort(rc.arrival[decoding], kind="stable")]

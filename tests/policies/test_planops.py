@@ -1,13 +1,13 @@
 """The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
 
-:mod:`harness.policies.planops` defines eight passes in numpy (SLAI's Eq. 8 deadlines with
+:mod:`harness.policies.planops` defines nine passes in numpy (SLAI's Eq. 8 deadlines with
 their per-key cache and its ranked run order, WAIT's (type, stage) quota check, Nested WAIT's
 stage groups, whether they hold until they empty, and its memory guard's blocks, MC-SF's
-reached estimates and sum of peaks by key) and runs them in C where the optional extension
-``harness.policies._planops`` was built. Here each C function meets its numpy definition on
-random columns (return values, and every array the pass writes); whole simulations of the
-policies that use them give the same token times and counters with either set; the
-environment variable selects them; and the C code refuses bad input without writing.
+reached estimates and sum of peaks by key, RAD's "arrivals ascend") and runs them in C where
+the optional extension ``harness.policies._planops`` was built. Here each C function meets its
+numpy definition on random columns (return values, and every array the pass writes); whole
+simulations of the policies that use them give the same token times and counters with either
+set; the environment variable selects them; and the C code refuses bad input without writing.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ PASSES = (
     "keyed_reached",
     "keyed_sum",
     "ranked_order",
+    "ascending",
 )
 
 
@@ -237,6 +238,31 @@ def test_ranked_order_matches_the_numpy_one(seed: int) -> None:
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_ascending_matches_the_numpy_one(seed: int) -> None:
+    """Sorted, with ties, one step down anywhere, a NaN anywhere, empty and single columns."""
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 2, 3, 50, 300):
+        base = np.sort(np.round(rng.random(n) * 20) / 4)  # ties
+        cases = [base]
+        if n >= 2:
+            down = base.copy()
+            i = int(rng.integers(0, n - 1))
+            down[i], down[i + 1] = down[i + 1] + 1.0, down[i]
+            nan = base.copy()
+            nan[int(rng.integers(0, n))] = np.nan
+            cases += [down, nan, base[::-1].copy()]
+        for v in cases:
+            assert _c("ascending")(v) is _py("ascending")(v)
+
+
+def test_ascending_refuses_other_columns() -> None:
+    with pytest.raises(TypeError, match="float64"):
+        _c("ascending")(np.arange(3, dtype=np.int64))
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        _c("ascending")(np.zeros(6)[::2])
+
+
 def test_ranked_order_refuses_bad_input_without_writing() -> None:
     ro = _c("ranked_order")
     decodes, lst = np.array([0, 2], dtype=np.int64), np.array([0.5, 0.1])
@@ -304,6 +330,7 @@ def _synthetic(n: int, rate: float, seed: int):
         ("nested-wait", {"edges": (40, 80, 160), "thresholds": (2, 1, 1)}),
         ("mcsf", {}),
         ("mcsf", {"noise_sigma": 0.5, "overrun_extra": 4}),
+        ("rad", {}),
     ],
 )
 @pytest.mark.parametrize("kernel", ["auto", "core"])
