@@ -1,9 +1,9 @@
 /* Per-decode passes of the column policies' plans, in C (issue 13).
  *
- * Why: WAIT, Nested WAIT and SLAI plan every step from the running set's columns
- * (harness/policies/columns.py). Near capacity (100-250 decoding) each such pass was 5-12
- * numpy calls of 1-5 us each, about half of those policies' time per plan; here each is one
- * loop over the positions:
+ * Why: WAIT, Nested WAIT, SLAI, MC-SF and RAD plan every step from the running set's columns
+ * (harness/policies/columns.py). Near capacity (100-250 decoding) each such pass was 2-12
+ * numpy calls of 1-5 us each, about half of WAIT's, Nested WAIT's and SLAI's time per plan;
+ * here each is one loop over the positions:
  *
  *   deadlines       SLAI's Eq. 8 last schedulable times with their per-key cache, and how
  *                   many are critical (seed-rad-slai.md §5.2, §7 #3);
@@ -23,8 +23,9 @@
  *                   arrival), the critical ones first, then the partial prefills, then the
  *                   non-critical ones that fit, with each item's tokens (seed-rad-slai.md
  *                   §5.5, §7 #6);
- *   ascending       whether a column never decreases (RAD: its decode batch is oldest first
- *                   already when the running set's arrivals ascend, seed-rad-slai.md §3.3).
+ *   ascending       whether a 1-D column never decreases (RAD's decode batch, Algorithm 1
+ *                   lines 6-8: already in rad.py's oldest-first order when the running set's
+ *                   arrivals ascend).
  *
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
@@ -806,20 +807,24 @@ out:
     return ret;
 }
 
-/* ascending(values) -> bool: values[i] <= values[i + 1] for every i (float64; a NaN makes
- * it False, as numpy's comparison does). */
+/* ascending(values) -> bool: values[i] <= values[i + 1] for every i (a 1-D float64 column;
+ * a NaN makes it False, as numpy's comparison does). */
 static PyObject *ascending(PyObject *self, PyObject *arg) {
     (void)self;
-    bufs s = {.n = 0};
-    Py_buffer *bv = take(&s, arg, 'f', "values", 0);
-    if (bv == NULL)
+    Py_buffer b;
+    if (get_buf(arg, &b, 'f', "values", 0) < 0)
         return NULL;
-    const double *v = (const double *)bv->buf;
-    Py_ssize_t n = bv->len / 8;
+    if (b.ndim != 1) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "ascending(): values must be 1-D");
+        return NULL;
+    }
+    const double *v = (const double *)b.buf;
+    Py_ssize_t n = b.len / 8;
     int ok = 1;
     for (Py_ssize_t i = 0; i + 1 < n && ok; i++)
         ok = v[i] <= v[i + 1];
-    release_all(&s);
+    PyBuffer_Release(&b);
     return PyBool_FromLong(ok);
 }
 

@@ -2,7 +2,8 @@
 the optional C extension :mod:`harness.policies._planops` (``_planops.c``) where the install
 built it.
 
-Why (issue 13): WAIT, Nested WAIT, SLAI and MC-SF plan every step from the running columns.
+Why (issue 13): WAIT, Nested WAIT, SLAI, MC-SF and RAD plan every step from the running
+columns.
 Near capacity (100-250 decoding) each of these passes was 2-12 numpy calls of 1-5 µs each,
 about half of WAIT's, Nested WAIT's and SLAI's planning time; in C each is one loop. The
 numpy functions (``_py``) are the definition: the C ones give the same answers and write the
@@ -24,7 +25,20 @@ try:
 except ImportError:  # built without a compiler: the numpy versions below
     _planops = None  # type: ignore[assignment]
 
-HAVE_C = _planops is not None
+# every pass below; an extension built before one was added (an install not rebuilt since)
+# is not used: the numpy set runs instead of a failing import
+_PASSES = (
+    "deadlines",
+    "type_stages",
+    "stage_groups",
+    "stage_groups_hold",
+    "segment_blocks",
+    "keyed_reached",
+    "keyed_sum",
+    "ranked_order",
+    "ascending",
+)
+HAVE_C = _planops is not None and all(hasattr(_planops, name) for name in _PASSES)
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_PLANS") != "1"
 
 
@@ -215,8 +229,9 @@ def ranked_order_py(
 
 
 def ascending_py(values: np.ndarray) -> bool:
-    """Whether ``values`` never decreases (a NaN: False): RAD's decode batch is oldest first
-    already when the running set's arrivals ascend (seed-rad-slai.md §3.3)."""
+    """Whether the 1-D column ``values`` never decreases (a NaN: False): RAD's decode batch
+    (seed-rad-slai.md §3.2, Algorithm 1 lines 6-8) is already in rad.py's oldest-first order
+    when the running set's arrivals ascend."""
     return bool((values[:-1] <= values[1:]).all())
 
 
