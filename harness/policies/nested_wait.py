@@ -46,7 +46,6 @@ from harness.policies.columns import ColumnPlan, ColumnView
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
 from harness.policies.wait import (
-    NOTHING,
     ThresholdFlushing,
     _age_key,
     by_age,
@@ -131,7 +130,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         return 0 if i == 0 else self.edges[i - 1]
 
     def _strict_empty(self, partial: np.ndarray) -> bool:
-        # segment 1 misses its threshold: _plan returns NOTHING by this test
+        # segment 1 misses its threshold: the prefix rule runs nothing
         return not len(partial) and self.seg_caps is None and len(self._wq) < self.thresholds[0]
 
     def _plan(
@@ -140,8 +139,7 @@ class NestedWaitPolicy(ThresholdFlushing):
         m = len(self.edges)
         n = self.thresholds
         num_waiting = len(self._wq)
-        if not flush and self._strict_empty(partial):
-            return NOTHING  # segment 1 misses its threshold: the prefix rule runs nothing
+        # (segment 1 under its threshold, no prefill: plan_columns makes no strict plan)
         unsorted = self._flush_in_running_order(flush, decoding)
         if unsorted and self.seg_caps is None:
             plan = self._every_decode(cv, decoding, partial)

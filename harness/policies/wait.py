@@ -197,6 +197,10 @@ def threshold_plan(
     )
 
 
+# a plan that runs and admits nothing (shared, never written)
+NOTHING = ColumnPlan(NO_POSITIONS)
+
+
 class ThresholdFlushing(ColumnPolicy):
     """The end-of-trace rule WAIT and Nested WAIT share: plan normally; when stuck (no arrival
     for ``flush_after_s``, or past ``trace_end_s``), or when ``on_idle="flush"`` and the plan is
@@ -223,8 +227,9 @@ class ThresholdFlushing(ColumnPolicy):
 
     def _strict_empty(self, partial: np.ndarray) -> bool:
         """True only when the strict (threshold) plan is known to run and admit nothing
-        without making it, so ``on_idle="flush"`` goes straight to the flush plan; False:
-        make it and see (the default)."""
+        without making it: :meth:`plan_columns` then makes none (NOTHING, or with
+        ``on_idle="flush"`` the flush plan straight away), so ``_plan`` is asked for a strict
+        plan only when this is False; False: make it and see (the default)."""
         return False
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
@@ -232,9 +237,11 @@ class ThresholdFlushing(ColumnPolicy):
         self._wq.sync(cv)
         rc = cv.running
         decoding, partial = rc.split()
-        if not flush and self.on_idle == "flush" and self._strict_empty(partial):
+        empty = not flush and self._strict_empty(partial)
+        if empty and self.on_idle == "flush":
             flush = bool(cv.num_waiting or len(rc))  # the flush below, without the empty plan
-        plan = self._plan(cv, decoding, partial, flush=flush)
+            empty = not flush
+        plan = NOTHING if empty else self._plan(cv, decoding, partial, flush=flush)
         if (
             not flush
             and self.on_idle == "flush"
@@ -263,10 +270,6 @@ _FEW = 32
 
 def _latest_stage(group: tuple[tuple[int, int], list[int]]) -> int:
     return -group[0][1]
-
-
-# a plan that runs and admits nothing (shared, never written)
-NOTHING = ColumnPlan(NO_POSITIONS)
 
 
 @register("wait")
@@ -378,7 +381,7 @@ class WaitPolicy(ThresholdFlushing):
     # -- planning ---------------------------------------------------------------------
     def _strict_empty(self, partial: np.ndarray) -> bool:
         # Algorithm 1's strict plan with no partial prefill and no type at its threshold
-        # runs and admits nothing (_plan_type returns NOTHING by this test)
+        # runs and admits nothing (what _plan_type would compute)
         return (
             self.gating == "type"
             and not len(partial)
@@ -397,8 +400,7 @@ class WaitPolicy(ThresholdFlushing):
     ) -> ColumnPlan:
         """Algorithm 1's type-level gating with per-stage quotas (§3.3)."""
         queues, n = self._wq.queues, self.thresholds
-        if not flush and self._strict_empty(partial):
-            return NOTHING  # what the rest computes then (no stage runs, nothing admitted)
+        # (a strict plan that _strict_empty knows empty is never asked for: plan_columns)
         # a type is eligible at its threshold n_j, or with anyone waiting when flushing
         eligible = list(map(bool, queues)) if flush else list(map(ge, map(len, queues), n))
         if flush and self._all_in_quota(cv, decoding, partial):
