@@ -205,6 +205,15 @@ def keyed_sum_py(key: np.ndarray, table: np.ndarray) -> int:
     return int(table[key].sum())
 
 
+def rank_decodes(decodes: np.ndarray, lst: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """SLAI's rank (seed-rad-slai.md §7 #6): the running positions ``decodes`` by ``(lst,
+    arrival)``, stable (ties keep their order in ``decodes``); ``lst`` beside ``decodes``,
+    ``arrival`` a running column."""
+    if len(decodes) <= 1:
+        return decodes
+    return decodes[np.lexsort((arrival[decodes], lst))]
+
+
 def ranked_order_py(
     decodes: np.ndarray,
     lst: np.ndarray,
@@ -222,7 +231,7 @@ def ranked_order_py(
     partial prefills ``part``, then ``ranked[ncrit:ncrit + nn]`` (the non-critical ones that
     fit); ``tok``: 1 a decode, ``got`` a partial prefill (one int for each, or an array
     beside ``part``). ``order`` and ``tok`` hold exactly ``nc + len(part) + nn`` items."""
-    ranked = decodes[np.lexsort((arrival[decodes], lst))] if len(decodes) > 1 else decodes
+    ranked = rank_decodes(decodes, lst, arrival)
     order[:] = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
     tok[:] = 1
     tok[nc : nc + len(part)] = got

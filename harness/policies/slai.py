@@ -238,13 +238,10 @@ class SLAIPolicy(ColumnPolicy):
         # (3b) new prefills in prefill order, head-of-line: α and the full prompt's KV
         admit: list[tuple[RequestView, int]] = []
         active = len(rc)
-        ranked: np.ndarray | None = None
         if cv.num_waiting and tokens < budget and active < alpha:
             # the KV left after the critical decodes' and the partial prefills' blocks: first
             # as if every critical decode opened a block; which of them do (those at a block
             # boundary) is counted only if an admission would not fit otherwise
-            if nc != ncrit:
-                ranked = self._ranked(rc, decodes, lst)
             free = cv.kv.free_blocks - nc
             unsure = nc > 0
             if isinstance(got, int):  # the one partial prefill (above): in scalars
@@ -260,7 +257,11 @@ class SLAIPolicy(ColumnPolicy):
                 need = blocks_for(r.num_tokens, bs)
                 if unsure and free - need < reserve:
                     # when every critical decode runs, they are the critical set: no ranking
-                    crit = decodes[lst <= cv.now] if ranked is None else ranked[:nc]
+                    crit = (
+                        decodes[lst <= cv.now]
+                        if nc == ncrit
+                        else self._ranked(rc, decodes, lst)[:nc]
+                    )
                     free += nc - rc.decode_blocks(crit, bs)
                     unsure = False
                 if free - need < reserve:
@@ -283,14 +284,11 @@ class SLAIPolicy(ColumnPolicy):
         if not len(part) and nc + nn == nd:  # every decode runs one token, nothing else
             order = self._every_decode_order(cv, decodes, lst)
             return ColumnPlan(order, 1, admit_requests=admit, then_steady=then)
+        # the decodes ranked (#6), then the critical ones, the prefills, the non-critical ones
+        # that fit (one C pass)
         order = np.empty(nc + len(part) + nn, np.int64)
         tok = np.empty(len(order), np.int64)
-        if ranked is None:  # ranked, then the critical ones, the prefills, the rest (C)
-            planops.ranked_order(decodes, lst, rc.arrival, part, got, nc, ncrit, nn, order, tok)
-        else:
-            order[:] = np.concatenate([ranked[:nc], part, ranked[ncrit : ncrit + nn]])
-            tok[:] = 1
-            tok[nc : nc + len(part)] = got
+        planops.ranked_order(decodes, lst, rc.arrival, part, got, nc, ncrit, nn, order, tok)
         return ColumnPlan(order, tok, admit_requests=admit, then_steady=then)
 
     def _every_decode_order(
@@ -308,9 +306,7 @@ class SLAIPolicy(ColumnPolicy):
     @staticmethod
     def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:
         """The decodes in ``(C, arrival)`` order, stable (#6)."""
-        if len(decodes) <= 1:
-            return decodes
-        return decodes[np.lexsort((rc.arrival[decodes], lst))]
+        return planops.rank_decodes(decodes, lst, rc.arrival)
 
     def _prefill_queue(self, cv: ColumnView) -> Iterable[RequestView]:
         """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first

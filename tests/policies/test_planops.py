@@ -348,6 +348,8 @@ def _synthetic(n: int, rate: float, seed: int):
     [
         ("slai", {}),
         ("slai", {"prefill_order": "fcfs", "tier_priority": True, "max_decodes": 12}),
+        # critical decodes past the decode cap, with admissions short of KV: ranked for them
+        ("slai", {"max_decodes": 8, "offset_low": 50, "offset_high": 50}),
         ("wait", {}),
         ("wait", {"thresholds": (2, 1, 1, 1, 1)}),
         ("nested-wait", {}),
