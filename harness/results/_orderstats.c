@@ -84,6 +84,40 @@ static void locate(const size_t *h, size_t *r, int nr, int *b) {
     }
 }
 
+/* The ranks' segments of a copy: ranks in the same bucket (equal id[i], ids ascending)
+ * share one, of size[i] keys; segment s spans at[s]..at[s + 1], fill[s] its next free slot,
+ * seg[i] rank i's segment. Returns how many. */
+static int segments(const int64_t *id, const size_t *size, int nr, size_t *at, size_t *fill,
+                    int *seg) {
+    int ns = 0;
+    at[0] = 0;
+    for (int i = 0; i < nr; i++) {
+        if (i == 0 || id[i] != id[i - 1]) {
+            at[ns + 1] = at[ns] + size[i];
+            fill[ns] = at[ns];
+            ns++;
+        }
+        seg[i] = ns - 1;
+    }
+    return ns;
+}
+
+static int resolve(uint64_t *keys, size_t m, int shift, size_t *r, int nr, uint64_t *out);
+
+/* resolve() each segment of the copy `buf` for its ranks. Returns -1 on no memory. */
+static int resolve_segments(uint64_t *buf, const size_t *at, const int *seg, int ns, int shift,
+                            size_t *r, int nr, uint64_t *out) {
+    for (int s = 0, i = 0; s < ns; s++) {
+        int j = i;
+        while (j < nr && seg[j] == s)
+            j++;
+        if (resolve(buf + at[s], at[s + 1] - at[s], shift, r + i, j - i, out + i) < 0)
+            return -1;
+        i = j;
+    }
+    return 0;
+}
+
 /* The keys at ranks r[0..nr) (ascending, each < m) of keys[0..m), whose bits above `shift`
  * + 16 are all equal, into out[0..nr). keys may be reordered. Returns -1 on no memory. */
 static int resolve(uint64_t *keys, size_t m, int shift, size_t *r, int nr, uint64_t *out) {
@@ -116,17 +150,14 @@ static int resolve(uint64_t *keys, size_t m, int shift, size_t *r, int nr, uint6
         return resolve(keys, m, shift - 16, r, nr, out);
     }
     /* the wanted buckets' keys, bucket after bucket, in one pass */
-    size_t at[MAX_RANKS + 1], fill[MAX_RANKS];
-    int seg[MAX_RANKS], ns = 0;
-    at[0] = 0;
+    size_t at[MAX_RANKS + 1], fill[MAX_RANKS], size[MAX_RANKS];
+    int64_t id[MAX_RANKS];
+    int seg[MAX_RANKS];
     for (int i = 0; i < nr; i++) {
-        if (i == 0 || b[i] != b[i - 1]) {
-            at[ns + 1] = at[ns] + h[b[i]];
-            fill[ns] = at[ns];
-            ns++;
-        }
-        seg[i] = ns - 1;
+        id[i] = b[i];
+        size[i] = h[b[i]];
     }
+    int ns = segments(id, size, nr, at, fill, seg);
     uint64_t *sub = malloc(at[ns] * sizeof(uint64_t));
     if (sub == NULL) {
         free(h);
@@ -142,14 +173,7 @@ static int resolve(uint64_t *keys, size_t m, int shift, size_t *r, int nr, uint6
             sub[fill[s]++] = keys[i];
     }
     free(h);
-    int rc = 0;
-    for (int s = 0, i = 0; s < ns && rc == 0; s++) {
-        int j = i;
-        while (j < nr && seg[j] == s)
-            j++;
-        rc = resolve(sub + at[s], at[s + 1] - at[s], shift - 16, r + i, j - i, out + i);
-        i = j;
-    }
+    int rc = resolve_segments(sub, at, seg, ns, shift - 16, r, nr, out);
     free(sub);
     return rc;
 }
@@ -203,23 +227,18 @@ static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
             goto done;
         }
     }
-    /* each rank's 32-bit bucket: (top bucket index, second digit) */
-    int b2[MAX_RANKS], seg[MAX_RANKS], ns = 0;
-    size_t at[MAX_RANKS + 1], fill[MAX_RANKS];
-    at[0] = 0;
+    /* each rank's 32-bit bucket: its row in h2 (top bucket index j) and second digit, one id */
+    int b2[MAX_RANKS], seg[MAX_RANKS];
+    size_t at[MAX_RANKS + 1], fill[MAX_RANKS], size[MAX_RANKS];
+    int64_t id[MAX_RANKS];
     for (int i = 0, j = 0; i < nr; i++) {
         while (u1[j] != b1[i])
             j++;
-        size_t rr = r[i];
-        locate(h2 + (size_t)j * NB, &rr, 1, &b2[i]);
-        r[i] = rr;
-        if (i == 0 || b1[i] != b1[i - 1] || b2[i] != b2[i - 1]) {
-            at[ns + 1] = at[ns] + h2[(size_t)j * NB + b2[i]];
-            fill[ns] = at[ns];
-            ns++;
-        }
-        seg[i] = ns - 1;
+        locate(h2 + (size_t)j * NB, &r[i], 1, &b2[i]);
+        id[i] = (int64_t)j * NB + b2[i];
+        size[i] = h2[id[i]];
     }
+    int ns = segments(id, size, nr, at, fill, seg);
     if (at[ns] > cap) {
         rc = 0;
         goto done;
@@ -230,11 +249,8 @@ static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
     if (buf == NULL)
         goto done;
     memset(seg_of, 0xff, (size_t)nu * NB * sizeof(int16_t));
-    for (int i = 0, j = 0; i < nr; i++) {
-        while (u1[j] != b1[i])
-            j++;
-        seg_of[(size_t)j * NB + b2[i]] = (int16_t)seg[i];
-    }
+    for (int i = 0; i < nr; i++)
+        seg_of[id[i]] = (int16_t)seg[i];
     /* copy the wanted 32-bit buckets' keys, segment by segment */
     for (size_t i = 0; i < n; i++) {
         uint64_t k = key_of(v[i]);
@@ -250,15 +266,7 @@ static int select_keys(const double *v, size_t n, size_t *r, int nr, size_t cap,
             rc = 0;
             goto done;
         }
-    rc = 1;
-    for (int s = 0, i = 0; s < ns && rc == 1; s++) {
-        int j = i;
-        while (j < nr && seg[j] == s)
-            j++;
-        if (resolve(buf + at[s], at[s + 1] - at[s], 16, r + i, j - i, out + i) < 0)
-            rc = -1;
-        i = j;
-    }
+    rc = resolve_segments(buf, at, seg, ns, 16, r, nr, out) < 0 ? -1 : 1;
 done:
     free(h1);
     free(h2);
