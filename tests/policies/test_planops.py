@@ -48,6 +48,11 @@ def _py(name: str):
     return getattr(planops, f"{name}_py")
 
 
+def _call_with(fn, args: list, i: int, value) -> None:
+    """``fn(*args)`` with argument ``i`` replaced by ``value`` (one bad argument a call)."""
+    fn(*[value if j == i else a for j, a in enumerate(args)])
+
+
 def _positions(rng: np.random.Generator, R: int) -> np.ndarray | None:
     """None (every request), or a sorted or shuffled subset of 0..R-1."""
     if rng.random() < 0.3:
@@ -295,7 +300,7 @@ def test_ranked_order_refuses_bad_input_without_writing() -> None:
     args = [decodes, lst, arrival, part, 5, 1, 1, 1, order[:3], tok[:3]]
 
     def with_arg(i: int, value) -> None:
-        ro(*[value if j == i else a for j, a in enumerate(args)])
+        _call_with(ro, args, i, value)
 
     with pytest.raises(TypeError, match="int64"):
         with_arg(0, decodes.astype(np.int32))
@@ -407,7 +412,7 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     args = [key, last, tbt, None, e, v, 0.2, 0.01, 2.0, out]
 
     def deadlines_with(i: int, value) -> None:
-        dl(*[value if j == i else a for j, a in enumerate(args)])
+        _call_with(dl, args, i, value)
 
     with pytest.raises(TypeError, match="int64"):
         deadlines_with(0, key.astype(np.int32))
