@@ -20,9 +20,12 @@ Decisions on the spec's ambiguities (seed-rad-slai.md §3.3-§3.5, §7 #18-#19):
   waits, and the decode batch runs instead (line 6 with "no KV room" beside "no seat room"), so
   decodes drain and free KV; without this RAD asked for an admission the host cannot make, and
   stalled with work left. A decode batch short of KV loses its newest members (host rule 2).
-* The FCFS-oldest waiting request comes from a heap kept by ``on_arrival``/``on_step``
-  (O(log n) per change, not a sort of the whole queue per step), rebuilt from the view
-  whenever its size disagrees with the host's waiting queue (a host that skips the hooks).
+* The FCFS-oldest waiting request comes from a FIFO of the arrivals (they come in
+  ``(arrival, id)`` order, O(1) each) beside a heap for the rest (re-queued preempted
+  requests, an arrival out of that order; O(log n)), both kept by ``on_arrival``/``on_step``
+  and deleted from lazily: the oldest is the smaller of their heads, never a sort of the
+  whole queue per step. Both are rebuilt from the view whenever their size disagrees with
+  the host's waiting queue (a host that skips the hooks).
 * It plans from the running set's columns (policies/columns.py), so the vectorised kernel runs
   it, and promises ``then_steady`` on every plan (plan_columns says why). The prefill in
   progress is the oldest running request with prefill left (ties by running order; RAD
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -63,21 +67,29 @@ class RADPolicy(ColumnPolicy):
         self.t_lcm = math.lcm(self.t_row, self.t_col, self.t_red)
         self.requests_in_cycle = 0
         self.cycles = 0
-        self._heap: list[tuple[float, str]] = []  # (arrival, id) of waiting, lazily deleted
+        # (arrival, id) of waiting requests, lazily deleted: arrivals in that order, the rest
+        self._fifo: deque[tuple[float, str]] = deque()
+        self._heap: list[tuple[float, str]] = []
         self._waiting: dict[str, RequestView] = {}  # the waiting requests the heap covers
         self._known: dict[str, RequestView] = {}  # every request seen and not finished
 
     def _oldest_waiting(self, cv: ColumnView) -> RequestView | None:
-        """FCFS-oldest waiting request by (arrival, id), O(log n) amortised."""
-        if len(self._waiting) != cv.num_waiting:  # the hooks missed something: resync
-            self._waiting = {r.request_id: r for r in cv.waiting}
-            self._known.update(self._waiting)
-            self._heap = [(r.arrival_s, r.request_id) for r in self._waiting.values()]
+        """FCFS-oldest waiting request by (arrival, id), O(1) amortised for arrivals."""
+        waiting = self._waiting
+        if len(waiting) != cv.num_waiting:  # the hooks missed something: resync
+            waiting = self._waiting = {r.request_id: r for r in cv.waiting}
+            self._known.update(waiting)
+            self._fifo.clear()
+            self._heap = [(r.arrival_s, r.request_id) for r in waiting.values()]
             heapq.heapify(self._heap)
-        heap = self._heap
-        while heap and heap[0][1] not in self._waiting:
+        fifo, heap = self._fifo, self._heap
+        while fifo and fifo[0][1] not in waiting:
+            fifo.popleft()
+        while heap and heap[0][1] not in waiting:
             heapq.heappop(heap)
-        return self._waiting[heap[0][1]] if heap else None
+        if heap and (not fifo or heap[0] < fifo[0]):
+            return waiting[heap[0][1]]
+        return waiting[fifo[0][1]] if fifo else None
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:
         # Plan.then_steady on every plan: with nothing waiting, no prefill left and every
@@ -141,7 +153,12 @@ class RADPolicy(ColumnPolicy):
         rid = request.request_id
         self._known[rid] = request
         self._waiting[rid] = request
-        heapq.heappush(self._heap, (request.arrival_s, rid))
+        key = (request.arrival_s, rid)
+        fifo = self._fifo
+        if not fifo or key >= fifo[-1]:  # in order (the usual case): the FIFO stays sorted
+            fifo.append(key)
+        else:
+            heapq.heappush(self._heap, key)
 
     def on_step(self, report: StepReport) -> None:
         self.requests_in_cycle += len(report.admitted)  # line 18

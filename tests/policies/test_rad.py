@@ -106,3 +106,53 @@ def test_theorem_2_no_drift_below_capacity_and_theorem_1_growth_above():
     assert abs(slope) < 0.02 * rate, (slope, rate)  # measured: -0.003 req/s at 7.3 req/s
     slope, rate, cap = _rad_backlog(1.1)
     assert slope == pytest.approx(rate - cap, rel=0.25), (slope, rate - cap)  # 0.75 vs 0.81
+
+
+def test_oldest_waiting_matches_a_sort_of_the_queue():
+    """The FIFO-plus-heap of the waiting queue (rad.py's docstring) names the same request as
+    a sort by (arrival, id), through ties, arrivals out of order, preemptions and finishes."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(7)
+    pol = make_policy("rad")
+    waiting: dict[str, FakeReq] = {}
+    running: dict[str, FakeReq] = {}
+    t = 0.0
+    out_of_order = readmitted = 0
+
+    def view():
+        return SimpleNamespace(num_waiting=len(waiting), waiting=list(waiting.values()))
+
+    def report(**kw):
+        return SimpleNamespace(**{"admitted": (), "preempted": (), "finished": (), **kw})
+
+    for i in range(3000):
+        u = rng.random()
+        if u < 0.45:  # an arrival: usually later, sometimes tied, sometimes earlier
+            v = rng.random()
+            t = t if v < 0.15 else t - 1.0 if v < 0.25 else t + float(rng.exponential())
+            out_of_order += v >= 0.15 and v < 0.25
+            r = FakeReq(f"q{int(rng.integers(0, 10**6))}-{i}", 5, 2, arrival_s=t)
+            waiting[r.request_id] = r
+            pol.on_arrival(r, t)
+        elif u < 0.75 and waiting:  # admit the oldest
+            rid = pol._oldest_waiting(view()).request_id
+            running[rid] = waiting.pop(rid)
+            pol.on_step(report(admitted=(rid,)))
+        elif u < 0.9 and running:  # preempt one: back to waiting
+            rid = list(running)[int(rng.integers(len(running)))]
+            waiting[rid] = running.pop(rid)
+            readmitted += 1
+            pol.on_step(report(preempted=(rid,)))
+        elif running:  # finish one
+            rid = list(running)[int(rng.integers(len(running)))]
+            del running[rid]
+            pol.on_step(report(finished=(rid,)))
+        head = pol._oldest_waiting(view())
+        want = min(waiting.values(), key=lambda r: (r.arrival_s, r.request_id), default=None)
+        assert head is want
+    assert out_of_order > 100 and readmitted > 100
+    # a host that skips the hooks: the structure is rebuilt from the view
+    late = FakeReq("late", 5, 2, arrival_s=-1e9)
+    waiting["late"] = late
+    assert pol._oldest_waiting(view()) is late
