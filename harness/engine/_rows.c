@@ -17,7 +17,9 @@
  *            and the step's composition: ~20 numpy calls on a few dozen items, the steps
  *            mixing prefill and decodes);
  *   advance  rule 5 for those grants (the step's emitted tokens);
- *   recount  the fewest tokens left and the requests not decoding, over the running set.
+ *   recount  the fewest tokens left and the requests not decoding, over the running set;
+ *   sample   one telemetry row (a step's or a run's), written into the sample columns
+ *            (ten attribute reads and appends a step in Python, ~1 us).
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -732,6 +734,59 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return Py_BuildValue("(LL)", (long long)min_left, (long long)npf);
 }
 
+/* sample(S, n, end, t, k, prefill, decode, used, block, total, waiting, running, preempted)
+ * -> None: row n of the telemetry columns S (float64, 10 rows of `cap`, in
+ * simresult.SAMPLE_COLS order; the counts are whole numbers below 2**53, exact as doubles):
+ * the step's end, k steps, end - t, its prefill and decode tokens, the KV tokens held
+ * (used * block), the KV usage (used / total, as Python's true division of such integers),
+ * then the waiting, running and preempted counts (ArrayEngine._sample_py). */
+static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 13, "sample") < 0)
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    double end = PyFloat_AsDouble(args[2]), t = PyFloat_AsDouble(args[3]);
+    int64_t v[9];
+    for (int i = 0; i < 9; i++)
+        v[i] = PyLong_AsLongLong(args[4 + i]);
+    if (PyErr_Occurred())
+        return NULL;
+    /* k, prefill, decode, used, block, total, waiting, running, preempted */
+    const int64_t lim = (int64_t)1 << 53;
+    for (int i = 0; i < 9; i++) {
+        if (v[i] < 0 || v[i] >= lim) {
+            PyErr_SetString(PyExc_ValueError, "sample(): counts must be in [0, 2**53)");
+            return NULL;
+        }
+    }
+    if (v[4] < 1 || v[5] < 1 || v[3] > lim / v[4]) {
+        PyErr_SetString(PyExc_ValueError, "sample(): block and total must be positive");
+        return NULL;
+    }
+    Py_buffer b;
+    if (get_buf(args[0], &b, 'f', "S", PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_ssize_t cap = b.len / 8 / 10;
+    if (b.len != cap * 10 * 8 || n < 0 || n >= cap) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "sample(): expected S's 10 rows and n < columns");
+        return NULL;
+    }
+    double *S = (double *)b.buf;
+    S[n] = end;
+    S[cap + n] = (double)v[0];
+    S[2 * cap + n] = end - t;
+    S[3 * cap + n] = (double)v[1];
+    S[4 * cap + n] = (double)v[2];
+    S[5 * cap + n] = (double)(v[3] * v[4]);
+    S[6 * cap + n] = (double)v[3] / (double)v[5];
+    S[7 * cap + n] = (double)v[6];
+    S[8 * cap + n] = (double)v[7];
+    S[9 * cap + n] = (double)v[8];
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
@@ -756,6 +811,9 @@ static PyMethodDef methods[] = {
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
      "finish(IA, FA, R, block, state, Orow, first, last) -> None | (R, finished, blocks, pm, "
      "c, min_left): retire the running requests that reached max_tokens (module docstring)."},
+    {"sample", (PyCFunction)(void (*)(void))sample, METH_FASTCALL,
+     "sample(S, n, end, t, k, prefill, decode, used, block, total, waiting, running, "
+     "preempted) -> None: telemetry row n into the sample columns S."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,12 +33,13 @@ The loops over the running arrays that numpy does in many small calls (retiring 
 requests, every running request decoding, rule 5 for a few items, the new blocks of an
 all-decode step, a policy's block count of the columns, rule 2 and the composition of a step
 mixing prefill chunks and decodes, with the prefix it keeps when the KV runs short, the
-running set's recount) run in the optional C extension :mod:`harness.engine._rows`
-(``_rows.c``) where the install built it: on ~100 running requests a numpy call costs 1-5 us
-and a scalar store ~0.25 us, so each was tens of microseconds of call overhead a step. Each
-has its Python version here (the ``_py`` methods; for the mixed step, the array pass), used
-where the extension is missing or under ``HARNESS_PURE_KERNEL=1`` (read at import);
-tests/engine/test_rows_c.py checks the two give the same state and token times.
+running set's recount, each step's telemetry row) run in the optional C extension
+:mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
+requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
+microseconds of call overhead a step. Each has its Python version here (the ``_py``
+methods; for the mixed step, the array pass), used where the extension is missing (or was
+built before one of its passes was added) or under ``HARNESS_PURE_KERNEL=1`` (read at
+import); tests/engine/test_rows_c.py checks the two give the same state and token times.
 
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
 with the engine core and the reference step is a test (tests/engine/test_fastsim.py,
@@ -69,7 +70,7 @@ from harness.engine.simresult import (
     LivelockWatch,
     SimResult,
     SimulationStalled,
-    new_samples,
+    sample_columns,
 )
 from harness.engine.waiting_queue import WaitingQueue
 from harness.policies.base import KVView, Policy, StepReport, declared_rule
@@ -93,10 +94,14 @@ _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword cal
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
 
+# every pass of the C extension this module calls
+_PASSES = ("finish", "decode", "blocks", "opening", "give", "grant", "advance", "recount", "sample")
 try:  # the optional C extension (setup.py): scalar loops over the running arrays
     from harness.engine import _rows
 except ImportError:  # not built (no C compiler at install): the same rules in Python
     _rows = None  # type: ignore[assignment]
+if _rows is not None and not all(hasattr(_rows, name) for name in _PASSES):
+    _rows = None  # built before one of its passes was added (not rebuilt): Python's
 HAVE_C = _rows is not None
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_KERNEL") != "1"
 
@@ -262,9 +267,10 @@ class ArrayEngine:
         self.steps_total = 0
         self.calls = 0
         self.stall = 0
-        self.samples = new_samples()
-        sm = self.samples
-        self._appends = tuple(sm[c].append for c in SAMPLE_COLS)  # _sample unpacks them
+        # the telemetry rows (SAMPLE_COLS), one column each of a float64 block: one C call
+        # writes a row (_sample_c), where ten appends cost ~1 us a step
+        self._S = np.empty((len(SAMPLE_COLS), 4096))
+        self._ns = 0
 
     def add(self, j: int, t: float) -> bool:
         """Queue trace row ``j`` (released to this engine at ``t``); False, and the row
@@ -1055,20 +1061,59 @@ class ArrayEngine:
         self.used += nd
         return nd
 
-    def _sample(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
+    @property
+    def samples(self) -> dict[str, np.ndarray]:
+        """The telemetry columns so far (SAMPLE_COLS), typed as :func:`new_samples`'s."""
+        return sample_columns(self._S, self._ns)
+
+    def _sample_room(self) -> None:
+        """Double the sample block's columns (the rows so far copied)."""
+        n = self._ns
+        S = np.empty((len(SAMPLE_COLS), 2 * self._S.shape[1]))
+        S[:, :n] = self._S[:, :n]
+        self._S = S
+
+    def _sample_c(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
+        """:meth:`_sample_py` in one call of the C extension (``_rows.sample``)."""
+        n = self._ns
+        if n == self._S.shape[1]:
+            self._sample_room()
+        _rows.sample(  # type: ignore[union-attr]
+            self._S,
+            n,
+            end,
+            t,
+            k,
+            prefill,
+            decode,
+            self.used,
+            self.bs,
+            self.total,
+            len(self.waiting),
+            self.R,
+            self.preempt_total,
+        )
+        self._ns = n + 1
+
+    def _sample_py(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
-        a_t, a_k, a_d, a_p, a_dec, a_kv, a_use, a_w, a_r, a_pre = self._appends
+        n = self._ns
+        if n == self._S.shape[1]:
+            self._sample_room()
         used = self.used
-        a_t(end)
-        a_k(k)
-        a_d(end - t)
-        a_p(prefill)
-        a_dec(decode)
-        a_kv(used * self.bs)
-        a_use(used / self.total)
-        a_w(len(self.waiting))
-        a_r(self.R)
-        a_pre(self.preempt_total)
+        self._S[:, n] = (
+            end,
+            k,
+            end - t,
+            prefill,
+            decode,
+            used * self.bs,
+            used / self.total,
+            len(self.waiting),
+            self.R,
+            self.preempt_total,
+        )
+        self._ns = n + 1
 
     def execute(self, t: float, until: float) -> float | None:
         """One step at ``t`` under the budget rule (pass 1: the running requests, pass 2: FCFS
@@ -1203,6 +1248,7 @@ class ArrayEngine:
     _opening = _opening_c if USE_C else _opening_py
     _grant = _grant_c if USE_C else _grant_py
     _recount = _recount_c if USE_C else _recount_py
+    _sample = _sample_c if USE_C else _sample_py
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:

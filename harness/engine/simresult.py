@@ -97,6 +97,16 @@ def new_samples() -> dict[str, Any]:
     return {c: array("d" if c in _FLOAT_COLS else "q") for c in SAMPLE_COLS}
 
 
+def sample_columns(block: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """The first ``n`` telemetry rows of a float64 block with one row per SAMPLE_COLS column
+    (the array kernel's), as :func:`new_samples`'s columns: float64 times and ratios, int64
+    counts (whole numbers below 2**53 there, so exact), each a new array."""
+    return {
+        c: block[i, :n].copy() if c in _FLOAT_COLS else block[i, :n].astype(np.int64)
+        for i, c in enumerate(SAMPLE_COLS)
+    }
+
+
 @dataclass
 class SimResult:
     """Everything one simulated run produced (in memory unless a chunk sink was given)."""
@@ -240,6 +250,7 @@ class ChunkLog:
 
 __all__ = [
     "SAMPLE_COLS",
+    "sample_columns",
     "ChunkLog",
     "SimResult",
     "SimulationStalled",

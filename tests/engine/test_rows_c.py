@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 BS = 16
-METHODS = ("_finish", "_decode", "_give", "_opening", "_grant", "_recount")
+METHODS = ("_finish", "_decode", "_give", "_opening", "_grant", "_recount", "_sample")
 
 
 def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
@@ -345,6 +345,10 @@ def test_simulations_with_either_pass_give_the_same_token_times(
     np.testing.assert_array_equal(a.chunk_req, b.chunk_req)
     np.testing.assert_array_equal(a.chunk_t, b.chunk_t)
     np.testing.assert_array_equal(a.preemptions, b.preemptions)
+    assert a.samples.keys() == b.samples.keys()
+    for c in a.samples:  # the telemetry rows, column by column, their types too
+        assert a.samples[c].dtype == b.samples[c].dtype
+        np.testing.assert_array_equal(a.samples[c], b.samples[c])
     if kv_tokens == 3000 and policy in ("vllm", "sarathi"):
         assert a.counters["preemptions_total"] > 0  # the tight case does preempt
 
@@ -354,7 +358,7 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     code = (
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
         "print(*[getattr(A, m).__name__ for m in"
-        " ('_finish', '_decode', '_give', '_opening', '_grant', '_recount')],"
+        f" {METHODS}],"
         " _COLUMNS.__name__)"
     )
     env = {**os.environ, "HARNESS_PURE_KERNEL": value}
@@ -363,6 +367,79 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     ).stdout.split()
     columns = "KernelColumns" if expected == "c" else "RunningColumns"
     assert out == [f"{m}_{expected}" for m in METHODS] + [columns]
+
+
+def test_sample_writes_the_row_the_python_pass_writes() -> None:
+    """Both passes' telemetry rows, column by column, through the block's growth (4096
+    rows a start), with the float line's awkward values (a ratio that rounds, -0.0)."""
+    rng = np.random.default_rng(11)
+    pair = _pair(5)
+    passes = (ArrayEngine._sample_c, ArrayEngine._sample_py)
+    for i in range(5000):
+        end = float(rng.random() * 1e4) if i % 7 else -0.0
+        t = end - float(rng.exponential()) if i % 11 else end
+        k, pre, dec = (int(x) for x in rng.integers(0, 1 << 40, 3))
+        used = int(rng.integers(0, 1 << 30))
+        waiting, running, preempted = (int(x) for x in rng.integers(0, 1 << 50, 3))
+        for eng, sample in zip(pair, passes, strict=True):
+            eng.used, eng.total = used, (1 << 30) + 7
+            eng.waiting.clear()
+            eng.waiting.extend(range(waiting % 50))
+            eng.R, eng.preempt_total = running, preempted
+            sample(eng, end, t, k, pre, dec)
+    a, b = (eng.samples for eng in pair)
+    assert len(a["t_s"]) == 5000
+    for c in a:
+        assert a[c].dtype == b[c].dtype
+        np.testing.assert_array_equal(a[c], b[c])
+        assert np.signbit(a[c]).tolist() == np.signbit(b[c]).tolist()
+    # Python's true division of the integers (exact below 2**53 as the C pass's doubles)
+    total = (1 << 30) + 7
+    assert a["kv_usage"].tolist() == [u / total for u in (a["kv_used_tokens"] // BS).tolist()]
+
+
+def test_sample_refuses_bad_input_and_writes_nothing() -> None:
+    from harness.engine import _rows
+
+    S = np.zeros((10, 8))
+    ok = (0, 1.0, 0.5, 1, 2, 3, 4, BS, 100, 5, 6, 7)
+    _rows.sample(S, *ok)
+    assert S[:, 0].tolist() == [1.0, 1, 0.5, 2, 3, 4 * BS, 4 / 100, 5, 6, 7]
+    before = S.copy()
+    with pytest.raises(ValueError, match="n < columns"):
+        _rows.sample(S, 8, *ok[1:])
+    with pytest.raises(ValueError, match="n < columns"):
+        _rows.sample(S, -1, *ok[1:])
+    with pytest.raises(ValueError, match="10 rows"):
+        _rows.sample(np.zeros((9, 8)), *ok)
+    with pytest.raises(TypeError, match="float64"):
+        _rows.sample(np.zeros((10, 8), np.float32), *ok)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.sample(S, *ok[:4], -1, *ok[5:])
+    with pytest.raises(ValueError, match="positive"):
+        _rows.sample(S, *ok[:7], 0, *ok[8:])
+    with pytest.raises(ValueError, match="positive"):
+        _rows.sample(S, *ok[:8], 0, *ok[9:])
+    with pytest.raises(TypeError, match="13 arguments"):
+        _rows.sample(S, *ok[:-1])
+    read_only = S.copy()
+    read_only.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        _rows.sample(read_only, *ok)
+    np.testing.assert_array_equal(S, before)
+
+
+def test_an_extension_missing_a_pass_is_not_used() -> None:
+    """An install not rebuilt since a pass was added: the Python passes run."""
+    code = (
+        "import sys, types; stale = types.ModuleType('harness.engine._rows');"
+        "stale.finish = len; sys.modules['harness.engine._rows'] = stale;"
+        "from harness.engine import fastsim as f; print(f.HAVE_C, f.ArrayEngine._sample.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "_sample_py"]
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:
