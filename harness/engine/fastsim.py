@@ -528,11 +528,12 @@ class ArrayEngine:
         # the next step's conditions (nothing waits, all decode, blocks fit) are checked then
         self._promised = plan.then_steady and not preempted and self.fast_forward
         if plan.prefill_run and n_prefill and self.fast_forward:
+            lim = hold_until if plan.hold else until  # a holding run goes past arrivals
             if single_left and not adm_g:  # a running request's chunk: its next ones
-                return self._prefill_run(end, *granted[0][:2], until)  # type: ignore[index]
+                return self._prefill_run(end, *granted[0][:2], lim)  # type: ignore[index]
             if not n_sched and len(adm_g) == 1 and adm_more:  # an admission ran alone, and
                 # its prompt goes on: its slot is R0 (nothing else ran, so nothing left)
-                return self._prefill_run(end, R0, adm_n, until)
+                return self._prefill_run(end, R0, adm_n, lim)
         return end
 
     def _few_items(
@@ -567,9 +568,11 @@ class ArrayEngine:
         clipping, KV test, advance and telemetry row), without planning again; ``on_step``
         hears of them in one report (as of a steady decode run). Stops at the chunk that
         completes the prompt, at one whose KV does not fit (the policy decides then) and
-        before a step that would start at or after ``until``. A chunk that leaves prompt to
-        do emits nothing, so it is advanced here in scalars (what :meth:`_advance` does for
-        it); the completing chunk goes through :meth:`_advance`."""
+        before a step that would start at or after ``until`` (the next arrival, or the stop
+        time when the plan holds: the arrivals then join the queue after the run, and its
+        telemetry rows count the queue as at its start, as a held decode run's row does). A
+        chunk that leaves prompt to do emits nothing, so it is advanced here in scalars (what
+        :meth:`_advance` does for it); the completing chunk goes through :meth:`_advance`."""
         Cr = self.cols[2]
         o = int(self.cols[1][p])
         whole = int(self.cols[0][p]) + o  # tokens to compute; fixed until the prompt is done

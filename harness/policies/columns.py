@@ -151,8 +151,11 @@ class ColumnPlan:
     prompt is done, as long as each chunk's KV fits and nothing arrives: a host may then run
     those chunks without planning again (RAD's lone prefill, seed-rad-slai.md §3.3). On a
     plan that only admits one request (no run order), the same promise for the admitted
-    request's chunks after its first, each the size it was admitted with. ``then_steady`` as
-    in Plan: a host that keeps it runs :data:`EVERY_DECODE` instead of planning.
+    request's chunks after its first, each the size it was admitted with. ``hold`` with
+    ``prefill_run``: arrivals would not change those plans either (the policy's plan for a
+    prefill in progress ignores the waiting queue), so a host may run the chunks past them.
+    ``then_steady`` as in Plan: a host that keeps it runs :data:`EVERY_DECODE` instead of
+    planning.
     """
 
     order: np.ndarray | None = None

@@ -124,8 +124,9 @@ class RADPolicy(ColumnPolicy):
             if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
                 return decode_batch()  # no KV for the chunk yet: let decodes drain
             # the same request's chunks follow until its prompt is done (line 6 not
-            # re-checked, above); only a chunk's KV could change that (the test above)
-            return ColumnPlan(np.array([p]), c, prefill_run=True, then_steady=True)
+            # re-checked, above); only a chunk's KV could change that (the test above), not
+            # an arrival (this branch reads no waiting request): the run holds past them
+            return ColumnPlan(np.array([p]), c, prefill_run=True, hold=True, then_steady=True)
         if not n_decoding and self.requests_in_cycle > 0:  # line 9: D drained, new cycle
             self.requests_in_cycle = 0
             self.cycles += 1
@@ -146,7 +147,11 @@ class RADPolicy(ColumnPolicy):
         # lines 11-17: FCFS prefill of one request (counted in on_step); its next chunks are
         # the plans above (c is the chunk whenever prompt is left after it)
         return ColumnPlan(
-            NO_POSITIONS, admit_requests=[(head, c)], prefill_run=True, then_steady=True
+            NO_POSITIONS,
+            admit_requests=[(head, c)],
+            prefill_run=True,
+            hold=True,
+            then_steady=True,
         )
 
     def on_arrival(self, request: RequestView, now: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from engine_traces import make_trace, poisson_trace
@@ -427,6 +429,33 @@ def test_a_lone_prefill_runs_its_chunks_without_planning_again(kv_tokens: int) -
     # each hinted plan's further chunks ran unplanned: fewer plans, the same steps
     assert run.plans < stepwise.plans - run.runs
     assert (run.cycles, run.requests_in_cycle) == (stepwise.cycles, stepwise.requests_in_cycle)
+
+
+class _CountingRADNoHold(_CountingRAD):
+    """The same RAD with its prefill runs' hold withdrawn: each stops at an arrival."""
+
+    def plan_columns(self, cv):
+        return dataclasses.replace(super().plan_columns(cv), hold=False)
+
+
+@pytest.mark.parametrize("kv_tokens", [1 << 20, 6000])
+def test_a_lone_prefill_holds_past_arrivals(kv_tokens: int) -> None:
+    # long prompts (up to 16 chunks) and arrivals every ~10 steps: most runs meet one;
+    # holding (ColumnPlan.hold with prefill_run) runs on past it without planning again
+    tr = poisson_trace(200, 12.0, seed=9, pmax=4000, omax=40)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    held, stopped = _CountingRAD(), _CountingRADNoHold()
+    a = simulate(tr, held, cost, cfg)
+    b = simulate(tr, stopped, cost, cfg)
+    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
+    _same(a, ref)
+    _same(b, ref)
+    assert a.num_steps == b.num_steps
+    assert held.plans < stopped.plans - 20  # the runs that met an arrival went on
+    assert (held.cycles, held.requests_in_cycle) == (stopped.cycles, stopped.requests_in_cycle)
+    if kv_tokens < 1 << 20:
+        assert a.counters["preemptions_total"] > 0
 
 
 def test_class_priority_declares_the_budget_rule_only_with_one_class() -> None:
