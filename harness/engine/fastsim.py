@@ -298,20 +298,24 @@ class ArrayEngine:
 
     def _retire(self, keep: np.ndarray) -> None:
         """Compact the running arrays to the rows in ``keep`` (a mask over the first R)."""
-        IA, FA, R = self.IA, self.FA, self.R
+        IA, FA = self.IA, self.FA
         gone = np.flatnonzero(~keep)
         if len(gone) <= _FEW_GONE:
             for p in gone[::-1].tolist():
-                IA[:, p : R - 1] = IA[:, p + 1 : R]
-                FA[:, p : R - 1] = FA[:, p + 1 : R]
-                R -= 1
-            self.R = R
+                self._close(p)
             return
         idx = np.flatnonzero(keep)
         k = len(idx)
         IA[:, :k] = IA[:, idx]
         FA[:, :k] = FA[:, idx]
         self.R = k
+
+    def _close(self, p: int) -> None:
+        """Remove running slot ``p``: the slots after it shift left (running order kept)."""
+        IA, FA, R = self.IA, self.FA, self.R
+        IA[:, p : R - 1] = IA[:, p + 1 : R]
+        FA[:, p : R - 1] = FA[:, p + 1 : R]
+        self.R = R - 1
 
     def _view(self, t: float, R: int) -> ColumnView:
         """The plan's :class:`ColumnView` of this engine's arrays. Built every plan, so from
@@ -1009,12 +1013,19 @@ class ArrayEngine:
         """Preempt the run items past the first ``k`` of ``order`` (the tail first, as rule
         2's sequential pass meets them) and compact the running arrays; returns the kept
         items granted anything, as positions after compaction, and their grants."""
+        g = grant[:k]
+        ran = g > 0
+        if k == len(order) - 1:  # one victim (the usual): its slot closed, the later shift
+            v = int(order[k])
+            kept = order[:k][ran]
+            if not (kept == v).any():  # (an array-pass order may name it twice: below)
+                self._evict(v)
+                self._close(v)
+                return kept - (kept > v), g[ran]
         for v in order[k:][::-1].tolist():
             self._evict(v)
         alive = np.ones(self.R, dtype=bool)
         alive[order[k:]] = False
-        g = grant[:k]
-        ran = g > 0
         sp = (np.cumsum(alive) - 1)[order[:k][ran]]
         self._retire(alive)
         return sp, g[ran]

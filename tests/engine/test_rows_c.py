@@ -369,6 +369,31 @@ def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
     assert out == [f"{m}_{expected}" for m in METHODS] + [columns]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_one_victim_is_preempted_as_the_mask_pass_preempts(seed: int) -> None:
+    """_preempt_tail's one-victim path (its slot closed, the later positions shifted) leaves
+    the state and returns the positions that the general path's mask and cumsum give."""
+    rng = np.random.default_rng(seed)
+    fast, slow = _pair(seed)
+    if fast.R < 2:
+        return
+    order = rng.permutation(fast.R)[: int(rng.integers(2, fast.R + 1))].astype(np.int64)
+    grant = rng.integers(0, 3, len(order)).astype(np.int64)
+    k = len(order) - 1
+    sp, sg = fast._preempt_tail(order, grant, k)
+    # the general path: evict, mask, positions after compaction by cumsum, retire
+    slow._evict(int(order[k]))
+    alive = np.ones(slow.R, dtype=bool)
+    alive[order[k:]] = False
+    ran = grant[:k] > 0
+    want_sp = (np.cumsum(alive) - 1)[order[:k][ran]]
+    slow._retire(alive)
+    np.testing.assert_array_equal(sp, want_sp)
+    np.testing.assert_array_equal(sg, grant[:k][ran])
+    _assert_same(_state(fast), _state(slow))
+    assert list(fast.waiting) == list(slow.waiting) and fast.preempt_total == 1
+
+
 def test_sample_writes_the_row_the_python_pass_writes() -> None:
     """Both passes' telemetry rows, column by column, through the block's growth (4096
     rows a start), with the float line's awkward values (a ratio that rounds, -0.0)."""
