@@ -744,45 +744,56 @@ static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     (void)self;
     if (want_args(nargs, 13, "sample") < 0)
         return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    double end = PyFloat_AsDouble(args[2]), t = PyFloat_AsDouble(args[3]);
-    int64_t v[9];
-    for (int i = 0; i < 9; i++)
-        v[i] = PyLong_AsLongLong(args[4 + i]);
-    if (PyErr_Occurred())
+    /* n, then k, prefill, decode, used, block, total, waiting, running, preempted: each
+     * converted only while none has failed (the first error is the one raised) */
+    int64_t v[10];
+    for (int i = 0; i < 10; i++) {
+        v[i] = PyLong_AsLongLong(args[i == 0 ? 1 : 3 + i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    double end = PyFloat_AsDouble(args[2]);
+    if (end == -1.0 && PyErr_Occurred())
         return NULL;
-    /* k, prefill, decode, used, block, total, waiting, running, preempted */
+    double t = PyFloat_AsDouble(args[3]);
+    if (t == -1.0 && PyErr_Occurred())
+        return NULL;
     const int64_t lim = (int64_t)1 << 53;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 1; i < 10; i++) {
         if (v[i] < 0 || v[i] >= lim) {
             PyErr_SetString(PyExc_ValueError, "sample(): counts must be in [0, 2**53)");
             return NULL;
         }
     }
-    if (v[4] < 1 || v[5] < 1 || v[3] > lim / v[4]) {
+    if (v[5] < 1 || v[6] < 1) {
         PyErr_SetString(PyExc_ValueError, "sample(): block and total must be positive");
+        return NULL;
+    }
+    if (v[4] > lim / v[5]) {
+        PyErr_SetString(PyExc_ValueError, "sample(): used * block must be below 2**53");
         return NULL;
     }
     Py_buffer b;
     if (get_buf(args[0], &b, 'f', "S", PyBUF_WRITABLE) < 0)
         return NULL;
-    Py_ssize_t cap = b.len / 8 / 10;
-    if (b.len != cap * 10 * 8 || n < 0 || n >= cap) {
+    Py_ssize_t cap = b.ndim == 2 ? b.shape[1] : 0;
+    if (b.ndim != 2 || b.shape[0] != 10 || v[0] < 0 || v[0] >= cap) {
         PyBuffer_Release(&b);
         PyErr_SetString(PyExc_ValueError, "sample(): expected S's 10 rows and n < columns");
         return NULL;
     }
+    Py_ssize_t n = (Py_ssize_t)v[0];
     double *S = (double *)b.buf;
     S[n] = end;
-    S[cap + n] = (double)v[0];
+    S[cap + n] = (double)v[1];
     S[2 * cap + n] = end - t;
-    S[3 * cap + n] = (double)v[1];
-    S[4 * cap + n] = (double)v[2];
-    S[5 * cap + n] = (double)(v[3] * v[4]);
-    S[6 * cap + n] = (double)v[3] / (double)v[5];
-    S[7 * cap + n] = (double)v[6];
-    S[8 * cap + n] = (double)v[7];
-    S[9 * cap + n] = (double)v[8];
+    S[3 * cap + n] = (double)v[2];
+    S[4 * cap + n] = (double)v[3];
+    S[5 * cap + n] = (double)(v[4] * v[5]);
+    S[6 * cap + n] = (double)v[4] / (double)v[6];
+    S[7 * cap + n] = (double)v[7];
+    S[8 * cap + n] = (double)v[8];
+    S[9 * cap + n] = (double)v[9];
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
 }

@@ -298,13 +298,14 @@ def simulate_routed(
                 f"scheduled nothing with {len(e.waiting)} waiting and {e.R} running requests "
                 "and no release left"
             )
-    end = max([t, *[e.samples["t_s"][-1] for e in engs if len(e.samples["t_s"])]])
+    samples = [e.samples for e in engs]  # each a copy of the engine's columns: once
+    end = max([t, *[float(s["t_s"][-1]) for s in samples if len(s["t_s"])]])
     chunk_req, chunk_t = (None, None) if chunk_sink is not None else chunks.arrays()
     if chunk_sink is not None:
         chunks.flush()
     status = rows.status()
     parts = []
-    for e in engs:
+    for e, s in zip(engs, samples, strict=True):
         parts.append(
             SimResult(
                 policy=getattr(e.spec.policy, "name", type(e.spec.policy).__name__),
@@ -314,10 +315,10 @@ def simulate_routed(
                 status=np.zeros(0, np.int8),
                 errors={},
                 preemptions=np.zeros(0, np.int64),
-                samples=e.samples,
+                samples=s,
                 chunk_req=None,
                 chunk_t=None,
-                end_s=e.samples["t_s"][-1] if len(e.samples["t_s"]) else 0.0,
+                end_s=float(s["t_s"][-1]) if len(s["t_s"]) else 0.0,
                 num_steps=e.steps_total,
                 num_calls=e.calls,
                 wall_s=0.0,

@@ -1077,7 +1077,8 @@ class ArrayEngine:
 
     @property
     def samples(self) -> dict[str, np.ndarray]:
-        """The telemetry columns so far (SAMPLE_COLS), typed as :func:`new_samples`'s."""
+        """The telemetry columns so far (SAMPLE_COLS): new numpy arrays of the types of
+        :func:`new_samples`'s (read after a run: each access copies them)."""
         return sample_columns(self._S, self._ns)
 
     def _sample_room(self) -> None:

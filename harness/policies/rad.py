@@ -70,7 +70,7 @@ class RADPolicy(ColumnPolicy):
         # (arrival, id) of waiting requests, lazily deleted: arrivals in that order, the rest
         self._fifo: deque[tuple[float, str]] = deque()
         self._heap: list[tuple[float, str]] = []
-        self._waiting: dict[str, RequestView] = {}  # the waiting requests the heap covers
+        self._waiting: dict[str, RequestView] = {}  # the waiting requests the FIFO and heap cover
         self._known: dict[str, RequestView] = {}  # every request seen and not finished
 
     def _oldest_waiting(self, cv: ColumnView) -> RequestView | None:

@@ -432,10 +432,12 @@ def test_a_lone_prefill_runs_its_chunks_without_planning_again(kv_tokens: int) -
 
 
 class _CountingRADNoHold(_CountingRAD):
-    """The same RAD with its prefill runs' hold withdrawn: each stops at an arrival."""
+    """The same RAD with its prefill runs' hold withdrawn (its decode batches keep theirs):
+    each run stops at an arrival."""
 
     def plan_columns(self, cv):
-        return dataclasses.replace(super().plan_columns(cv), hold=False)
+        plan = super().plan_columns(cv)
+        return dataclasses.replace(plan, hold=False) if plan.prefill_run else plan
 
 
 @pytest.mark.parametrize("kv_tokens", [1 << 20, 6000])

@@ -378,6 +378,8 @@ def test_one_victim_is_preempted_as_the_mask_pass_preempts(seed: int) -> None:
     if fast.R < 2:
         return
     order = rng.permutation(fast.R)[: int(rng.integers(2, fast.R + 1))].astype(np.int64)
+    if seed % 3 == 0:  # an array-pass order naming the victim earlier too (the mask path)
+        order[int(rng.integers(0, len(order) - 1))] = order[-1]
     grant = rng.integers(0, 3, len(order)).astype(np.int64)
     k = len(order) - 1
     sp, sg = fast._preempt_tail(order, grant, k)
@@ -435,8 +437,9 @@ def test_sample_refuses_bad_input_and_writes_nothing() -> None:
         _rows.sample(S, 8, *ok[1:])
     with pytest.raises(ValueError, match="n < columns"):
         _rows.sample(S, -1, *ok[1:])
-    with pytest.raises(ValueError, match="10 rows"):
-        _rows.sample(np.zeros((9, 8)), *ok)
+    for shape in [(9, 8), (5, 16), (16, 5), (80,), (10, 8, 1)]:  # 10 rows, nothing else
+        with pytest.raises(ValueError, match="10 rows"):
+            _rows.sample(np.zeros(shape), *ok)
     with pytest.raises(TypeError, match="float64"):
         _rows.sample(np.zeros((10, 8), np.float32), *ok)
     with pytest.raises(ValueError, match="2\\*\\*53"):
@@ -445,6 +448,10 @@ def test_sample_refuses_bad_input_and_writes_nothing() -> None:
         _rows.sample(S, *ok[:7], 0, *ok[8:])
     with pytest.raises(ValueError, match="positive"):
         _rows.sample(S, *ok[:8], 0, *ok[9:])
+    with pytest.raises(ValueError, match="used \\* block"):
+        _rows.sample(S, *ok[:6], 1 << 50, 1 << 4, *ok[8:])
+    with pytest.raises(TypeError):  # the first bad argument's error, nothing after it
+        _rows.sample(S, 0, "end", 0.5, None, *ok[4:])
     with pytest.raises(TypeError, match="13 arguments"):
         _rows.sample(S, *ok[:-1])
     read_only = S.copy()
@@ -452,6 +459,8 @@ def test_sample_refuses_bad_input_and_writes_nothing() -> None:
     with pytest.raises((BufferError, ValueError)):
         _rows.sample(read_only, *ok)
     np.testing.assert_array_equal(S, before)
+    _rows.sample(S, np.int64(1), np.float64(2.0), 1.5, *map(np.int64, ok[3:]))  # numpy's
+    assert S[:, 1].tolist() == [2.0, 1, 0.5, 2, 3, 4 * BS, 4 / 100, 5, 6, 7]
 
 
 def test_an_extension_missing_a_pass_is_not_used() -> None:
