@@ -509,3 +509,43 @@ def test_mean_std_are_numpys():
         x = [rng.exponential(size=n), rng.normal(5, 1e-3, n), rng.integers(0, 7, n) * 0.1][it % 3]
         for s in (None, scratch):
             assert M.mean_std(x, s) == (np.mean(x), np.std(x))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_server_stats_read_the_engine_rows_in_time_order(seed):
+    """server_stats on a simulation's samples (every row the engine's, in time order: read
+    as they lie) and on shuffled, mixed-source ones (selected and sorted first): the same
+    figures as from the engine rows sorted by time."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    t = np.sort(rng.random(n) * 100)
+    t[rng.integers(0, n, 20)] = t[0]  # ties: a stable order decides
+    engine = pd.DataFrame(
+        {
+            "t_s": np.sort(t),
+            "source": "engine",
+            "kv_usage": rng.random(n),
+            "num_waiting": rng.integers(0, 50, n).astype(float),
+            "num_running": rng.integers(0, 9, n).astype(float),
+            "preemptions_total": np.cumsum(rng.integers(0, 2, n)).astype(float),
+        }
+    )
+    want = M.server_stats(engine)["server"]
+    # the slow way by hand: a time-weighted mean of the held values, the max, the delta
+    dt = np.diff(engine["t_s"].to_numpy())
+    held = engine["num_waiting"].to_numpy()[:-1]
+    assert want["num_requests_waiting_mean"] == pytest.approx((held * dt).sum() / dt.sum())
+    assert want["kv_cache_usage_perc_max"] == engine["kv_usage"].max()
+    p = engine["preemptions_total"]
+    assert want["preemptions_delta"] == p.iloc[-1] - p.iloc[0]
+    # shuffled among other sources: the engine rows selected, then sorted (stable: rows of
+    # one time keep their order, so the shuffle keeps theirs)
+    other = engine.assign(source="prometheus", kv_usage=1.0)
+    mixed = pd.concat([engine, other])
+    at = rng.permutation(len(mixed))
+    mine = np.flatnonzero(mixed["source"].to_numpy() == "engine")
+    at[np.isin(at, mine)] = mine  # the engine rows' relative order kept
+    assert M.server_stats(mixed.iloc[at])["server"] == want
+    # one source, out of time order, distinct times: sorted
+    distinct = engine.assign(t_s=np.arange(n, dtype=float))
+    assert M.server_stats(distinct.iloc[::-1]) == M.server_stats(distinct)
