@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -39,3 +40,21 @@ def signal_and_wait() -> Callable[[subprocess.Popen[str], int, float], tuple[str
     """``signal_and_wait(proc, sig, timeout_s)``: send ``sig``, return (stdout, stderr); a
     child still alive after ``timeout_s`` fails the test with its threads' stacks."""
     return _stop
+
+
+def _fresh_python(code: str, **env: str) -> list[str]:
+    """Run ``code`` in a new interpreter (import-time choices: built extensions, environment
+    switches) with ``env`` added to this one's; its stdout's words."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+
+
+@pytest.fixture
+def fresh_python() -> Callable[..., list[str]]:
+    """``fresh_python(code, **env)``: ``code``'s stdout words from a new interpreter."""
+    return _fresh_python

@@ -412,19 +412,25 @@ class _CountingRAD(RADPolicy):
         return plan
 
 
+def _rad_runs(tr, kv_tokens: int, *runs: tuple[RADPolicy, bool]) -> list:
+    """RAD's simulations of ``tr`` (each policy with fast-forward on or off), each checked
+    token for token against the reference host's."""
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
+    out = [simulate(tr, pol, cost, cfg, fast_forward=ff) for pol, ff in runs]
+    for res in out:
+        _same(res, ref)
+    return out
+
+
 @pytest.mark.parametrize("kv_tokens", [1 << 20, 6000])
 def test_a_lone_prefill_runs_its_chunks_without_planning_again(kv_tokens: int) -> None:
     # prompts of up to 8 chunks (t_lcm 256), sparse arrivals: RAD's prefills run alone
     # (seed-rad-slai.md §3.3); in a small KV some chunks wait for decodes to drain
     tr = poisson_trace(150, 3.0, seed=5, pmax=2000, omax=60)
-    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
     run, stepwise = _CountingRAD(), _CountingRAD()
-    fast = simulate(tr, run, cost, cfg)
-    fast_stepwise = simulate(tr, stepwise, cost, cfg, fast_forward=False)
-    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
-    _same(fast, ref)
-    _same(fast_stepwise, ref)
+    _rad_runs(tr, kv_tokens, (run, True), (stepwise, False))
     assert run.runs > 50
     # each hinted plan's further chunks ran unplanned: fewer plans, the same steps
     assert run.plans < stepwise.plans - run.runs
@@ -445,14 +451,8 @@ def test_a_lone_prefill_holds_past_arrivals(kv_tokens: int) -> None:
     # long prompts (up to 16 chunks) and arrivals every ~10 steps: most runs meet one;
     # holding (ColumnPlan.hold with prefill_run) runs on past it without planning again
     tr = poisson_trace(200, 12.0, seed=9, pmax=4000, omax=40)
-    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
     held, stopped = _CountingRAD(), _CountingRADNoHold()
-    a = simulate(tr, held, cost, cfg)
-    b = simulate(tr, stopped, cost, cfg)
-    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
-    _same(a, ref)
-    _same(b, ref)
+    a, b = _rad_runs(tr, kv_tokens, (held, True), (stopped, True))
     assert a.num_steps == b.num_steps
     assert held.plans < stopped.plans - 20  # the runs that met an arrival went on
     assert (held.cycles, held.requests_in_cycle) == (stopped.cycles, stopped.requests_in_cycle)

@@ -16,10 +16,6 @@ answers to bad input.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from engine_traces import poisson_trace
@@ -354,17 +350,14 @@ def test_simulations_with_either_pass_give_the_same_token_times(
 
 
 @pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
-def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
+def test_the_environment_selects_the_passes(value: str, expected: str, fresh_python) -> None:
     code = (
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
         "print(*[getattr(A, m).__name__ for m in"
         f" {METHODS}],"
         " _COLUMNS.__name__)"
     )
-    env = {**os.environ, "HARNESS_PURE_KERNEL": value}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = fresh_python(code, HARNESS_PURE_KERNEL=value)
     columns = "KernelColumns" if expected == "c" else "RunningColumns"
     assert out == [f"{m}_{expected}" for m in METHODS] + [columns]
 
@@ -463,17 +456,14 @@ def test_sample_refuses_bad_input_and_writes_nothing() -> None:
     assert S[:, 1].tolist() == [2.0, 1, 0.5, 2, 3, 4 * BS, 4 / 100, 5, 6, 7]
 
 
-def test_an_extension_missing_a_pass_is_not_used() -> None:
+def test_an_extension_missing_a_pass_is_not_used(fresh_python) -> None:
     """An install not rebuilt since a pass was added: the Python passes run."""
     code = (
         "import sys, types; stale = types.ModuleType('harness.engine._rows');"
         "stale.finish = len; sys.modules['harness.engine._rows'] = stale;"
         "from harness.engine import fastsim as f; print(f.HAVE_C, f.ArrayEngine._sample.__name__)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out == ["False", "_sample_py"]
+    assert fresh_python(code) == ["False", "_sample_py"]
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:

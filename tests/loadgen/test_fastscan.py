@@ -21,10 +21,8 @@ import ctypes
 import functools
 import json
 import mmap
-import os
 import random
 import struct
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -573,12 +571,9 @@ def test_c_scan_at_block_offsets_and_the_buffers_last_byte() -> None:
     assert verdicts.get(True, 0) > 200 and verdicts.get(False, 0) > 200, verdicts
 
 
-def test_pure_scan_switch() -> None:
+def test_pure_scan_switch(fresh_python) -> None:
     """``HARNESS_PURE_SCAN=1`` selects the Python scan; otherwise the C one where built."""
     code = "from harness.loadgen import fastscan as f; print(f.scan_openai.__name__)"
     for value, want in (("1", "scan_openai_py"), ("0", None)):
-        env = {**os.environ, "HARNESS_PURE_SCAN": value}
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        (out,) = fresh_python(code, HARNESS_PURE_SCAN=value)
         assert out == (want or ("scan_openai_c" if fastscan.HAVE_C else "scan_openai_py"))

@@ -12,10 +12,6 @@ set; the environment variable selects them; and the C code refuses bad input wit
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -279,17 +275,14 @@ def test_ascending_refuses_other_columns() -> None:
             _c("ascending")(other)
 
 
-def test_an_extension_without_every_pass_is_not_used() -> None:
+def test_an_extension_without_every_pass_is_not_used(fresh_python) -> None:
     """An install built before a pass was added runs the numpy set, not a failing import."""
     code = (
         "import sys, types; stale = types.ModuleType('harness.policies._planops');"
         "stale.deadlines = len; sys.modules['harness.policies._planops'] = stale;"
         "from harness.policies import planops as p; print(p.HAVE_C, p.ascending.__module__)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out == ["False", "harness.policies.planops"]
+    assert fresh_python(code) == ["False", "harness.policies.planops"]
 
 
 def test_ranked_order_refuses_bad_input_without_writing() -> None:
@@ -391,15 +384,12 @@ def test_simulations_with_either_set_give_the_same_token_times(
 
 
 @pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
-def test_the_environment_selects_the_passes(value: str, expected: str) -> None:
+def test_the_environment_selects_the_passes(value: str, expected: str, fresh_python) -> None:
     code = (
         "from harness.policies import planops as p;"
         f"print(*[getattr(p, n).__module__ or 'c' for n in {PASSES!r}])"
     )
-    env = {**os.environ, "HARNESS_PURE_PLANS": value}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = fresh_python(code, HARNESS_PURE_PLANS=value)
     module = "harness.policies.planops" if expected == "py" else "harness.policies._planops"
     assert out == [module] * len(PASSES)
 
