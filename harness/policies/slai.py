@@ -61,7 +61,6 @@ from harness.policies.columns import (
     ColumnPlan,
     ColumnPolicy,
     ColumnView,
-    RunningColumns,
     per_key,
     prefill_chunks,
 )
@@ -260,7 +259,7 @@ class SLAIPolicy(ColumnPolicy):
                     crit = (
                         decodes[lst <= cv.now]
                         if nc == ncrit
-                        else self._ranked(rc, decodes, lst)[:nc]
+                        else planops.rank_decodes(decodes, lst, rc.arrival)[:nc]
                     )
                     free += nc - rc.decode_blocks(crit, bs)
                     unsure = False
@@ -301,12 +300,7 @@ class SLAIPolicy(ColumnPolicy):
         rc = cv.running
         if rc.decodes_fit(decodes, cv.kv.block_size, cv.kv.free_blocks):
             return None
-        return self._ranked(rc, decodes, lst)
-
-    @staticmethod
-    def _ranked(rc: RunningColumns, decodes: np.ndarray, lst: np.ndarray) -> np.ndarray:
-        """The decodes in ``(C, arrival)`` order, stable (#6)."""
-        return planops.rank_decodes(decodes, lst, rc.arrival)
+        return planops.rank_decodes(decodes, lst, rc.arrival)  # (C, arrival), stable (#6)
 
     def _prefill_queue(self, cv: ColumnView) -> Iterable[RequestView]:
         """Waiting requests in prefill order: FCFS (host order) or SPF, optionally paid first
