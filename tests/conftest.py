@@ -42,9 +42,17 @@ def signal_and_wait() -> Callable[[subprocess.Popen[str], int, float], tuple[str
     return _stop
 
 
-def _fresh_python(code: str, **env: str) -> list[str]:
+def _fresh_python(code: str, *, stale: tuple[str, str] | None = None, **env: str) -> list[str]:
     """Run ``code`` in a new interpreter (import-time choices: built extensions, environment
-    switches) with ``env`` added to this one's; its stdout's words."""
+    switches) with ``env`` added to this one's; its stdout's words. ``stale``: ``(module,
+    name)``, an extension module that holds only ``name`` stands in for ``module`` (an
+    install built before its other passes were added)."""
+    if stale is not None:
+        module, name = stale
+        code = (
+            f"import sys, types; m = types.ModuleType({module!r}); m.{name} = len;"
+            f"sys.modules[{module!r}] = m;" + code
+        )
     return subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, **env},
@@ -56,5 +64,6 @@ def _fresh_python(code: str, **env: str) -> list[str]:
 
 @pytest.fixture
 def fresh_python() -> Callable[..., list[str]]:
-    """``fresh_python(code, **env)``: ``code``'s stdout words from a new interpreter."""
+    """``fresh_python(code, *, stale=None, **env)``: ``code``'s stdout words from a new
+    interpreter (:func:`_fresh_python`)."""
     return _fresh_python

@@ -459,11 +459,9 @@ def test_sample_refuses_bad_input_and_writes_nothing() -> None:
 def test_an_extension_missing_a_pass_is_not_used(fresh_python) -> None:
     """An install not rebuilt since a pass was added: the Python passes run."""
     code = (
-        "import sys, types; stale = types.ModuleType('harness.engine._rows');"
-        "stale.finish = len; sys.modules['harness.engine._rows'] = stale;"
         "from harness.engine import fastsim as f; print(f.HAVE_C, f.ArrayEngine._sample.__name__)"
     )
-    assert fresh_python(code) == ["False", "_sample_py"]
+    assert fresh_python(code, stale=("harness.engine._rows", "finish")) == ["False", "_sample_py"]
 
 
 def test_bad_input_raises_and_writes_nothing() -> None:

@@ -277,12 +277,9 @@ def test_ascending_refuses_other_columns() -> None:
 
 def test_an_extension_without_every_pass_is_not_used(fresh_python) -> None:
     """An install built before a pass was added runs the numpy set, not a failing import."""
-    code = (
-        "import sys, types; stale = types.ModuleType('harness.policies._planops');"
-        "stale.deadlines = len; sys.modules['harness.policies._planops'] = stale;"
-        "from harness.policies import planops as p; print(p.HAVE_C, p.ascending.__module__)"
-    )
-    assert fresh_python(code) == ["False", "harness.policies.planops"]
+    code = "from harness.policies import planops as p; print(p.HAVE_C, p.ascending.__module__)"
+    out = fresh_python(code, stale=("harness.policies._planops", "deadlines"))
+    assert out == ["False", "harness.policies.planops"]
 
 
 def test_ranked_order_refuses_bad_input_without_writing() -> None:
