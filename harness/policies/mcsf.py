@@ -174,6 +174,11 @@ class MCSFPolicy(ColumnPolicy):
     # -- estimates ---------------------------------------------------------------------
     def estimate(self, r: RequestView) -> int:
         """Planned total output length ``ô`` (never below what it has generated + 1)."""
+        return self._estimate(r, r.num_output_tokens)
+
+    def _estimate(self, r: RequestView, generated: int) -> int:
+        """:meth:`estimate` of ``r``, which has generated ``generated`` tokens (read once by
+        the caller: each is a property on the vectorised kernel's rows)."""
         est = self._est.get(r.request_id)
         if est is None:
             if self.length_source == "oracle" or r.predicted_output_len is None:
@@ -186,8 +191,8 @@ class MCSFPolicy(ColumnPolicy):
                 raw *= math.exp(self.noise_sigma * z)
             est = max(1, int(round(raw)) + self.margin)
             self._est[r.request_id] = est
-        if r.num_output_tokens >= est:  # under-estimate discovered (REC a)
-            est = r.num_output_tokens + self.overrun_extra
+        if generated >= est:  # under-estimate discovered (REC a)
+            est = generated + self.overrun_extra
             self._est[r.request_id] = est
         return est
 
@@ -202,8 +207,9 @@ class MCSFPolicy(ColumnPolicy):
 
     def _set_estimate(self, key: int, prompt: int, est: int, max_tokens: int) -> None:
         """Record a running request's estimate and its KV peak under its key."""
-        self._est_k = per_key(self._est_k, key + 1, 0)
-        self._pk_k = per_key(self._pk_k, key + 1, 0)
+        if key >= len(self._est_k):
+            self._est_k = per_key(self._est_k, key + 1, 0)
+            self._pk_k = per_key(self._pk_k, key + 1, 0)
         self._est_k[key] = est
         self._pk_k[key] = self._peak(prompt, est)
         if est < max_tokens:
@@ -214,8 +220,9 @@ class MCSFPolicy(ColumnPolicy):
         without finishing (REC a; kept in ``_est`` too, which a preempted request's place in
         the queue reads), and their KV peaks."""
         rc = cv.running
-        self._est_k = per_key(self._est_k, cv.num_keys, 0)
-        self._pk_k = per_key(self._pk_k, cv.num_keys, 0)
+        if cv.num_keys > len(self._est_k):
+            self._est_k = per_key(self._est_k, cv.num_keys, 0)
+            self._pk_k = per_key(self._pk_k, cv.num_keys, 0)
         keys = rc.key
         if planops.keyed_reached(rc.output, keys, self._est_k):  # reached (or never set: 0)
             est = self._est_k[keys]
@@ -270,7 +277,7 @@ class MCSFPolicy(ColumnPolicy):
             need = min(b_r - r.num_computed_tokens, cv.token_budget - tokens_used)  # chunked
             if peak_sum < 0:  # Σ base + end of the running requests, in whole blocks
                 peak_sum = planops.keyed_sum(rc.key, self._pk_k)
-            est_r = self.estimate(r)
+            est_r = self._estimate(r, o_r)
             e_r = max(0, est_r - o_r - 1 + extra)
             peak = -(-(b_r + e_r) // bs) * bs
             fits = peak_sum + peak <= capacity

@@ -55,7 +55,6 @@ from harness.policies.base import (
     StepReport,
     View,
     blocks_for,
-    remaining_tokens,
 )
 from harness.policies.columns import (
     ColumnPlan,
@@ -253,7 +252,9 @@ class SLAIPolicy(ColumnPolicy):
             for r in self._prefill_queue(cv):
                 if tokens >= budget or active >= alpha:
                     break
-                need = blocks_for(r.num_tokens, bs)
+                # its tokens read once (each count a property on the vectorised kernel's rows)
+                n_tok = r.num_prompt_tokens + r.num_output_tokens
+                need = blocks_for(n_tok, bs)
                 if unsure and free - need < reserve:
                     # when every critical decode runs, they are the critical set: no ranking
                     crit = (
@@ -265,7 +266,7 @@ class SLAIPolicy(ColumnPolicy):
                     unsure = False
                 if free - need < reserve:
                     break
-                c = min(remaining_tokens(r), budget - tokens)
+                c = min(n_tok - r.num_computed_tokens, budget - tokens)  # remaining_tokens
                 admit.append((r, c))
                 tokens += c
                 active += 1

@@ -346,13 +346,17 @@ class WaitPolicy(ThresholdFlushing):
         of reading each newcomer from its request (a type never changes, so a plan the host
         does not carry out leaves nothing wrong behind)."""
         key_of = cv.key_of
+        if len(requests) == 1:  # the usual admission: a scalar store
+            key = key_of(requests[0])
+            tk = self._type_k
+            if key >= len(tk) or cv.num_keys > len(tk):
+                # an object host may name a request after building the view: room for it too
+                tk = self._type_k = per_key(tk, max(cv.num_keys, key + 1), -1)
+            tk[key] = j
+            return
         keys = [key_of(r) for r in requests]
-        # an object host may name a request after building the view: room for its key too
         tk = self._type_k = per_key(self._type_k, max(cv.num_keys, max(keys) + 1), -1)
-        if len(keys) == 1:  # the usual admission: a scalar store
-            tk[keys[0]] = j
-        else:
-            tk[keys] = j
+        tk[keys] = j
 
     def _all_in_quota(self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> bool:
         """Whether a flush plan runs every decode, each (type, stage) group within its quota
@@ -366,7 +370,8 @@ class WaitPolicy(ThresholdFlushing):
         # members per (type, stage) group against the type's quota (one pass, no sort)
         rc = cv.running
         pos = None if len(decoding) == len(rc) else decoding  # every one, in running order
-        self._type_k = per_key(self._type_k, cv.num_keys, -1)
+        if cv.num_keys > len(self._type_k):
+            self._type_k = per_key(self._type_k, cv.num_keys, -1)
         within = planops.type_stages(rc.output, rc.key, pos, self._type_k, self._n)
         if within < 0:  # newly running requests: their types from the requests, then again
             self._types(cv, decoding)
@@ -375,7 +380,8 @@ class WaitPolicy(ThresholdFlushing):
 
     def _oldest_first(self, admits: list[RequestView]) -> list[RequestView]:
         """``admits`` oldest first (#14)."""
-        admits.sort(key=_age_key)
+        if len(admits) > 1:
+            admits.sort(key=_age_key)
         return admits
 
     # -- planning ---------------------------------------------------------------------
@@ -459,7 +465,11 @@ class WaitPolicy(ThresholdFlushing):
             self.on_idle == "flush"
             and not len(partial)
             and len(runs) == len(dec)
-            and not any(r.num_output_tokens for r in admits)
+            and not (
+                admits[0].num_output_tokens
+                if len(admits) == 1
+                else any(r.num_output_tokens for r in admits)
+            )
         )
         return threshold_plan(
             runs,
