@@ -15,7 +15,14 @@ the install still succeeds and its module uses the pure-Python code that does th
 :mod:`harness.results.metrics`).
 """
 
+import sys
+
 from setuptools import Extension, setup
+
+# The kernel's and the policies' C passes repeat Python's float arithmetic operation by
+# operation (step times, attention work, deadlines): a fused multiply-add would round once
+# where Python rounds twice (aarch64 compilers fuse by default), so none is allowed.
+_EXACT = [] if sys.platform == "win32" else ["-ffp-contract=off"]
 
 setup(
     ext_modules=[
@@ -27,11 +34,13 @@ setup(
         Extension(
             "harness.engine._rows",
             sources=["harness/engine/_rows.c"],
+            extra_compile_args=_EXACT,
             optional=True,
         ),
         Extension(
             "harness.policies._planops",
             sources=["harness/policies/_planops.c"],
+            extra_compile_args=_EXACT,
             optional=True,
         ),
         Extension(

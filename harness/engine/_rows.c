@@ -19,7 +19,9 @@
  *   advance  rule 5 for those grants (the step's emitted tokens);
  *   recount  the fewest tokens left and the requests not decoding, over the running set;
  *   sample   one telemetry row (a step's or a run's), written into the sample columns
- *            (ten attribute reads and appends a step in Python, ~1 us).
+ *            (ten attribute reads and appends a step in Python, ~1 us);
+ *   step_time  the affine or context cost model's duration of a step (three Python calls
+ *            a step, ~1 us).
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -798,6 +800,69 @@ static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the cost model's duration of
+ * a step (costmodel.step_terms gives coef and table). coef: a tuple of 4 floats (base,
+ * per_token, per_decode, floor: the affine model) or 6 (and attn_s, step_s: the context
+ * model); table: a tuple of at least one float, the KV-read rate r(D) for D = 0, 1, ... (the
+ * last one beyond). The counts are non-negative integers below 2**53 and attn a float: the
+ * same operations in the same order as AffineCostModel.step_time and
+ * ContextCostModel.step_time in Python (each IEEE-rounded; no fused multiply-add: setup.py),
+ * so the same float. A Python method call chain of ~1 us a step otherwise (ArrayEngine). */
+static PyObject *step_time(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 6, "step_time") < 0)
+        return NULL;
+    PyObject *coef = args[0], *table = args[1];
+    Py_ssize_t nc = PyTuple_Check(coef) ? PyTuple_GET_SIZE(coef) : -1;
+    Py_ssize_t nt = PyTuple_Check(table) ? PyTuple_GET_SIZE(table) : -1;
+    if ((nc != 4 && nc != 6) || nt < 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "step_time(): coef must be a tuple of 4 or 6 floats, table a non-empty "
+                        "tuple of floats");
+        return NULL;
+    }
+    double c[6];
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *x = PyTuple_GET_ITEM(coef, i);
+        if (!PyFloat_Check(x)) {
+            PyErr_SetString(PyExc_TypeError, "step_time(): coef must hold floats");
+            return NULL;
+        }
+        c[i] = PyFloat_AS_DOUBLE(x);
+    }
+    long long v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = PyLong_AsLongLong(args[2 + i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+        if (v[i] < 0 || v[i] >= ((long long)1 << 53)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "step_time(): the counts must be in [0, 2**53)");
+            return NULL;
+        }
+    }
+    double attn = PyFloat_AsDouble(args[5]);
+    if (attn == -1.0 && PyErr_Occurred())
+        return NULL;
+    long long P = v[0], D = v[1], K = v[2];
+    PyObject *r = PyTuple_GET_ITEM(table, D < nt ? (Py_ssize_t)D : nt - 1);
+    if (!PyFloat_Check(r)) {
+        PyErr_SetString(PyExc_TypeError, "step_time(): table must hold floats");
+        return NULL;
+    }
+    /* base + per_token*(P+D) + per_decode*D, left to right; max(floor, lin) keeps floor unless
+     * lin is greater (Python's max) */
+    double lin = c[0] + c[1] * (double)(P + D);
+    lin = lin + c[2] * (double)D;
+    double t = lin > c[3] ? lin : c[3];
+    t = t + PyFloat_AS_DOUBLE(r) * (double)K;
+    if (nc == 6) {
+        t = t + c[4] * attn;
+        t = t + (P > 0 ? c[5] : 0.0);
+    }
+    return PyFloat_FromDouble(t);
+}
+
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
@@ -825,6 +890,9 @@ static PyMethodDef methods[] = {
     {"sample", (PyCFunction)(void (*)(void))sample, METH_FASTCALL,
      "sample(S, n, end, t, k, prefill, decode, used, block, total, waiting, running, "
      "preempted) -> None: telemetry row n into the sample columns S."},
+    {"step_time", (PyCFunction)(void (*)(void))step_time, METH_FASTCALL,
+     "step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the affine or context "
+     "cost model's step duration (costmodel.step_terms)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -198,6 +198,35 @@ class ContextCostModel(AffineCostModel):
         )
 
 
+def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """``(coef, table)`` for the simulator kernel's C ``step_time`` (``harness.engine._rows``)
+    when ``model`` is an affine or context model whose ``step_time`` is this module's: coef
+    ``(base_s, per_token_s, per_decode_s, floor_s)`` (+ ``per_prefill_attn_s,
+    per_prefill_step_s`` for a context model), table ``r(D)`` for ``D = 0, 1, ...`` (the last
+    one beyond: ``(per_kv_s,)`` for the affine model). None otherwise (another kind, a wrapper
+    such as :class:`JitteredCostModel`, a subclass that computes its own): the kernel then
+    calls ``model.step_time``. Why: that call chain is ~1 us of a simulated step's Python."""
+    cls = type(model)
+    if isinstance(model, ContextCostModel):
+        if (
+            cls.step_time is not ContextCostModel.step_time
+            or cls._kv_rate_of is not ContextCostModel._kv_rate_of
+        ):
+            return None
+        table: list[float] = model._kv_table  # type: ignore[attr-defined]
+        extra: tuple[float, ...] = (model.per_prefill_attn_s, model.per_prefill_step_s)
+    elif isinstance(model, AffineCostModel):
+        if cls.step_time is not AffineCostModel.step_time:
+            return None
+        table, extra = [model.per_kv_s], ()
+    else:
+        return None
+    coef = (model.base_s, model.per_token_s, model.per_decode_s, model.floor_s, *extra)
+    if not all(type(x) is float for x in (*coef, *table)):
+        return None  # an int coefficient: Python's int arithmetic, not C's doubles
+    return coef, tuple(table)
+
+
 @dataclass(frozen=True)
 class StaircaseCostModel(_Base):
     """``t = c_s + a_s*ceil((P+D)/b0)`` (seed-stability.md §1.3 / Appendix A.1, v3)."""

@@ -62,7 +62,7 @@ import numpy as np
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import decode_run_ends, decode_steps_that_fit, fit_problem
-from harness.engine.costmodel import CostModel
+from harness.engine.costmodel import CostModel, step_terms
 from harness.engine.row_requests import RowMeta, RowRequest, WaitingRows
 from harness.engine.simresult import (
     SAMPLE_COLS,
@@ -95,7 +95,18 @@ _FEW = 4  # run orders up to this long are granted and advanced in scalars
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
 
 # every pass of the C extension this module calls
-_PASSES = ("finish", "decode", "blocks", "opening", "give", "grant", "advance", "recount", "sample")
+_PASSES = (
+    "finish",
+    "decode",
+    "blocks",
+    "opening",
+    "give",
+    "grant",
+    "advance",
+    "recount",
+    "sample",
+    "step_time",
+)
 try:  # the optional C extension (setup.py): scalar loops over the running arrays
     from harness.engine import _rows
 except ImportError:  # not built (no C compiler at install): the same rules in Python
@@ -224,6 +235,9 @@ class ArrayEngine:
         self.max_seqs = config.max_num_seqs
         self.cost_model = cost_model
         self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
+        terms = step_terms(cost_model) if self._step_time_in_c else None
+        if terms is not None:  # the model's arithmetic in one C call (``_rows.step_time``)
+            self._step_time = partial(_rows.step_time, *terms)  # type: ignore[union-attr]
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         # prompt, outputs, computed, max_tokens, row; a running request's KV blocks are not
         # kept: between steps they are ceil(computed / block) (a step allocates exactly what
@@ -625,7 +639,9 @@ class ArrayEngine:
         return t
 
     def _step_time(self, prefill: int, n_decode: int, kv_read: int, attn: float) -> float:
-        """The cost model's duration of a step of this composition (rule 5)."""
+        """The cost model's duration of a step of this composition (rule 5). An affine or
+        context model's is computed in C instead where the extension is built (``__init__``:
+        ``costmodel.step_terms``, the same floats)."""
         if self.use_attn:
             return self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
         return self.cost_model.step_time(prefill, n_decode, kv_read)
@@ -1264,6 +1280,7 @@ class ArrayEngine:
     _grant = _grant_c if USE_C else _grant_py
     _recount = _recount_c if USE_C else _recount_py
     _sample = _sample_c if USE_C else _sample_py
+    _step_time_in_c = USE_C  # an affine or context model's step time (__init__)
 
 
 def row_meta(trace: Trace, arrival: list[float], M: list[int], config: EngineConfig) -> RowMeta:

@@ -330,6 +330,7 @@ def test_simulations_with_either_pass_give_the_same_token_times(
             monkeypatch.setattr(ArrayEngine, m, getattr(ArrayEngine, f"{m}_{impl}"))
         columns = fastsim.KernelColumns if impl == "c" else RunningColumns
         monkeypatch.setattr(fastsim, "_COLUMNS", columns)
+        monkeypatch.setattr(ArrayEngine, "_step_time_in_c", impl == "c")
         runs.append(simulate(tr, make_policy(policy), cost, cfg))
     a, b = runs
     assert a.counters["kernel"] == "fast"
@@ -355,11 +356,11 @@ def test_the_environment_selects_the_passes(value: str, expected: str, fresh_pyt
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
         "print(*[getattr(A, m).__name__ for m in"
         f" {METHODS}],"
-        " _COLUMNS.__name__)"
+        " _COLUMNS.__name__, A._step_time_in_c)"
     )
     out = fresh_python(code, HARNESS_PURE_KERNEL=value)
     columns = "KernelColumns" if expected == "c" else "RunningColumns"
-    assert out == [f"{m}_{expected}" for m in METHODS] + [columns]
+    assert out == [f"{m}_{expected}" for m in METHODS] + [columns, str(expected == "c")]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -514,3 +515,121 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         _rows.decode(ro, FA, 0, 1, 1.0, BS)
+
+
+def _models() -> list:
+    """Every preset the C step time covers, and context models with each term switched on."""
+    from harness.engine.costmodel import AffineCostModel, ContextCostModel, presets
+
+    got = [get_cost_model(name) for name in presets()]
+    got.append(AffineCostModel(base_s=1e-3, per_token_s=3e-5, per_decode_s=2e-5, floor_s=5e-3))
+    got.append(
+        ContextCostModel(
+            base_s=1.5e-3,
+            per_token_s=6e-5,
+            per_decode_s=1e-5,
+            per_kv_s=4e-7,
+            per_kv_lo_s=2.5e-7,
+            kv_sat_batch=8,
+            floor_s=9e-3,
+            per_prefill_attn_s=3e-9,
+            per_prefill_step_s=4e-3,
+        )
+    )
+    return got
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_step_time_is_the_cost_models_float(seed: int) -> None:
+    """``_rows.step_time`` gives each affine or context model's ``step_time``, bit for bit:
+    prefill or not, decode counts within and past the rate table, steps under the floor."""
+    from harness.engine import _rows
+    from harness.engine.costmodel import step_terms
+
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for model in _models():
+        terms = step_terms(model)
+        if terms is None:
+            continue
+        checked += 1
+        for _ in range(3000):
+            P = int(rng.integers(1, 9000)) if rng.random() < 0.5 else 0
+            D = int(rng.integers(0, 400)) if rng.random() < 0.9 else 0
+            K = int(rng.integers(0, 1 << 22))
+            A = float(rng.random() * P * 4000) if P else 0.0
+            want = (
+                model.step_time(P, D, K, prefill_attn=A)
+                if model.uses_prefill_attn
+                else model.step_time(P, D, K)
+            )
+            got = _rows.step_time(*terms, P, D, K, A)
+            assert type(got) is float and got == want, (model.name, P, D, K, A)
+    assert checked >= 6  # the context and affine presets and the two above
+
+
+def test_step_terms_only_for_the_models_whose_arithmetic_is_known() -> None:
+    from harness.engine.costmodel import (
+        AffineCostModel,
+        ContextCostModel,
+        JitteredCostModel,
+        step_terms,
+    )
+
+    class Slower(ContextCostModel):
+        def step_time(self, *a, **k):  # type: ignore[no-untyped-def]
+            return 2 * super().step_time(*a, **k)
+
+    assert step_terms(get_cost_model("staircase")) is None
+    assert step_terms(get_cost_model("piecewise")) is None
+    base = get_cost_model("a100-llama2-7b")
+    assert step_terms(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0])) is None
+    assert step_terms(Slower()) is None
+    assert step_terms(AffineCostModel(base_s=1)) is None  # an int: Python's int arithmetic
+    coef, table = step_terms(AffineCostModel(base_s=1e-3, per_kv_s=2e-7))
+    assert coef == (1e-3, 0.0, 0.0, 0.0) and table == (2e-7,)
+    coef, table = step_terms(base)
+    assert len(coef) == 6 and len(table) == base.kv_sat_batch + 1
+
+
+def test_the_engine_times_its_steps_in_c_only_for_those_models() -> None:
+    from harness.engine.costmodel import JitteredCostModel
+
+    def engine(model):  # type: ignore[no-untyped-def]
+        cfg = EngineConfig(kv_tokens=1 << 16, token_budget=512, max_num_seqs=8, block_size=BS)
+        return ArrayEngine(512, cfg, model, Rows([5], [5]), ChunkLog(None, 1 << 20), 1)
+
+    base = get_cost_model("a100-llama2-7b")
+    fast = engine(base)
+    assert fast._step_time.func.__name__ == "step_time"  # the C function, its terms bound
+    assert fast._step_time(100, 3, 900, 6000.0) == base.step_time(100, 3, 900, prefill_attn=6000.0)
+    jittered = engine(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0]))
+    assert jittered._step_time.__func__ is ArrayEngine._step_time
+
+
+def test_step_time_refuses_bad_input() -> None:
+    from harness.engine import _rows
+    from harness.engine.costmodel import step_terms
+
+    coef, table = step_terms(get_cost_model("a100-llama2-7b"))
+    assert _rows.step_time(coef, table, 1, 2, 3, 0.5) > 0
+    with pytest.raises(TypeError, match="6 arguments"):
+        _rows.step_time(coef, table, 1, 2, 3)
+    with pytest.raises(TypeError, match="4 or 6"):
+        _rows.step_time(coef[:5], table, 1, 2, 3, 0.0)
+    with pytest.raises(TypeError, match="4 or 6"):
+        _rows.step_time(list(coef), table, 1, 2, 3, 0.0)
+    with pytest.raises(TypeError, match="4 or 6"):
+        _rows.step_time(coef, (), 1, 2, 3, 0.0)
+    with pytest.raises(TypeError, match="floats"):
+        _rows.step_time((1, 2.0, 3.0, 4.0), table, 1, 2, 3, 0.0)
+    with pytest.raises(TypeError, match="floats"):
+        _rows.step_time(coef, (1,), 1, 2, 3, 0.0)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.step_time(coef, table, -1, 2, 3, 0.0)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.step_time(coef, table, 1, 2, 1 << 53, 0.0)
+    with pytest.raises(TypeError):
+        _rows.step_time(coef, table, 1.5, 2, 3, 0.0)
+    with pytest.raises(TypeError):
+        _rows.step_time(coef, table, 1, 2, 3, "x")
