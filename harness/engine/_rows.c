@@ -21,7 +21,9 @@
  *   sample   one telemetry row (a step's or a run's), written into the sample columns
  *            (ten attribute reads and appends a step in Python, ~1 us);
  *   step_time  the affine or context cost model's duration of a step (three Python calls
- *            a step, ~1 us).
+ *            a step, ~1 us);
+ *   run_ends the end times of a fast-forwarded decode run under such a model (a Python
+ *            loop or numpy's cumsum, ~3 us a run).
  *
  * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -800,6 +802,51 @@ static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* The coefficients of step_time's coef and table tuples (checked), into c[6] and *nc, *nt. */
+static int read_terms(PyObject *coef, PyObject *table, double c[6], Py_ssize_t *nc,
+                      Py_ssize_t *nt, const char *fn) {
+    *nc = PyTuple_Check(coef) ? PyTuple_GET_SIZE(coef) : -1;
+    *nt = PyTuple_Check(table) ? PyTuple_GET_SIZE(table) : -1;
+    if ((*nc != 4 && *nc != 6) || *nt < 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): coef must be a tuple of 4 or 6 floats, table a non-empty tuple of "
+                     "floats", fn);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *nc; i++) {
+        PyObject *x = PyTuple_GET_ITEM(coef, i);
+        if (!PyFloat_Check(x)) {
+            PyErr_Format(PyExc_TypeError, "%s(): coef must hold floats", fn);
+            return -1;
+        }
+        c[i] = PyFloat_AS_DOUBLE(x);
+    }
+    return 0;
+}
+
+/* The KV-read rate r(D) of table (its last entry beyond), else -1 with a TypeError. */
+static int read_rate(PyObject *table, Py_ssize_t nt, long long D, double *r, const char *fn) {
+    PyObject *x = PyTuple_GET_ITEM(table, D < nt ? (Py_ssize_t)D : nt - 1);
+    if (!PyFloat_Check(x)) {
+        PyErr_Format(PyExc_TypeError, "%s(): table must hold floats", fn);
+        return -1;
+    }
+    *r = PyFloat_AS_DOUBLE(x);
+    return 0;
+}
+
+/* A count in [0, 2**53) (exact as a double), else -1 with an error set. */
+static long long read_count(PyObject *o, const char *fn) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v >= ((long long)1 << 53)) {
+        PyErr_Format(PyExc_ValueError, "%s(): the counts must be in [0, 2**53)", fn);
+        return -1;
+    }
+    return v;
+}
+
 /* step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the cost model's duration of
  * a step (costmodel.step_terms gives coef and table). coef: a tuple of 4 floats (base,
  * per_token, per_decode, floor: the affine model) or 6 (and attn_s, step_s: the context
@@ -812,55 +859,87 @@ static PyObject *step_time(PyObject *self, PyObject *const *args, Py_ssize_t nar
     (void)self;
     if (want_args(nargs, 6, "step_time") < 0)
         return NULL;
-    PyObject *coef = args[0], *table = args[1];
-    Py_ssize_t nc = PyTuple_Check(coef) ? PyTuple_GET_SIZE(coef) : -1;
-    Py_ssize_t nt = PyTuple_Check(table) ? PyTuple_GET_SIZE(table) : -1;
-    if ((nc != 4 && nc != 6) || nt < 1) {
-        PyErr_SetString(PyExc_TypeError,
-                        "step_time(): coef must be a tuple of 4 or 6 floats, table a non-empty "
-                        "tuple of floats");
-        return NULL;
-    }
     double c[6];
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        PyObject *x = PyTuple_GET_ITEM(coef, i);
-        if (!PyFloat_Check(x)) {
-            PyErr_SetString(PyExc_TypeError, "step_time(): coef must hold floats");
-            return NULL;
-        }
-        c[i] = PyFloat_AS_DOUBLE(x);
-    }
+    Py_ssize_t nc, nt;
+    if (read_terms(args[0], args[1], c, &nc, &nt, "step_time") < 0)
+        return NULL;
     long long v[3];
-    for (int i = 0; i < 3; i++) {
-        v[i] = PyLong_AsLongLong(args[2 + i]);
-        if (v[i] == -1 && PyErr_Occurred())
+    for (int i = 0; i < 3; i++)
+        if ((v[i] = read_count(args[2 + i], "step_time")) < 0)
             return NULL;
-        if (v[i] < 0 || v[i] >= ((long long)1 << 53)) {
-            PyErr_SetString(PyExc_ValueError,
-                            "step_time(): the counts must be in [0, 2**53)");
-            return NULL;
-        }
-    }
     double attn = PyFloat_AsDouble(args[5]);
     if (attn == -1.0 && PyErr_Occurred())
         return NULL;
     long long P = v[0], D = v[1], K = v[2];
-    PyObject *r = PyTuple_GET_ITEM(table, D < nt ? (Py_ssize_t)D : nt - 1);
-    if (!PyFloat_Check(r)) {
-        PyErr_SetString(PyExc_TypeError, "step_time(): table must hold floats");
+    double r;
+    if (read_rate(args[1], nt, D, &r, "step_time") < 0)
         return NULL;
-    }
     /* base + per_token*(P+D) + per_decode*D, left to right; max(floor, lin) keeps floor unless
      * lin is greater (Python's max) */
     double lin = c[0] + c[1] * (double)(P + D);
     lin = lin + c[2] * (double)D;
     double t = lin > c[3] ? lin : c[3];
-    t = t + PyFloat_AS_DOUBLE(r) * (double)K;
+    t = t + r * (double)K;
     if (nc == 6) {
         t = t + c[4] * attn;
         t = t + (P > 0 ? c[5] : 0.0);
     }
     return PyFloat_FromDouble(t);
+}
+
+/* run_ends(coef, table, now, k_max, decodes, kv, until) -> [ends]: core.decode_run_ends for
+ * the model of coef and table (step_time's): the ends of the identical decode steps of a
+ * fast-forward from now, step j (0-based) while j < k_max and (j == 0 or ends[j-1] < until);
+ * each step takes fixed + rate * (kv + j * decodes) (the model's decode_affine: fixed =
+ * max(floor, base + per_token*D + per_decode*D), rate = r(D)), summed in order from 0.0 as
+ * the Python loop and np.cumsum sum them, so the same floats. A list of floats (at least
+ * one). */
+static PyObject *run_ends(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 7, "run_ends") < 0)
+        return NULL;
+    double c[6];
+    Py_ssize_t nc, nt;
+    if (read_terms(args[0], args[1], c, &nc, &nt, "run_ends") < 0)
+        return NULL;
+    double now = PyFloat_AsDouble(args[2]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    long long k_max = read_count(args[3], "run_ends"), D, K;
+    if (k_max < 0 || (D = read_count(args[4], "run_ends")) < 0 ||
+        (K = read_count(args[5], "run_ends")) < 0)
+        return NULL;
+    double until = PyFloat_AsDouble(args[6]);
+    if (until == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (k_max < 1) {
+        PyErr_SetString(PyExc_ValueError, "run_ends(): k_max must be at least 1");
+        return NULL;
+    }
+    double lin = c[0] + c[1] * (double)D;
+    lin = lin + c[2] * (double)D;
+    const double fixed = lin > c[3] ? lin : c[3];
+    double rate;
+    if (read_rate(args[1], nt, D, &rate, "run_ends") < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    double acc = 0.0, end = now;
+    for (long long j = 0; j < k_max; j++) {
+        if (j && end >= until)
+            break;
+        acc = acc + (fixed + rate * (double)(K + j * D));
+        end = now + acc;
+        PyObject *x = PyFloat_FromDouble(end);
+        if (x == NULL || PyList_Append(out, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -893,6 +972,9 @@ static PyMethodDef methods[] = {
     {"step_time", (PyCFunction)(void (*)(void))step_time, METH_FASTCALL,
      "step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the affine or context "
      "cost model's step duration (costmodel.step_terms)."},
+    {"run_ends", (PyCFunction)(void (*)(void))run_ends, METH_FASTCALL,
+     "run_ends(coef, table, now, k_max, decodes, kv, until) -> [ends]: core.decode_run_ends "
+     "for that model (a list of floats)."},
     {NULL, NULL, 0, NULL},
 };
 

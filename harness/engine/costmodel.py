@@ -199,14 +199,18 @@ class ContextCostModel(AffineCostModel):
 
 
 def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """``(coef, table)`` for the simulator kernel's C ``step_time`` (``harness.engine._rows``)
-    when ``model`` is an affine or context model whose ``step_time`` is this module's: coef
+    """``(coef, table)`` for the simulator kernel's C ``step_time`` and ``run_ends``
+    (``harness.engine._rows``) when ``model`` is an affine or context model whose
+    ``step_time``, ``_kv_rate_of`` and ``decode_affine`` are this module's: coef
     ``(base_s, per_token_s, per_decode_s, floor_s)`` (+ ``per_prefill_attn_s,
     per_prefill_step_s`` for a context model), table ``r(D)`` for ``D = 0, 1, ...`` (the last
     one beyond: ``(per_kv_s,)`` for the affine model). None otherwise (another kind, a wrapper
     such as :class:`JitteredCostModel`, a subclass that computes its own): the kernel then
-    calls ``model.step_time``. Why: that call chain is ~1 us of a simulated step's Python."""
+    calls ``model.step_time`` (and :func:`core.decode_run_ends`). Why: that call chain is ~1 us
+    of a simulated step's Python."""
     cls = type(model)
+    if getattr(cls, "decode_affine", None) is not AffineCostModel.decode_affine:
+        return None  # (run_ends repeats this decode_affine)
     if isinstance(model, ContextCostModel):
         if (
             cls.step_time is not ContextCostModel.step_time

@@ -236,8 +236,9 @@ class ArrayEngine:
         self.cost_model = cost_model
         self.use_attn = bool(getattr(cost_model, "uses_prefill_attn", False))
         terms = step_terms(cost_model) if self._step_time_in_c else None
-        if terms is not None:  # the model's arithmetic in one C call (``_rows.step_time``)
+        if terms is not None:  # the model's arithmetic in C (``_rows.step_time``, ``run_ends``)
             self._step_time = partial(_rows.step_time, *terms)  # type: ignore[union-attr]
+            self._run_end_times = partial(_rows.run_ends, *terms)  # type: ignore[union-attr]
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         # prompt, outputs, computed, max_tokens, row; a running request's KV blocks are not
         # kept: between steps they are ceil(computed / block) (a step allocates exactly what
@@ -532,9 +533,9 @@ class ArrayEngine:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
                 lim = hold_until if plan.hold else until
-                ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, lim)
+                ends = self._run_end_times(t, k_max, n_decode, kv_read, lim)
             else:
-                ends = np.array([t + dur])
+                ends = [t + dur]
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
         else:
@@ -645,6 +646,14 @@ class ArrayEngine:
         if self.use_attn:
             return self.cost_model.step_time(prefill, n_decode, kv_read, prefill_attn=attn)
         return self.cost_model.step_time(prefill, n_decode, kv_read)
+
+    def _run_end_times(
+        self, t: float, k_max: int, n_decode: int, kv_read: int, until: float
+    ) -> Sequence[float]:
+        """The end times of a fast-forwarded decode run (:func:`core.decode_run_ends`); for an
+        affine or context model, a list from C instead where the extension is built
+        (``__init__``: the same floats)."""
+        return decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, until)
 
     def _recount_c(self) -> None:
         """:meth:`_recount_py` in one pass of the C extension (``_rows.recount``)."""
@@ -757,7 +766,7 @@ class ArrayEngine:
             )
         )
 
-    def _finish_run(self, t: float, ends: np.ndarray, k: int, R: int) -> float:
+    def _finish_run(self, t: float, ends: Sequence[float], k: int, R: int) -> float:
         """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
         IDr = self.cols[4]
         end = float(ends[-1])
@@ -1262,11 +1271,11 @@ class ArrayEngine:
             if k_max > 1:
                 k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
-                ends = decode_run_ends(self.cost_model, t, k_max, n_decode, kv_read, until)
+                ends = self._run_end_times(t, k_max, n_decode, kv_read, until)
                 if len(ends) > 1 or by_plan:
                     return self._finish_run(t, ends, len(ends), R)
             elif by_plan:
-                return self._finish_run(t, np.array([t + dur]), 1, R)
+                return self._finish_run(t, [t + dur], 1, R)
 
         return self._advance(
             t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, one_pass=one_pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,9 +183,10 @@ class ChunkLog:
         if b >= self.every:
             self.flush()
 
-    def add_run(self, ends: np.ndarray, rows: Any) -> None:
-        """A fast-forwarded run: every row gets one token at each of ``ends``; the ``s``-th
-        step emits the rows in order at its ``s``-th end (copied: both may change after)."""
+    def add_run(self, ends: Sequence[float], rows: Any) -> None:
+        """A fast-forwarded run: every row gets one token at each of ``ends`` (an array, or a
+        list of floats); the ``s``-th step emits the rows in order at its ``s``-th end (copied:
+        both may change after)."""
         k, r = len(ends), len(rows)
         a = self._n
         b = a + k * r
@@ -196,7 +197,9 @@ class ChunkLog:
             self._cut()
             self._pieces.append(np.repeat(np.asarray(ends, dtype=np.float64), r))
         else:
-            self._times.extend(np.asarray(ends, dtype=np.float64).tolist())
+            self._times.extend(
+                ends if type(ends) is list else np.asarray(ends, dtype=np.float64).tolist()
+            )
             self._counts.extend([r] * k)
         self._n = b
         if b >= self.every:

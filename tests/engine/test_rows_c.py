@@ -568,6 +568,37 @@ def test_step_time_is_the_cost_models_float(seed: int) -> None:
     assert checked >= 6  # the context and affine presets and the two above
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_run_ends_are_decode_run_ends_floats(seed: int) -> None:
+    """``_rows.run_ends`` gives :func:`core.decode_run_ends`'s ends, bit for bit: short runs
+    (its scalar loop) and long ones (its cumsum), cut by ``until`` or by ``k_max``."""
+    from harness.engine import _rows
+    from harness.engine.core import decode_run_ends
+    from harness.engine.costmodel import step_terms
+
+    rng = np.random.default_rng(seed)
+    cut = whole = 0
+    for model in _models():
+        terms = step_terms(model)
+        if terms is None:
+            continue
+        for _ in range(600):
+            now = float(rng.random() * 1e3)
+            k_max = int(rng.choice([2, 3, 31, 32, 33, 200, 3000]))
+            D = int(rng.integers(1, 400))
+            K = int(rng.integers(0, 1 << 22))
+            until = now + float(rng.choice([0.0, rng.random() * 0.05, rng.random() * 20, 1e9]))
+            if rng.random() < 0.3:  # a step that would start exactly at until: not run
+                whole_run = decode_run_ends(model, now, k_max, D, K, 1e18).tolist()
+                until = whole_run[int(rng.integers(0, len(whole_run)))]
+            want = decode_run_ends(model, now, k_max, D, K, until).tolist()
+            got = _rows.run_ends(*terms, now, k_max, D, K, until)
+            assert type(got) is list and got == want, (model.name, now, k_max, D, K, until)
+            cut += len(got) < k_max
+            whole += len(got) == k_max
+    assert cut > 100 and whole > 100  # both bounds were met
+
+
 def test_step_terms_only_for_the_models_whose_arithmetic_is_known() -> None:
     from harness.engine.costmodel import (
         AffineCostModel,
@@ -580,11 +611,17 @@ def test_step_terms_only_for_the_models_whose_arithmetic_is_known() -> None:
         def step_time(self, *a, **k):  # type: ignore[no-untyped-def]
             return 2 * super().step_time(*a, **k)
 
+    class SlowerRuns(AffineCostModel):
+        def decode_affine(self, decode_seqs: int) -> tuple[float, float]:
+            fixed, rate = super().decode_affine(decode_seqs)
+            return 2 * fixed, rate
+
     assert step_terms(get_cost_model("staircase")) is None
     assert step_terms(get_cost_model("piecewise")) is None
     base = get_cost_model("a100-llama2-7b")
     assert step_terms(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0])) is None
     assert step_terms(Slower()) is None
+    assert step_terms(SlowerRuns(base_s=1e-3)) is None
     assert step_terms(AffineCostModel(base_s=1)) is None  # an int: Python's int arithmetic
     coef, table = step_terms(AffineCostModel(base_s=1e-3, per_kv_s=2e-7))
     assert coef == (1e-3, 0.0, 0.0, 0.0) and table == (2e-7,)
@@ -603,8 +640,10 @@ def test_the_engine_times_its_steps_in_c_only_for_those_models() -> None:
     fast = engine(base)
     assert fast._step_time.func.__name__ == "step_time"  # the C function, its terms bound
     assert fast._step_time(100, 3, 900, 6000.0) == base.step_time(100, 3, 900, prefill_attn=6000.0)
+    assert fast._run_end_times.func.__name__ == "run_ends"
     jittered = engine(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0]))
     assert jittered._step_time.__func__ is ArrayEngine._step_time
+    assert jittered._run_end_times.__func__ is ArrayEngine._run_end_times
 
 
 def test_step_time_refuses_bad_input() -> None:
@@ -633,3 +672,24 @@ def test_step_time_refuses_bad_input() -> None:
         _rows.step_time(coef, table, 1.5, 2, 3, 0.0)
     with pytest.raises(TypeError):
         _rows.step_time(coef, table, 1, 2, 3, "x")
+    assert _rows.run_ends(coef, table, 0.0, 3, 2, 10, 1e9) == list(decode_run_ends_of(coef, table))
+    with pytest.raises(TypeError, match="7 arguments"):
+        _rows.run_ends(coef, table, 0.0, 3, 2, 10)
+    with pytest.raises(ValueError, match="at least 1"):
+        _rows.run_ends(coef, table, 0.0, 0, 2, 10, 1e9)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.run_ends(coef, table, 0.0, 3, -2, 10, 1e9)
+    with pytest.raises(TypeError, match="4 or 6"):
+        _rows.run_ends((), table, 0.0, 3, 2, 10, 1e9)
+    with pytest.raises(TypeError):
+        _rows.run_ends(coef, table, "now", 3, 2, 10, 1e9)
+
+
+def decode_run_ends_of(coef: tuple, table: tuple) -> list[float]:
+    """The three-step run of 2 decodes from 10 KV tokens at 0.0, by hand."""
+    fixed = max(coef[3], coef[0] + coef[1] * 2 + coef[2] * 2)
+    acc, out = 0.0, []
+    for j in range(3):
+        acc += fixed + table[2] * (10 + 2 * j)
+        out.append(0.0 + acc)
+    return out
