@@ -25,7 +25,8 @@
  *   run_ends the end times of a fast-forwarded decode run under such a model (a Python
  *            loop or numpy's cumsum, ~3 us a run).
  *
- * Each has a Python version in ArrayEngine (the `_py` methods) that does the same; fastsim
+ * Each has a Python version in ArrayEngine that does the same (the `_py` methods; for
+ * step_time and run_ends the cost model's step_time and core.decode_run_ends); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
  * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
  * protocol (no numpy headers needed to build this); each function checks their shapes and
@@ -914,6 +915,10 @@ static PyObject *run_ends(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     if (k_max < 1) {
         PyErr_SetString(PyExc_ValueError, "run_ends(): k_max must be at least 1");
+        return NULL;
+    }
+    if (D > 0 && k_max - 1 > (((long long)1 << 53) - 1 - K) / D) {  /* K + j * D exact */
+        PyErr_SetString(PyExc_OverflowError, "run_ends(): the run's KV reads pass 2**53");
         return NULL;
     }
     double lin = c[0] + c[1] * (double)D;

@@ -205,7 +205,8 @@ def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None
     ``(base_s, per_token_s, per_decode_s, floor_s)`` (+ ``per_prefill_attn_s,
     per_prefill_step_s`` for a context model), table ``r(D)`` for ``D = 0, 1, ...`` (the last
     one beyond: ``(per_kv_s,)`` for the affine model). None otherwise (another kind, a wrapper
-    such as :class:`JitteredCostModel`, a subclass that computes its own): the kernel then
+    such as :class:`JitteredCostModel`, a subclass that computes its own, a coefficient that
+    is an int or not finite): the kernel then
     calls ``model.step_time`` (and :func:`core.decode_run_ends`). Why: that call chain is ~1 us
     of a simulated step's Python."""
     cls = type(model)
@@ -215,19 +216,23 @@ def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None
         if (
             cls.step_time is not ContextCostModel.step_time
             or cls._kv_rate_of is not ContextCostModel._kv_rate_of
+            or not model.uses_prefill_attn  # (the kernel passes attn only where it is)
         ):
             return None
         table: list[float] = model._kv_table  # type: ignore[attr-defined]
         extra: tuple[float, ...] = (model.per_prefill_attn_s, model.per_prefill_step_s)
     elif isinstance(model, AffineCostModel):
-        if cls.step_time is not AffineCostModel.step_time:
+        if (
+            cls.step_time is not AffineCostModel.step_time
+            or cls._kv_rate_of is not AffineCostModel._kv_rate_of
+        ):
             return None
         table, extra = [model.per_kv_s], ()
     else:
         return None
     coef = (model.base_s, model.per_token_s, model.per_decode_s, model.floor_s, *extra)
-    if not all(type(x) is float for x in (*coef, *table)):
-        return None  # an int coefficient: Python's int arithmetic, not C's doubles
+    if not all(type(x) is float and math.isfinite(x) for x in (*coef, *table)):
+        return None  # an int coefficient (Python's int arithmetic), or not a finite one
     return coef, tuple(table)
 
 

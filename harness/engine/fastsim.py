@@ -36,8 +36,11 @@ mixing prefill chunks and decodes, with the prefix it keeps when the KV runs sho
 running set's recount, each step's telemetry row) run in the optional C extension
 :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
 requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
-microseconds of call overhead a step. Each has its Python version here (the ``_py``
-methods; for the mixed step, the array pass), used where the extension is missing (or was
+microseconds of call overhead a step. So do an affine or context cost model's step time and
+a fast-forwarded run's step ends (``_step_time``, ``_run_end_times``: the model's own floats,
+bound in ``ArrayEngine.__init__``). Each has its Python version here (the ``_py`` methods;
+for the mixed step, the array pass; the cost model's ``step_time`` and
+``core.decode_run_ends``), used where the extension is missing (or was
 built before one of its passes was added) or under ``HARNESS_PURE_KERNEL=1`` (read at
 import); tests/engine/test_rows_c.py checks the two give the same state and token times.
 
@@ -106,6 +109,7 @@ _PASSES = (
     "recount",
     "sample",
     "step_time",
+    "run_ends",
 )
 try:  # the optional C extension (setup.py): scalar loops over the running arrays
     from harness.engine import _rows

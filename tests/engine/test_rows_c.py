@@ -6,7 +6,10 @@ finished requests (``_finish``), every running request decoding (``_decode``), r
 few items (``_give``), counting the decodes that open a KV block (``_opening``), rule 2 and the
 step's composition for a run order whose KV fits (``_grant``, then rule 5 for its grants in
 ``_apply``), the running set's fewest tokens left and prefilling count (``_recount``); and a
-policy's block count of the columns (``KernelColumns.block_counts``). Each test here puts two
+policy's block count of the columns (``KernelColumns.block_counts``); and an affine or context
+cost model's step time and a fast-forwarded run's step ends (``_rows.step_time``,
+``_rows.run_ends``: against the model's ``step_time`` and ``core.decode_run_ends``, bit for
+bit). Each test here puts two
 engines in the same random state (finished and unfinished requests, prefilling and decoding
 ones, requests without a first token), runs the C method on one and the Python method on the
 other, and compares every array and counter; then whole simulations with each set of methods
@@ -147,7 +150,10 @@ def test_opening_counts_as_the_python_pass(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_the_kernels_block_counts_are_the_columns_answer(seed: int) -> None:
+def test_the_kernels_block_counts_are_the_columns_answer(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastsim, "_COLUMNS", fastsim.KernelColumns)  # (under the pure kernel too)
     c, _ = _pair(seed)
     _some_at_block_boundaries(c)
     view = c._view(0.0, c.R).running
@@ -616,12 +622,23 @@ def test_step_terms_only_for_the_models_whose_arithmetic_is_known() -> None:
             fixed, rate = super().decode_affine(decode_seqs)
             return 2 * fixed, rate
 
+    class Batched(AffineCostModel):
+        def _kv_rate_of(self, decode_seqs: int) -> float:
+            return self.per_kv_s / max(1, decode_seqs)
+
+    class NoAttention(ContextCostModel):
+        uses_prefill_attn = False  # the kernel then passes no attention work
+
     assert step_terms(get_cost_model("staircase")) is None
     assert step_terms(get_cost_model("piecewise")) is None
     base = get_cost_model("a100-llama2-7b")
     assert step_terms(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0])) is None
     assert step_terms(Slower()) is None
     assert step_terms(SlowerRuns(base_s=1e-3)) is None
+    assert step_terms(Batched(base_s=1e-3)) is None
+    assert step_terms(NoAttention()) is None
+    assert step_terms(AffineCostModel(base_s=float("nan"))) is None
+    assert step_terms(AffineCostModel(base_s=float("inf"))) is None
     assert step_terms(AffineCostModel(base_s=1)) is None  # an int: Python's int arithmetic
     coef, table = step_terms(AffineCostModel(base_s=1e-3, per_kv_s=2e-7))
     assert coef == (1e-3, 0.0, 0.0, 0.0) and table == (2e-7,)
@@ -629,8 +646,12 @@ def test_step_terms_only_for_the_models_whose_arithmetic_is_known() -> None:
     assert len(coef) == 6 and len(table) == base.kv_sat_batch + 1
 
 
-def test_the_engine_times_its_steps_in_c_only_for_those_models() -> None:
+def test_the_engine_times_its_steps_in_c_only_for_those_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from harness.engine.costmodel import JitteredCostModel
+
+    monkeypatch.setattr(ArrayEngine, "_step_time_in_c", True)  # (also under the pure kernel)
 
     def engine(model):  # type: ignore[no-untyped-def]
         cfg = EngineConfig(kv_tokens=1 << 16, token_budget=512, max_num_seqs=8, block_size=BS)
@@ -683,6 +704,18 @@ def test_step_time_refuses_bad_input() -> None:
         _rows.run_ends((), table, 0.0, 3, 2, 10, 1e9)
     with pytest.raises(TypeError):
         _rows.run_ends(coef, table, "now", 3, 2, 10, 1e9)
+    with pytest.raises(OverflowError, match="2\\*\\*53"):  # K + j * D would not be exact
+        _rows.run_ends(coef, table, 0.0, 1 << 20, 1 << 40, 10, 1e9)
+    assert len(_rows.run_ends(coef, table, 0.0, 2, (1 << 52), (1 << 52) - 1, 1e300)) == 2
+
+
+def test_the_stale_build_check_names_every_pass() -> None:
+    """fastsim._PASSES lists every function of the extension, so an install built before
+    one was added is not half used (the module's docstring)."""
+    from harness.engine import _rows
+
+    public = {n for n in dir(_rows) if not n.startswith("_")}
+    assert public == set(fastsim._PASSES)
 
 
 def decode_run_ends_of(coef: tuple, table: tuple) -> list[float]:
