@@ -848,6 +848,15 @@ static long long read_count(PyObject *o, const char *fn) {
     return v;
 }
 
+/* max(floor, base + per_token*(P+D) + per_decode*D) of coef, left to right, the floor kept
+ * unless the sum is greater (Python's max): the step's fixed part, a decode run's with P = 0
+ * (the affine model's step_time and decode_affine). */
+static double fixed_part(const double c[6], long long P, long long D) {
+    double lin = c[0] + c[1] * (double)(P + D);
+    lin = lin + c[2] * (double)D;
+    return lin > c[3] ? lin : c[3];
+}
+
 /* step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the cost model's duration of
  * a step (costmodel.step_terms gives coef and table). coef: a tuple of 4 floats (base,
  * per_token, per_decode, floor: the affine model) or 6 (and attn_s, step_s: the context
@@ -875,12 +884,7 @@ static PyObject *step_time(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double r;
     if (read_rate(args[1], nt, D, &r, "step_time") < 0)
         return NULL;
-    /* base + per_token*(P+D) + per_decode*D, left to right; max(floor, lin) keeps floor unless
-     * lin is greater (Python's max) */
-    double lin = c[0] + c[1] * (double)(P + D);
-    lin = lin + c[2] * (double)D;
-    double t = lin > c[3] ? lin : c[3];
-    t = t + r * (double)K;
+    double t = fixed_part(c, P, D) + r * (double)K;
     if (nc == 6) {
         t = t + c[4] * attn;
         t = t + (P > 0 ? c[5] : 0.0);
@@ -921,9 +925,7 @@ static PyObject *run_ends(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_OverflowError, "run_ends(): the run's KV reads pass 2**53");
         return NULL;
     }
-    double lin = c[0] + c[1] * (double)D;
-    lin = lin + c[2] * (double)D;
-    const double fixed = lin > c[3] ? lin : c[3];
+    const double fixed = fixed_part(c, 0, D);
     double rate;
     if (read_rate(args[1], nt, D, &rate, "run_ends") < 0)
         return NULL;

@@ -198,6 +198,10 @@ class ContextCostModel(AffineCostModel):
         )
 
 
+# the methods whose arithmetic _rows.step_time and _rows.run_ends repeat (step_terms)
+_STEP_METHODS = ("step_time", "_kv_rate_of", "decode_affine")
+
+
 def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """``(coef, table)`` for the simulator kernel's C ``step_time`` and ``run_ends``
     (``harness.engine._rows``) when ``model`` is an affine or context model whose
@@ -209,27 +213,20 @@ def step_terms(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None
     is an int or not finite): the kernel then
     calls ``model.step_time`` (and :func:`core.decode_run_ends`). Why: that call chain is ~1 us
     of a simulated step's Python."""
+    if not isinstance(model, AffineCostModel):
+        return None
+    context = isinstance(model, ContextCostModel)
+    base = ContextCostModel if context else AffineCostModel
     cls = type(model)
-    if getattr(cls, "decode_affine", None) is not AffineCostModel.decode_affine:
-        return None  # (run_ends repeats this decode_affine)
-    if isinstance(model, ContextCostModel):
-        if (
-            cls.step_time is not ContextCostModel.step_time
-            or cls._kv_rate_of is not ContextCostModel._kv_rate_of
-            or not model.uses_prefill_attn  # (the kernel passes attn only where it is)
-        ):
-            return None
+    if any(getattr(cls, m) is not getattr(base, m) for m in _STEP_METHODS) or (
+        context and not model.uses_prefill_attn  # (the kernel passes attn only where it is)
+    ):
+        return None
+    if context:
         table: list[float] = model._kv_table  # type: ignore[attr-defined]
         extra: tuple[float, ...] = (model.per_prefill_attn_s, model.per_prefill_step_s)
-    elif isinstance(model, AffineCostModel):
-        if (
-            cls.step_time is not AffineCostModel.step_time
-            or cls._kv_rate_of is not AffineCostModel._kv_rate_of
-        ):
-            return None
-        table, extra = [model.per_kv_s], ()
     else:
-        return None
+        table, extra = [model.per_kv_s], ()
     coef = (model.base_s, model.per_token_s, model.per_decode_s, model.floor_s, *extra)
     if not all(type(x) is float and math.isfinite(x) for x in (*coef, *table)):
         return None  # an int coefficient (Python's int arithmetic), or not a finite one

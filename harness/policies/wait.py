@@ -346,16 +346,16 @@ class WaitPolicy(ThresholdFlushing):
         of reading each newcomer from its request (a type never changes, so a plan the host
         does not carry out leaves nothing wrong behind)."""
         key_of = cv.key_of
-        if len(requests) == 1:  # the usual admission: a scalar store
-            key = key_of(requests[0])
-            tk = self._type_k
-            if key >= len(tk) or cv.num_keys > len(tk):
-                # an object host may name a request after building the view: room for it too
-                tk = self._type_k = per_key(tk, max(cv.num_keys, key + 1), -1)
-            tk[key] = j
-            return
-        keys = [key_of(r) for r in requests]
-        tk = self._type_k = per_key(self._type_k, max(cv.num_keys, max(keys) + 1), -1)
+        if len(requests) == 1:  # the usual admission: a scalar store, no list
+            keys: int | list[int] = key_of(requests[0])
+            top = keys
+        else:
+            keys = [key_of(r) for r in requests]
+            top = max(keys)
+        tk = self._type_k
+        if top >= len(tk) or cv.num_keys > len(tk):
+            # an object host may name a request after building the view: room for it too
+            tk = self._type_k = per_key(tk, max(cv.num_keys, top + 1), -1)
         tk[keys] = j
 
     def _all_in_quota(self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray) -> bool:

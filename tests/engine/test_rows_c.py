@@ -523,9 +523,10 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         _rows.decode(ro, FA, 0, 1, 1.0, BS)
 
 
-def _models() -> list:
-    """Every preset the C step time covers, and context models with each term switched on."""
-    from harness.engine.costmodel import AffineCostModel, ContextCostModel, presets
+def _models_in_c() -> list:
+    """``(model, step_terms(model))`` for every preset the C step time covers, an affine model
+    with a floor and a context model with each term switched on."""
+    from harness.engine.costmodel import AffineCostModel, ContextCostModel, presets, step_terms
 
     got = [get_cost_model(name) for name in presets()]
     got.append(AffineCostModel(base_s=1e-3, per_token_s=3e-5, per_decode_s=2e-5, floor_s=5e-3))
@@ -542,7 +543,7 @@ def _models() -> list:
             per_prefill_step_s=4e-3,
         )
     )
-    return got
+    return [(m, terms) for m in got if (terms := step_terms(m)) is not None]
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -550,15 +551,10 @@ def test_step_time_is_the_cost_models_float(seed: int) -> None:
     """``_rows.step_time`` gives each affine or context model's ``step_time``, bit for bit:
     prefill or not, decode counts within and past the rate table, steps under the floor."""
     from harness.engine import _rows
-    from harness.engine.costmodel import step_terms
 
     rng = np.random.default_rng(seed)
-    checked = 0
-    for model in _models():
-        terms = step_terms(model)
-        if terms is None:
-            continue
-        checked += 1
+    models = _models_in_c()
+    for model, terms in models:
         for _ in range(3000):
             P = int(rng.integers(1, 9000)) if rng.random() < 0.5 else 0
             D = int(rng.integers(0, 400)) if rng.random() < 0.9 else 0
@@ -571,7 +567,7 @@ def test_step_time_is_the_cost_models_float(seed: int) -> None:
             )
             got = _rows.step_time(*terms, P, D, K, A)
             assert type(got) is float and got == want, (model.name, P, D, K, A)
-    assert checked >= 6  # the context and affine presets and the two above
+    assert len(models) >= 6  # the context and affine presets and the two above
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -580,14 +576,10 @@ def test_run_ends_are_decode_run_ends_floats(seed: int) -> None:
     (its scalar loop) and long ones (its cumsum), cut by ``until`` or by ``k_max``."""
     from harness.engine import _rows
     from harness.engine.core import decode_run_ends
-    from harness.engine.costmodel import step_terms
 
     rng = np.random.default_rng(seed)
     cut = whole = 0
-    for model in _models():
-        terms = step_terms(model)
-        if terms is None:
-            continue
+    for model, terms in _models_in_c():
         for _ in range(600):
             now = float(rng.random() * 1e3)
             k_max = int(rng.choice([2, 3, 31, 32, 33, 200, 3000]))
@@ -693,7 +685,7 @@ def test_step_time_refuses_bad_input() -> None:
         _rows.step_time(coef, table, 1.5, 2, 3, 0.0)
     with pytest.raises(TypeError):
         _rows.step_time(coef, table, 1, 2, 3, "x")
-    assert _rows.run_ends(coef, table, 0.0, 3, 2, 10, 1e9) == list(decode_run_ends_of(coef, table))
+    assert _rows.run_ends(coef, table, 0.0, 3, 2, 10, 1e9) == decode_run_ends_of(coef, table)
     with pytest.raises(TypeError, match="7 arguments"):
         _rows.run_ends(coef, table, 0.0, 3, 2, 10)
     with pytest.raises(ValueError, match="at least 1"):
