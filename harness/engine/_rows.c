@@ -34,6 +34,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -708,6 +709,55 @@ done:
     return ret;
 }
 
+/* drop_last(order, grants, k, out) -> m: the run items that rule 2 keeps when it preempts
+ * only the last item of `order` (k = len(order) - 1, positions distinct, as grant checked):
+ * of the first k items, those granted anything, as positions after the victim's slot
+ * (order[k]) is closed (the later ones shift down by one) into out[:m], their grants moved
+ * to grants[:m] (ArrayEngine._preempt_tail's one-victim path, ~8 numpy calls). */
+static PyObject *drop_last(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 4, "drop_last") < 0)
+        return NULL;
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer ob, gb, outb;
+    if (get_buf(args[0], &ob, 'i', "order", 0) < 0)
+        return NULL;
+    if (get_buf(args[1], &gb, 'i', "grants", PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    if (get_buf(args[3], &outb, 'i', "out", PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&gb);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t n = ob.len / 8;
+    if (k < 0 || n != k + 1 || gb.len != ob.len || outb.len < k * 8) {
+        PyErr_SetString(PyExc_ValueError,
+                         "drop_last(): expected k = len(order) - 1, grants as long as order and "
+                         "out of k items");
+        goto done;
+    }
+    const int64_t *order = (const int64_t *)ob.buf;
+    int64_t *g = (int64_t *)gb.buf, *out = (int64_t *)outb.buf, v = order[k];
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (g[i] > 0) {
+            out[m] = order[i] - (order[i] > v);
+            g[m++] = g[i];
+        }
+    }
+    ret = PyLong_FromSsize_t(m);
+done:
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&outb);
+    return ret;
+}
+
 /* recount(IA, R) -> (min_left, not_decoding): over the first R running requests, the fewest
  * tokens left (max_tokens - outputs; NO_LEFT for none) and how many are not decoding
  * (ArrayEngine._recount). */
@@ -949,6 +999,108 @@ static PyObject *run_ends(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return out;
 }
 
+/* prefill_chunks(coef, table, S, n, t, until, computed, whole, output, tok, cap, block, used,
+ * total, waiting, running, preempted) -> (t, computed, used, steps): the chunks of one
+ * running request's prefill run (ArrayEngine._prefill_run) that leave prompt to do, step by
+ * step as its Python loop runs them: each chunk is min(tok, whole - computed, cap) tokens
+ * (whole: prompt + output, the tokens to compute), allocates the KV blocks it opens, takes
+ * step_time(chunk, 0, computed + chunk, chunk * (computed + chunk / 2)) under the model of
+ * coef and table (step_time's) and writes its telemetry row n, n + 1, ... into S (sample's).
+ * Stops, running nothing more, before a chunk that starts at or after until, that would
+ * complete the prompt (the Python loop runs that one: it emits a token), that gets no
+ * tokens or whose blocks do not fit (total - used), when a recomputed request (output > 0)
+ * has one token left (it decodes), and when S is full. Returns the time the last chunk
+ * ended (t if none ran), the computed tokens and used blocks after them, and how many ran.
+ * Why: RAD prefills a request alone in 256-token chunks, ~700k single-request steps on 100k
+ * Azure conversations, each ~2 us of Python. */
+static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 17, "prefill_chunks") < 0)
+        return NULL;
+    double c[6];
+    Py_ssize_t nc, nt;
+    if (read_terms(args[0], args[1], c, &nc, &nt, "prefill_chunks") < 0)
+        return NULL;
+    double t = PyFloat_AsDouble(args[4]);
+    if (t == -1.0 && PyErr_Occurred())
+        return NULL;
+    double until = PyFloat_AsDouble(args[5]);
+    if (until == -1.0 && PyErr_Occurred())
+        return NULL;
+    /* n, computed, whole, output, cap, block, used, total, waiting, running, preempted */
+    static const int at[11] = {3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16};
+    long long v[11];
+    for (int i = 0; i < 11; i++)
+        if ((v[i] = read_count(args[at[i]], "prefill_chunks")) < 0)
+            return NULL;
+    int over = 0;
+    long long tok = PyLong_AsLongLongAndOverflow(args[9], &over);
+    if (tok == -1 && !over && PyErr_Occurred())
+        return NULL;
+    if (over)
+        tok = over > 0 ? LLONG_MAX : -1;
+    long long n = v[0], comp = v[1], whole = v[2], out = v[3], cap = v[4], bs = v[5];
+    long long used = v[6], total = v[7];
+    if (bs < 1 || total < 1 || used > total || total > (((long long)1 << 53) - 1) / bs) {
+        PyErr_SetString(PyExc_ValueError,
+                        "prefill_chunks(): block and total must be positive, used <= total "
+                        "and total * block below 2**53");
+        return NULL;
+    }
+    double rate;
+    if (read_rate(args[1], nt, 0, &rate, "prefill_chunks") < 0)
+        return NULL;
+    Py_buffer b;
+    if (get_buf(args[2], &b, 'f', "S", PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_ssize_t scap = b.ndim == 2 ? b.shape[1] : 0;
+    if (b.ndim != 2 || b.shape[0] != 10 || n > scap) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "prefill_chunks(): expected S's 10 rows and n <= columns");
+        return NULL;
+    }
+    double *S = (double *)b.buf;
+    long long nb = (comp + bs - 1) / bs, steps = 0;
+    while (t < until && n < scap) {
+        long long rem = whole - comp;
+        if (out > 0 && rem == 1)
+            break; /* a recomputed request caught up: it decodes now */
+        long long g = tok < rem ? tok : rem;
+        g = g < cap ? g : cap;
+        if (g <= 0 || g == rem)
+            break; /* nothing to run, or the completing chunk (the caller's) */
+        long long nd = (comp + g + bs - 1) / bs - nb;
+        if (nd > total - used)
+            break;
+        nb += nd;
+        used += nd;
+        long long K = comp + g; /* below whole, so below 2**53 */
+        double step = fixed_part(c, g, 0) + rate * (double)K;
+        if (nc == 6) {
+            double attn = (double)g * ((double)comp + (double)g / 2.0);
+            step = step + c[4] * attn;
+            step = step + c[5];
+        }
+        double end = t + step;
+        S[n] = end;
+        S[scap + n] = 1.0;
+        S[2 * scap + n] = end - t;
+        S[3 * scap + n] = (double)g;
+        S[4 * scap + n] = 0.0;
+        S[5 * scap + n] = (double)(used * bs);
+        S[6 * scap + n] = (double)used / (double)total;
+        S[7 * scap + n] = (double)v[8];
+        S[8 * scap + n] = (double)v[9];
+        S[9 * scap + n] = (double)v[10];
+        n++;
+        steps++;
+        comp += g;
+        t = end;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(dLLL)", t, comp, used, steps);
+}
+
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
@@ -968,6 +1120,9 @@ static PyMethodDef methods[] = {
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
      "advance(IA, FA, R, order, grants, end) -> (emitted rows, tokens): rule 5 for grant's "
      "grants."},
+    {"drop_last", (PyCFunction)(void (*)(void))drop_last, METH_FASTCALL,
+     "drop_last(order, grants, k, out) -> m: the kept items granted anything, as positions "
+     "after the last item's slot is closed, into out[:m] (their grants to grants[:m])."},
     {"recount", (PyCFunction)(void (*)(void))recount, METH_FASTCALL,
      "recount(IA, R) -> (min_left, not_decoding) over the running set."},
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
@@ -982,6 +1137,10 @@ static PyMethodDef methods[] = {
     {"run_ends", (PyCFunction)(void (*)(void))run_ends, METH_FASTCALL,
      "run_ends(coef, table, now, k_max, decodes, kv, until) -> [ends]: core.decode_run_ends "
      "for that model (a list of floats)."},
+    {"prefill_chunks", (PyCFunction)(void (*)(void))prefill_chunks, METH_FASTCALL,
+     "prefill_chunks(coef, table, S, n, t, until, computed, whole, output, tok, cap, block, "
+     "used, total, waiting, running, preempted) -> (t, computed, used, steps): the chunks of "
+     "a lone prefill run that leave prompt to do, with their telemetry rows."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -76,7 +76,13 @@ from harness.engine.simresult import (
     sample_columns,
 )
 from harness.engine.waiting_queue import WaitingQueue
-from harness.policies.base import KVView, Policy, StepReport, declared_rule
+from harness.policies.base import (
+    KVView,
+    Policy,
+    StepReport,
+    declared_rule,
+    reports_changes_only,
+)
 from harness.policies.columns import (
     EVERY_DECODE,
     ColumnPlan,
@@ -105,11 +111,13 @@ _PASSES = (
     "opening",
     "give",
     "grant",
+    "drop_last",
     "advance",
     "recount",
     "sample",
     "step_time",
     "run_ends",
+    "prefill_chunks",
 )
 try:  # the optional C extension (setup.py): scalar loops over the running arrays
     from harness.engine import _rows
@@ -225,6 +233,8 @@ class ArrayEngine:
         self.planner = planner
         # the policy whose on_arrival / on_step this engine calls (column policies with hooks)
         self.hooks = hooks
+        # its on_step reads only the ids (base.hears_changes_only): steps without any unheard
+        self._changes_only = hooks is not None and reports_changes_only(hooks)
         self._finished_rows: list[int] = []  # this step's, kept only for hooks
         self._evicted: list[int] = []  # rows preempted this step (planner engines)
         self._promised = False  # the last plan's then_steady held after its step
@@ -243,6 +253,8 @@ class ArrayEngine:
         if terms is not None:  # the model's arithmetic in C (``_rows.step_time``, ``run_ends``)
             self._step_time = partial(_rows.step_time, *terms)  # type: ignore[union-attr]
             self._run_end_times = partial(_rows.run_ends, *terms)  # type: ignore[union-attr]
+        # a lone prefill run's chunks that leave prompt to do, in C under those terms
+        self._chunks = None if terms is None else partial(_rows.prefill_chunks, *terms)  # type: ignore[union-attr]
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         # prompt, outputs, computed, max_tokens, row; a running request's KV blocks are not
         # kept: between steps they are ceil(computed / block) (a step allocates exactly what
@@ -602,13 +614,33 @@ class ArrayEngine:
         bs, cap, total = self.bs, self.budget_cap, self.total
         c = int(Cr[p])
         nb = -(-c // bs)
-        step_time, sample = self._step_time, self._sample
+        step_time, sample, chunks = self._step_time, self._sample, self._chunks
         self._evicted.clear()
         self._finished_rows.clear()
         t0 = t
         k = tokens = 0
         done = False
         while t < until:
+            if chunks is not None:  # the chunks before the completing one, in C (same rows)
+                if self._ns == self._S.shape[1]:
+                    self._sample_room()
+                t, c2, self.used, kk = chunks(
+                    self._S, self._ns, t, until, c, whole, o, tok, cap, bs, self.used, total,
+                    len(self.waiting), self.R, self.preempt_total,
+                )  # fmt: skip
+                if kk:
+                    self._ns += kk
+                    k += kk
+                    tokens += c2 - c
+                    self.sum_c += c2 - c
+                    self.calls += kk
+                    self.steps_total += kk
+                    c = c2
+                    nb = -(-c // bs)
+                    if o > 0 and whole - c == 1:  # recomputed up to its last token: decodes
+                        self.npf -= 1
+                    if t >= until:
+                        break
             rem = whole - c
             if o > 0 and rem == 1:  # a recomputed request caught up: it decodes now
                 break
@@ -708,7 +740,14 @@ class ArrayEngine:
             return None
         left, n_sched, n_decode, prefill, attn, kv_read, need, kept = got
         self.used += need
-        if kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
+        if kept == len(order) - 1:  # one victim (the usual; positions distinct: grant checked)
+            v = int(order[kept])
+            out = np.empty(kept, np.int64)
+            m = _rows.drop_last(order, sg, kept, out)  # type: ignore[union-attr]
+            self._evict(v)
+            self._close(v)
+            order, sg = out[:m], sg[:m]
+        elif kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
             order, sg = self._preempt_tail(order, sg, kept)
         return order, sg, left, n_sched, n_decode, prefill, attn, kv_read
 
@@ -748,7 +787,12 @@ class ArrayEngine:
         n_decode: int,
         admitted: Sequence[int],
     ) -> None:
-        """The policy's ``on_step`` (EngineCore.step's StepReport), ids from the rows."""
+        """The policy's ``on_step`` (EngineCore.step's StepReport), ids from the rows; none
+        for a step that preempted, admitted and finished nobody when the policy hears only of
+        those (``_changes_only``)."""
+        fin = self._finished_rows
+        if self._changes_only and not (admitted or fin or self._evicted):
+            return
         ids = self.rows.meta.ids
         assert self.hooks is not None
         self.hooks.on_step(
@@ -765,7 +809,7 @@ class ArrayEngine:
                     self.used,  # kv_used_blocks
                     tuple([ids[j] for j in self._evicted]) if self._evicted else (),  # preempted
                     tuple([ids[j] for j in admitted]) if admitted else (),  # admitted
-                    tuple([ids[j] for j in fin]) if (fin := self._finished_rows) else (),
+                    tuple([ids[j] for j in fin]) if fin else (),
                 ),
             )
         )

@@ -25,7 +25,9 @@
  *                   §5.5, §7 #6);
  *   ascending       whether a 1-D column never decreases (RAD's decode batch, Algorithm 1
  *                   lines 6-8: already in rad.py's oldest-first order when the running set's
- *                   arrivals ascend).
+ *                   arrivals ascend);
+ *   oldest_decoding the decoding requests oldest first, when they do not (a mask, two
+ *                   gathers and a stable sort in numpy).
  *
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
@@ -659,7 +661,8 @@ static int overlaps(const Py_buffer *a, const Py_buffer *b) {
 static inline int f_lt(double a, double b) { return a < b || (b != b && a == a); }
 
 /* The decode indices idx[0..n) sorted by (lst[i], arrival[dec[i]], i), as numpy's stable
- * lexsort((arrival[dec], lst)) orders them (merge sort, tmp: n slots). */
+ * lexsort((arrival[dec], lst)) orders them (merge sort, tmp: n slots); with arrival NULL, by
+ * (lst[i], i) (numpy's stable argsort). */
 static void rank_sort(int64_t *idx, int64_t *tmp, Py_ssize_t n, const double *lst,
                       const double *arrival, const int64_t *dec) {
     if (n < 2)
@@ -671,7 +674,8 @@ static void rank_sort(int64_t *idx, int64_t *tmp, Py_ssize_t n, const double *ls
             for (; j > 0; j--) {
                 int64_t y = idx[j - 1];
                 int before = f_lt(lst[x], lst[y]) ||
-                             (!f_lt(lst[y], lst[x]) && f_lt(arrival[dec[x]], arrival[dec[y]]));
+                             (arrival && !f_lt(lst[y], lst[x]) &&
+                              f_lt(arrival[dec[x]], arrival[dec[y]]));
                 if (!before)
                     break;
                 idx[j] = y;
@@ -688,7 +692,7 @@ static void rank_sort(int64_t *idx, int64_t *tmp, Py_ssize_t n, const double *ls
     while (a < h && b < n) { /* the right one first only when strictly before: stable */
         int64_t x = tmp[a], y = idx[b];
         int right = f_lt(lst[y], lst[x]) ||
-                    (!f_lt(lst[x], lst[y]) && f_lt(arrival[dec[y]], arrival[dec[x]]));
+                    (arrival && !f_lt(lst[x], lst[y]) && f_lt(arrival[dec[y]], arrival[dec[x]]));
         idx[k++] = right ? (b++, y) : (a++, x);
     }
     while (a < h)
@@ -828,7 +832,65 @@ static PyObject *ascending(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(ok);
 }
 
+/* oldest_decoding(prompt, output, computed, arrival, out) -> m: the decoding running
+ * requests (output > 0 and prompt + output - computed == 1: columns.decoding_mask) oldest
+ * first, as numpy's stable argsort of their arrivals orders them (ties keep the running
+ * order), into out[:m]: RAD's decode batch (seed-rad-slai.md §3.2, Algorithm 1 lines 6-8)
+ * when the running set's arrivals do not ascend (a mask, two gathers and a sort in numpy).
+ * The four columns have one length; out holds at least that many items and shares no byte
+ * with them. */
+static PyObject *oldest_decoding(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 5, "oldest_decoding") < 0)
+        return NULL;
+    bufs s = {.n = 0};
+    PyObject *ret = NULL;
+    int64_t stack[256], *heap = NULL;
+    Py_buffer *bp = take(&s, args[0], 'i', "prompt", 0);
+    Py_buffer *bo = bp ? take(&s, args[1], 'i', "output", 0) : NULL;
+    Py_buffer *bc = bo ? take(&s, args[2], 'i', "computed", 0) : NULL;
+    Py_buffer *ba = bc ? take(&s, args[3], 'f', "arrival", 0) : NULL;
+    Py_buffer *bout = ba ? take(&s, args[4], 'i', "out", PyBUF_WRITABLE) : NULL;
+    if (bout == NULL)
+        goto out;
+    Py_ssize_t R = bp->len / 8;
+    if (bo->len != bp->len || bc->len != bp->len || ba->len != bp->len || bout->len < bp->len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "oldest_decoding(): the columns differ in length, or out is shorter");
+        goto out;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (overlaps(bout, &s.b[i])) {
+            PyErr_SetString(PyExc_ValueError, "oldest_decoding(): out overlaps a column");
+            goto out;
+        }
+    }
+    const int64_t *P = (const int64_t *)bp->buf, *O = (const int64_t *)bo->buf,
+                  *C = (const int64_t *)bc->buf;
+    int64_t *o = (int64_t *)bout->buf, *tmp = stack;
+    if (R > 256) {
+        tmp = heap = (int64_t *)malloc((size_t)R * sizeof(int64_t));
+        if (heap == NULL) {
+            PyErr_NoMemory();
+            goto out;
+        }
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t p = 0; p < R; p++)
+        if (O[p] > 0 && P[p] + O[p] - C[p] == 1)
+            o[m++] = p;
+    rank_sort(o, tmp, m, (const double *)ba->buf, NULL, NULL);
+    ret = PyLong_FromSsize_t(m);
+out:
+    free(heap);
+    release_all(&s);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"oldest_decoding", (PyCFunction)(void (*)(void))oldest_decoding, METH_FASTCALL,
+     "oldest_decoding(prompt, output, computed, arrival, out) -> m: the decoding requests "
+     "oldest first (stable) into out[:m]."},
     {"deadlines", (PyCFunction)(void (*)(void))deadlines, METH_FASTCALL,
      "deadlines(key, last, tbt, positions, cache_e, cache_v, default_tbt, shift, now, out) -> "
      "critical: SLAI's Eq. 8 values into out, through the per-key cache."},

@@ -42,7 +42,7 @@ and a host that keeps requests in arrays calls the column planner directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -265,6 +265,24 @@ class Policy(Protocol):
 
     def on_step(self, report: StepReport) -> None:
         """The step (or fast-forwarded run of steps) just executed."""
+
+
+_OnStep = Callable[[Any, "StepReport"], None]
+
+
+def hears_changes_only(on_step: _OnStep) -> _OnStep:
+    """Mark a policy's ``on_step`` as reading only a report's ``preempted``, ``admitted`` and
+    ``finished`` ids, so that a host may skip the reports of steps where all three are empty
+    (issue 13: the policy hears only of what changed; ~40% of RAD's reports). The mark
+    belongs to the function: a subclass that overrides ``on_step`` hears every step again
+    unless it marks its own."""
+    on_step.hears_changes_only = True  # type: ignore[attr-defined]
+    return on_step
+
+
+def reports_changes_only(policy: object) -> bool:
+    """Whether ``policy``'s ``on_step`` is marked :func:`hears_changes_only`."""
+    return getattr(getattr(type(policy), "on_step", None), "hears_changes_only", False) is True
 
 
 class BasePolicy:

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from harness.policies import planops
-from harness.policies.base import RequestView, StepReport
+from harness.policies.base import RequestView, StepReport, hears_changes_only
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, per_key
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
@@ -339,6 +339,7 @@ class MCSFPolicy(ColumnPolicy):
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)
 
+    @hears_changes_only
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
         for rid in report.finished:

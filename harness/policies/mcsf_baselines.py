@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.policies.base import RequestView, StepReport, remaining_tokens
+from harness.policies.base import RequestView, StepReport, hears_changes_only, remaining_tokens
 from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.common import SortedWaiting
 from harness.policies.registry import register
@@ -125,6 +125,7 @@ class _AlphaProtection(ColumnPolicy):
     def on_arrival(self, request: RequestView, now: float) -> None:
         self._wq.add(request)
 
+    @hears_changes_only
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
 

@@ -20,6 +20,8 @@ import os
 
 import numpy as np
 
+from harness.policies.columns import decoding_mask
+
 try:
     from harness.policies import _planops
 except ImportError:  # built without a compiler: the numpy versions below
@@ -37,6 +39,7 @@ _PASSES = (
     "keyed_sum",
     "ranked_order",
     "ascending",
+    "oldest_decoding",
 )
 HAVE_C = _planops is not None and all(hasattr(_planops, name) for name in _PASSES)
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_PLANS") != "1"
@@ -244,6 +247,22 @@ def ascending_py(values: np.ndarray) -> bool:
     return bool((values[:-1] <= values[1:]).all())
 
 
+def oldest_decoding_py(
+    prompt: np.ndarray,
+    output: np.ndarray,
+    computed: np.ndarray,
+    arrival: np.ndarray,
+    out: np.ndarray,
+) -> int:
+    """The decoding running requests (columns.decoding_mask) oldest first into ``out[:m]``,
+    returning ``m``: RAD's decode batch (seed-rad-slai.md §3.2, Algorithm 1 lines 6-8) when
+    the arrivals do not ascend; a stable sort, so equal arrivals keep the running order."""
+    decoding = np.flatnonzero(decoding_mask(prompt, output, computed))
+    m = len(decoding)
+    out[:m] = decoding[np.argsort(arrival[decoding], kind="stable")]
+    return m
+
+
 if USE_C:
     deadlines = _planops.deadlines  # type: ignore[union-attr]
     type_stages = _planops.type_stages  # type: ignore[union-attr]
@@ -254,6 +273,7 @@ if USE_C:
     keyed_sum = _planops.keyed_sum  # type: ignore[union-attr]
     ranked_order = _planops.ranked_order  # type: ignore[union-attr]
     ascending = _planops.ascending  # type: ignore[union-attr]
+    oldest_decoding = _planops.oldest_decoding  # type: ignore[union-attr]
 else:
     deadlines = deadlines_py
     type_stages = type_stages_py
@@ -264,3 +284,4 @@ else:
     keyed_sum = keyed_sum_py
     ranked_order = ranked_order_py
     ascending = ascending_py
+    oldest_decoding = oldest_decoding_py

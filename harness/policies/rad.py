@@ -42,7 +42,13 @@ from typing import Any
 import numpy as np
 
 from harness.policies import planops
-from harness.policies.base import RequestView, StepReport, blocks_for, remaining_tokens
+from harness.policies.base import (
+    RequestView,
+    StepReport,
+    blocks_for,
+    hears_changes_only,
+    remaining_tokens,
+)
 from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.registry import register
 
@@ -111,8 +117,9 @@ class RADPolicy(ColumnPolicy):
             if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
                 return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
             # oldest first (a stable sort: equal arrivals keep the running order)
-            decoding = rc.decoding()
-            order = decoding[np.argsort(rc.arrival[decoding], kind="stable")]
+            out = np.empty(len(rc), np.int64)
+            m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
+            order = out[:m]
             return ColumnPlan(order, 1, steady=steady, hold=steady and queued, then_steady=True)
 
         if rc.num_prefilling:  # lines 12-16: finish the current prefill, one chunk a batch, alone
@@ -165,6 +172,7 @@ class RADPolicy(ColumnPolicy):
         else:
             heapq.heappush(self._heap, key)
 
+    @hears_changes_only
     def on_step(self, report: StepReport) -> None:
         self.requests_in_cycle += len(report.admitted)  # line 18
         for rid in report.admitted:

@@ -50,6 +50,7 @@ from harness.policies.base import (
     RequestView,
     StepReport,
     blocks_for,
+    hears_changes_only,
     remaining_tokens,
 )
 from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView, per_key
@@ -260,6 +261,7 @@ class ThresholdFlushing(ColumnPolicy):
         self._last_arrival = max(self._last_arrival, request.arrival_s)
         self._wq.add(request)
 
+    @hears_changes_only
     def on_step(self, report: StepReport) -> None:
         self._wq.on_step(report)
 

@@ -13,7 +13,14 @@ from harness.engine.costmodel import get_cost_model
 from harness.engine.fastsim import fast_budget, fast_planner
 from harness.engine.simulate import simulate
 from harness.policies import make_policy
-from harness.policies.base import BasePolicy, BudgetRule, Plan, View
+from harness.policies.base import (
+    BasePolicy,
+    BudgetRule,
+    Plan,
+    StepReport,
+    View,
+    reports_changes_only,
+)
 from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns
 from harness.policies.nested_wait import NestedWaitPolicy
 from harness.policies.orca import OrcaPolicy
@@ -309,6 +316,52 @@ def test_hooked_column_policies_match_the_engine_core(case: str) -> None:
             assert not policy.startswith("mcsf-alpha") or pf.clearings > 0
     if policy == "slai":  # the run exercised both kinds of decode
         assert pf.critical_total > 0 and pf.deferred_total > 0
+
+
+_HEAR_CHANGES = ("rad", "wait", "nested-wait", "mcsf", "mcsf-alpha", "mcsf-alpha-beta")
+
+
+class _RADHearingAll(RADPolicy):
+    """RAD whose own on_step (unmarked) counts every report."""
+
+    reports = 0
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports += 1
+        super().on_step(report)
+
+
+def test_policies_that_hear_only_changes_are_told_only_of_them() -> None:
+    """base.hears_changes_only: the kernel skips a marked on_step's reports of steps that
+    preempted, admitted and finished nobody (the engine core still sends every one: the
+    hooked-policy test above compares the two, state included); an unmarked override in a
+    subclass hears every step again."""
+    for name in _HEAR_CHANGES:
+        assert reports_changes_only(make_policy(name)), name
+    for name in ("slai", "orca", "vllm"):
+        assert not reports_changes_only(make_policy(name)), name
+    assert not reports_changes_only(_RADHearingAll())
+    tr = poisson_trace(300, 25.0, seed=3, pmax=1500, omax=500)
+    cfg = EngineConfig(kv_tokens=4096, token_budget=512, max_num_seqs=32, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    heard: list[StepReport] = []
+    marked = RADPolicy()
+    orig = RADPolicy.on_step
+
+    def spy(self: RADPolicy, report: StepReport) -> None:
+        heard.append(report)
+        orig(self, report)
+
+    spy.hears_changes_only = True  # type: ignore[attr-defined]
+    everything = _RADHearingAll()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RADPolicy, "on_step", spy)
+        a = simulate(tr, marked, cost, cfg)
+    b = simulate(tr, everything, cost, cfg)
+    _same(a, b)
+    assert marked.cycles == everything.cycles
+    assert heard and all(r.preempted or r.admitted or r.finished for r in heard)
+    assert everything.reports > len(heard)  # the quiet steps, heard only unmarked
 
 
 class _SortingWait(WaitPolicy):

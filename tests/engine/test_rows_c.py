@@ -19,6 +19,9 @@ answers to bad input.
 
 from __future__ import annotations
 
+from functools import partial
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from engine_traces import poisson_trace
@@ -247,6 +250,27 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         py._evicted.clear()
 
 
+def test_drop_last_refuses_bad_input() -> None:
+    from harness.engine import _rows
+
+    order, g, out = (
+        np.array([4, 0, 2], np.int64),
+        np.array([1, 0, 3], np.int64),
+        np.empty(2, np.int64),
+    )
+    assert _rows.drop_last(order, g, 2, out) == 1 and out[0] == 3 and g[0] == 1
+    with pytest.raises(ValueError, match="len\\(order\\) - 1"):
+        _rows.drop_last(order, g, 1, out)
+    with pytest.raises(ValueError, match="out of k items"):
+        _rows.drop_last(order, g, 2, np.empty(1, np.int64))
+    with pytest.raises(ValueError, match="as long as order"):
+        _rows.drop_last(order, g[:2], 2, out)
+    with pytest.raises(TypeError, match="int64"):
+        _rows.drop_last(order.astype(np.int32), g, 2, out)
+    with pytest.raises(TypeError, match="4 arguments"):
+        _rows.drop_last(order, g, 2)
+
+
 def test_grant_declines_a_run_order_that_names_a_position_twice() -> None:
     eng = next(e for e in map(_engine, map(np.random.default_rng, range(50))) if e.R >= 2)
     before = _state(eng)
@@ -394,6 +418,97 @@ def test_one_victim_is_preempted_as_the_mask_pass_preempts(seed: int) -> None:
     np.testing.assert_array_equal(sg, grant[:k][ran])
     _assert_same(_state(fast), _state(slow))
     assert list(fast.waiting) == list(slow.waiting) and fast.preempt_total == 1
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_prefill_runs_chunks_in_c_are_the_python_loops(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_prefill_run with its chunks in C (``_rows.prefill_chunks``, up to the completing one)
+    and without: the same end time, state, telemetry rows and counters, over long prompts,
+    recomputed requests, chunks the KV stops, runs cut by ``until`` and the sample block's
+    growth (4096 rows a start)."""
+    monkeypatch.setattr(ArrayEngine, "_step_time_in_c", True)  # (also under the pure kernel)
+    rng = np.random.default_rng(seed)
+    fast, slow = _pair(seed)
+    assert fast._chunks is not None and fast._chunks.func.__name__ == "prefill_chunks"
+    models = _models_in_c()  # each model's terms (the presets', a floor, every context term)
+    _, terms = models[seed % len(models)]
+    for eng in (fast, slow):
+        eng._step_time = partial(fastsim._rows.step_time, *terms)
+    fast._chunks = partial(fastsim._rows.prefill_chunks, *terms)
+    slow._chunks = None
+    if fast.R == 0:
+        return
+    p = int(rng.integers(0, fast.R))
+    o = int(rng.integers(1, 5)) if seed % 3 == 0 else 0  # recomputed: outputs so far
+    prompt = int(rng.integers(1, 20000))
+    c = int(rng.integers(0, prompt + o))
+    tok = [int(rng.integers(1, 700)), 1 << 62, 0, -3][seed % 8 // 2 if seed % 8 < 8 else 0]
+    tok = tok if seed % 5 else int(rng.integers(1, 64))  # small chunks: many steps
+    cap = int(rng.integers(1, 4096))
+    until = [np.inf, float(rng.random() * 2)][seed % 2]
+    spare = int(rng.integers(0, 400)) if seed % 4 == 1 else 1 << 20  # KV runs short
+    # the sample block fills during the run (rows before it: zeros)
+    fill = int(rng.integers(1, 5)) if seed % 6 == 2 else None
+    reports: list[list] = [[], []]
+    for eng, got in zip((fast, slow), reports, strict=True):
+        eng.hooks = SimpleNamespace(on_step=got.append)  # type: ignore[assignment]
+        eng.rows.meta = SimpleNamespace(ids=[f"r{j}" for j in range(len(eng.rows.P))])  # type: ignore[assignment]
+        old = -(-int(eng.IA[2, p]) // BS)
+        eng.IA[:3, p] = (prompt, o, c)
+        eng.used += -(-c // BS) - old
+        eng.sum_c = int(eng.IA[2, : eng.R].sum())
+        eng.total = eng.used + spare
+        eng.steps_total = eng.calls = 0
+        eng.budget_cap = cap
+        if fill is not None:
+            eng._S[:] = 0.0
+            eng._ns = eng._S.shape[1] - fill
+    ends = [eng._prefill_run(1.5, p, tok, until) for eng in (fast, slow)]
+    assert ends[0] == ends[1]
+    assert reports[0] == reports[1]  # the policy hears of the same steps
+    _assert_same(_state(fast), _state(slow))
+    a, b = fast.samples, slow.samples
+    for col in a:
+        np.testing.assert_array_equal(a[col], b[col])
+    counters = ("_ns", "steps_total", "calls", "stall", "steady", "used", "total")
+    assert [getattr(fast, x) for x in counters] == [getattr(slow, x) for x in counters]
+
+
+def test_prefill_chunks_refuses_bad_input_and_writes_nothing() -> None:
+    from harness.engine import _rows
+    from harness.engine.costmodel import step_terms
+
+    coef, table = step_terms(get_cost_model("a100-llama2-7b"))
+    S = np.zeros((10, 8))
+    # n, t, until, computed, whole, output, tok, cap, block, used, total, waiting, running, pre
+    ok = (0, 0.0, 1e9, 0, 100, 0, 16, 512, BS, 0, 100, 3, 2, 1)
+    t, c, used, k = _rows.prefill_chunks(coef, table, S, *ok)
+    assert (c, used, k) == (96, 6, 6) and t == S[0, 5]  # 6 chunks of 16; the 7th completes
+    assert S[3, :6].tolist() == [16.0] * 6 and S[6, 5] == 6 / 100
+    before = S.copy()
+    with pytest.raises(TypeError, match="17 arguments"):
+        _rows.prefill_chunks(coef, table, S, *ok[:-1])
+    with pytest.raises(ValueError, match="n <= columns"):
+        _rows.prefill_chunks(coef, table, S, 9, *ok[1:])
+    with pytest.raises(ValueError, match="10 rows"):
+        _rows.prefill_chunks(coef, table, np.zeros((9, 8)), *ok)
+    with pytest.raises(ValueError, match="used <= total"):
+        _rows.prefill_chunks(coef, table, S, *ok[:9], 101, *ok[10:])
+    with pytest.raises(ValueError, match="positive"):
+        _rows.prefill_chunks(coef, table, S, *ok[:8], 0, *ok[9:])
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.prefill_chunks(coef, table, S, *ok[:3], -1, *ok[4:])
+    with pytest.raises(TypeError, match="4 or 6"):
+        _rows.prefill_chunks(coef[:3], table, S, *ok)
+    with pytest.raises(TypeError):
+        _rows.prefill_chunks(coef, table, S, 0, "t", *ok[2:])
+    np.testing.assert_array_equal(S, before)
+    full = _rows.prefill_chunks(coef, table, S, 8, *ok[1:])  # no room: nothing runs
+    assert full == (0.0, 0, 0, 0)
+    huge = _rows.prefill_chunks(coef, table, np.zeros((10, 8)), 0, *ok[1:6], 1 << 70, *ok[7:])
+    assert huge[1:] == (0, 0, 0)  # all it has left is the completing chunk: the caller's
 
 
 def test_sample_writes_the_row_the_python_pass_writes() -> None:
@@ -654,7 +769,9 @@ def test_the_engine_times_its_steps_in_c_only_for_those_models(
     assert fast._step_time.func.__name__ == "step_time"  # the C function, its terms bound
     assert fast._step_time(100, 3, 900, 6000.0) == base.step_time(100, 3, 900, prefill_attn=6000.0)
     assert fast._run_end_times.func.__name__ == "run_ends"
+    assert fast._chunks.func.__name__ == "prefill_chunks"
     jittered = engine(JitteredCostModel(base, [1.0, 1.1], [0.9, 1.0]))
+    assert jittered._chunks is None
     assert jittered._step_time.__func__ is ArrayEngine._step_time
     assert jittered._run_end_times.__func__ is ArrayEngine._run_end_times
 

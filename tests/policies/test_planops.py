@@ -1,9 +1,10 @@
 """The column policies' per-decode passes give the same answers in C as in numpy (issue 13).
 
-:mod:`harness.policies.planops` defines nine passes in numpy (SLAI's Eq. 8 deadlines with
+:mod:`harness.policies.planops` defines ten passes in numpy (SLAI's Eq. 8 deadlines with
 their per-key cache and its ranked run order, WAIT's (type, stage) quota check, Nested WAIT's
 stage groups, whether they hold until they empty, and its memory guard's blocks, MC-SF's
-reached estimates and sum of peaks by key, RAD's "arrivals ascend") and runs them in C where
+reached estimates and sum of peaks by key, RAD's "arrivals ascend" and its decode batch
+oldest first) and runs them in C where
 the optional extension ``harness.policies._planops`` was built. Here each C function meets its
 numpy definition on random columns (return values, and every array the pass writes); whole
 simulations of the policies that use them give the same token times and counters with either
@@ -273,6 +274,53 @@ def test_ascending_refuses_other_columns() -> None:
     for other in (np.array(3.0), np.zeros((2, 2))):
         with pytest.raises(ValueError, match="1-D"):
             _c("ascending")(other)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_oldest_decoding_matches_the_numpy_one(seed: int) -> None:
+    """Decoding and prefilling requests mixed, arrivals with ties (a stable sort keeps their
+    running order), -0.0 beside 0.0, a NaN (last, as numpy sorts), and sizes on both sides of
+    the C code's insertion sort (12) and its stack buffer (256)."""
+    rng = np.random.default_rng(seed)
+    R = int(rng.choice([0, 1, 2, 5, 12, 13, 40, 256, 257, 600]))
+    prompt = rng.integers(1, 50, R).astype(np.int64)
+    output = rng.integers(0, 4, R).astype(np.int64)
+    computed = prompt + output - 1  # decoding where output > 0
+    later = rng.random(R) < 0.3
+    computed[later] = (prompt[later] * rng.random(int(later.sum()))).astype(np.int64)  # not yet
+    arrival = np.round(rng.random(R) * rng.choice([3, 1000])) / 2  # ties
+    if R and seed % 4 == 1:
+        arrival[int(rng.integers(0, R))] = np.nan
+    if R > 1 and seed % 4 == 2:
+        arrival[:2] = (-0.0, 0.0)
+    outs = []
+    for impl in (_c, _py):
+        out = np.full(R + 3, -7, np.int64)
+        m = impl("oldest_decoding")(prompt, output, computed, arrival, out)
+        outs.append((m, out))
+    assert outs[0][0] == outs[1][0]
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])  # past m: untouched by both
+
+
+def test_oldest_decoding_refuses_bad_input_without_writing() -> None:
+    od = _c("oldest_decoding")
+    cols = [np.array([3, 4], np.int64), np.array([1, 1], np.int64), np.array([3, 4], np.int64)]
+    arrival, out = np.array([1.0, 0.5]), np.full(2, -7, np.int64)
+    assert od(*cols, arrival, out) == 2 and out.tolist() == [1, 0]
+    out[:] = -7
+    with pytest.raises(ValueError, match="length"):
+        od(*cols, arrival, np.empty(1, np.int64))
+    with pytest.raises(ValueError, match="length"):
+        od(cols[0][:1], *cols[1:], arrival, out)
+    with pytest.raises(TypeError, match="float64"):
+        od(*cols, cols[0], out)
+    with pytest.raises(TypeError, match="int64"):
+        od(*cols, arrival, np.empty(2))
+    with pytest.raises(ValueError, match="overlaps"):
+        od(*cols, arrival, arrival.view(np.int64))  # out over arrival's bytes
+    with pytest.raises(TypeError, match="5 arguments"):
+        od(*cols, arrival)
+    assert out.tolist() == [-7, -7]
 
 
 def test_an_extension_without_every_pass_is_not_used(fresh_python) -> None:
