@@ -264,6 +264,28 @@ def _lag1_corr(u: np.ndarray) -> float:
     return _dot(a, b) / den if den > 0 else math.nan
 
 
+# n * lag past which the autocovariances come from one FFT (O(n log n)) instead of a dot
+# product a lag (O(n * lag)): a simulated overload's queue series (~500k samples, a bandwidth
+# of ~900) took 0.2 s a summary that way; the two sums agree to ~1e-15 relative
+_FFT_WORK = 2_000_000
+
+
+def _bartlett_long_run_variance(u: np.ndarray, lag: int) -> float:
+    """``sum_{|l| <= lag} (1 - |l| / (lag + 1)) * gamma_l`` of the scores ``u`` (gamma_l:
+    their lag-l autocovariance sum): the Newey-West variance of the OLS score."""
+    n = len(u)
+    if n * lag <= _FFT_WORK:
+        s = _dot(u, u)
+        for ell in range(1, lag + 1):
+            s += 2 * (1 - ell / (lag + 1)) * _dot(u[ell:], u[:-ell])
+        return s
+    size = 1 << (n + lag).bit_length()  # zero-padded past n + lag: no wrap-around
+    f = np.fft.rfft(u, size)
+    acf = np.fft.irfft(f.real**2 + f.imag**2, size)[: lag + 1]
+    weights = 2 * (1 - np.arange(1, lag + 1) / (lag + 1))
+    return float(acf[0]) + _dot(weights, acf[1:])
+
+
 def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None:
     """OLS slope of y on t with a Newey–West CI (Bartlett kernel, Andrews AR(1) bandwidth)."""
     ok = np.isfinite(t) & np.isfinite(y)
@@ -284,9 +306,7 @@ def hac_trend(t: np.ndarray, y: np.ndarray, level: float = 0.95) -> Trend | None
         rho = 0.0
     alpha = 4 * rho**2 / ((1 - rho) ** 2 * (1 + rho) ** 2)
     lag = int(min(n - 1, math.ceil(1.1447 * (alpha * n) ** (1 / 3))))
-    s = _dot(u, u)
-    for ell in range(1, lag + 1):
-        s += 2 * (1 - ell / (lag + 1)) * _dot(u[ell:], u[:-ell])
+    s = _bartlett_long_run_variance(u, lag)
     se = math.sqrt(max(s, 0.0)) / sxx
     df = max(2, n // (lag + 1))
     q = two_sided_t(df, level)

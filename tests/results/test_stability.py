@@ -142,6 +142,27 @@ def test_hac_trend_recovers_slope_and_covers_truth() -> None:
     assert covered >= 34  # ~95% nominal; a naive iid CI covers far less under rho=0.9
 
 
+@pytest.mark.parametrize("n, lag", [(3000, 700), (20000, 150), (5001, 5000), (2, 1)])
+def test_the_long_run_variance_by_fft_is_the_lag_by_lag_sum(
+    n: int, lag: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hac_trend's Newey-West variance from one FFT (long series) equals the dot product a
+    lag that short series take, to rounding: trending AR(1) scores, the last lag n - 1."""
+    from harness.results import stability
+
+    rng = np.random.default_rng(n)
+    u = np.zeros(n)
+    for i in range(1, n):
+        u[i] = 0.95 * u[i - 1] + rng.normal()
+    u += np.linspace(0, 3, n)
+    lag = min(lag, n - 1)
+    monkeypatch.setattr(stability, "_FFT_WORK", -1)
+    by_fft = stability._bartlett_long_run_variance(u, lag)
+    monkeypatch.setattr(stability, "_FFT_WORK", 1 << 62)
+    by_lag = stability._bartlett_long_run_variance(u, lag)
+    assert by_fft == pytest.approx(by_lag, rel=1e-12, abs=0)
+
+
 def test_mser_cut_finds_transient() -> None:
     x = np.concatenate([np.linspace(100, 10, 100), np.full(400, 10.0)])
     x[100:] += np.random.default_rng(1).normal(0, 1, 400)
