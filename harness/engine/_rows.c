@@ -11,11 +11,15 @@
  *   decode   every running request decodes k tokens (an all-decode step or run);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
  *   opening  the running requests at a block boundary (an all-decode step's new blocks);
+ *   steps_fit  how many steps of an all-decode run fit the free KV blocks (a binary search
+ *            of numpy sums, core.decode_steps_that_fit);
  *   blocks   KV blocks held and requests at a block boundary in a computed-tokens column
  *            (a policy's RunningColumns.block_counts on the kernel's columns);
  *   grant    rule 2 for a run order (the grants, the prefix kept when the KV runs short,
  *            and the step's composition: ~20 numpy calls on a few dozen items, the steps
  *            mixing prefill and decodes);
+ *   drop_last  the kept items when rule 2 preempts only the last of a run order (~8 numpy
+ *            calls);
  *   advance  rule 5 for those grants (the step's emitted tokens);
  *   recount  the fewest tokens left and the requests not decoding, over the running set;
  *   sample   one telemetry row (a step's or a run's), written into the sample columns
@@ -23,10 +27,14 @@
  *   step_time  the affine or context cost model's duration of a step (three Python calls
  *            a step, ~1 us);
  *   run_ends the end times of a fast-forwarded decode run under such a model (a Python
- *            loop or numpy's cumsum, ~3 us a run).
+ *            loop or numpy's cumsum, ~3 us a run);
+ *   prefill_chunks  a lone prefill run's chunks before the completing one under such a
+ *            model, with their telemetry rows (RAD's: ~2 us of Python a chunk).
  *
  * Each has a Python version in ArrayEngine that does the same (the `_py` methods; for
- * step_time and run_ends the cost model's step_time and core.decode_run_ends); fastsim
+ * step_time and run_ends the cost model's step_time and core.decode_run_ends; for
+ * steps_fit core.decode_steps_that_fit; for drop_last _preempt_tail; for prefill_chunks
+ * _prefill_run's own loop); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
  * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
  * protocol (no numpy headers needed to build this); each function checks their shapes and
@@ -320,6 +328,77 @@ static PyObject *blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     count_blocks((const int64_t *)b.buf, b.len / 8, bs, &held, &open);
     PyBuffer_Release(&b);
     return Py_BuildValue("(LL)", (long long)held, (long long)open);
+}
+
+/* The new blocks that steps 2..k of an all-decode run take beyond what comp[i] + 1 tokens
+ * hold (every request decodes one token a step), summed until it passes `cap` (then cap + 1
+ * at most: no overflow). */
+static int64_t run_blocks(const int64_t *comp, Py_ssize_t n, int64_t k, int64_t bs, int64_t cap) {
+    int64_t s = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        s += (comp[i] + k + bs - 1) / bs - (comp[i] + bs) / bs;
+        if (s > cap)
+            return s;
+    }
+    return s;
+}
+
+/* steps_fit(computed, k_max, block, free) -> k: core.decode_steps_that_fit over a 1-D int64
+ * column of computed tokens: the most identical decode steps (at most k_max) whose blocks
+ * fit, steps 2..k taking at most `free` more (the same shortcut and binary search, so the
+ * same k; 1 when even step 2 does not fit). Computed tokens in [0, 2**53), k_max in
+ * [1, 2**61], |free| below 2**61. */
+static PyObject *steps_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 4, "steps_fit") < 0)
+        return NULL;
+    long long k_max = PyLong_AsLongLong(args[1]);
+    if (k_max == -1 && PyErr_Occurred())
+        return NULL;
+    long long bs = PyLong_AsLongLong(args[2]);
+    if (bs == -1 && PyErr_Occurred())
+        return NULL;
+    long long free_ = PyLong_AsLongLong(args[3]);
+    if (free_ == -1 && PyErr_Occurred())
+        return NULL;
+    const long long lim = (long long)1 << 61;
+    if (check_block(bs, "steps_fit") < 0)
+        return NULL;
+    if (k_max < 1 || k_max > lim || bs >= ((long long)1 << 53) || free_ >= lim || free_ <= -lim) {
+        PyErr_SetString(PyExc_ValueError,
+                        "steps_fit(): k_max must be in [1, 2**61], block below 2**53, |free| "
+                        "below 2**61");
+        return NULL;
+    }
+    Py_buffer b;
+    if (get_buf(args[0], &b, 'i', "steps_fit()", 0) < 0)
+        return NULL;
+    const int64_t *comp = (const int64_t *)b.buf;
+    Py_ssize_t n = b.len / 8;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (comp[i] < 0 || comp[i] >= ((int64_t)1 << 53)) {
+            PyBuffer_Release(&b);
+            PyErr_SetString(PyExc_ValueError, "steps_fit(): computed tokens must be in [0, 2**53)");
+            return NULL;
+        }
+    }
+    long long k = k_max;
+    /* each request opens at most ceil((k - 1) / block) blocks in steps 2..k */
+    long long per = (k_max + bs - 2) / bs;
+    int all_fit = n == 0 ? free_ >= 0 : (free_ >= 0 && per <= free_ / n);
+    if (!all_fit && run_blocks(comp, n, k_max, bs, free_) > free_) {
+        long long lo = 1, hi = k_max; /* run_blocks(lo) == 0, run_blocks(hi) > free */
+        while (hi - lo > 1) {
+            long long mid = lo + (hi - lo) / 2;
+            if (run_blocks(comp, n, mid, bs, free_) <= free_)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        k = lo;
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromLongLong(k);
 }
 
 /* opening(IA, R, block) -> n: count_blocks's requests at a block boundary among the first R
@@ -1108,6 +1187,9 @@ static PyMethodDef methods[] = {
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
      "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
      "boundary."},
+    {"steps_fit", (PyCFunction)(void (*)(void))steps_fit, METH_FASTCALL,
+     "steps_fit(computed, k_max, block, free) -> k: core.decode_steps_that_fit (the most "
+     "identical decode steps whose blocks fit)."},
     {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
      "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,

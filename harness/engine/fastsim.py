@@ -33,14 +33,17 @@ The loops over the running arrays that numpy does in many small calls (retiring 
 requests, every running request decoding, rule 5 for a few items, the new blocks of an
 all-decode step, a policy's block count of the columns, rule 2 and the composition of a step
 mixing prefill chunks and decodes, with the prefix it keeps when the KV runs short, the
-running set's recount, each step's telemetry row) run in the optional C extension
+running set's recount, each step's telemetry row, the kept items when only the last run item
+is preempted, a steady run's bound by the free KV blocks) run in the optional C extension
 :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
 requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
-microseconds of call overhead a step. So do an affine or context cost model's step time and
-a fast-forwarded run's step ends (``_step_time``, ``_run_end_times``: the model's own floats,
-bound in ``ArrayEngine.__init__``). Each has its Python version here (the ``_py`` methods;
-for the mixed step, the array pass; the cost model's ``step_time`` and
-``core.decode_run_ends``), used where the extension is missing (or was
+microseconds of call overhead a step. So do an affine or context cost model's step time, a
+fast-forwarded run's step ends and a lone prefill run's chunks up to the completing one
+(``_step_time``, ``_run_end_times``, ``_chunks``: the model's own floats, bound in
+``ArrayEngine.__init__``). Each has its Python version here (the ``_py`` methods; for the
+mixed step, the array pass; the cost model's ``step_time``, ``core.decode_run_ends``,
+``core.decode_steps_that_fit``, ``_preempt_tail`` and ``_prefill_run``'s loop), used where
+the extension is missing (or was
 built before one of its passes was added) or under ``HARNESS_PURE_KERNEL=1`` (read at
 import); tests/engine/test_rows_c.py checks the two give the same state and token times.
 
@@ -109,6 +112,7 @@ _PASSES = (
     "decode",
     "blocks",
     "opening",
+    "steps_fit",
     "give",
     "grant",
     "drop_last",
@@ -127,6 +131,8 @@ if _rows is not None and not all(hasattr(_rows, name) for name in _PASSES):
     _rows = None  # built before one of its passes was added (not rebuilt): Python's
 HAVE_C = _rows is not None
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_KERNEL") != "1"
+# a steady run's bound by the KV blocks (core.decode_steps_that_fit: ~20 numpy calls a run)
+_steps_fit = _rows.steps_fit if USE_C else decode_steps_that_fit  # type: ignore[union-attr]
 
 
 def fast_budget(policy: Policy, config: EngineConfig) -> int | None:
@@ -546,7 +552,7 @@ class ArrayEngine:
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
             k_max = self.min_left
             if k_max > 1:
-                k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
+                k_max = _steps_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
                 lim = hold_until if plan.hold else until
                 ends = self._run_end_times(t, k_max, n_decode, kv_read, lim)
@@ -1317,7 +1323,7 @@ class ArrayEngine:
         if steady_plan:  # EngineCore._fast_forward_len; step 1's blocks are allocated
             k_max = self.min_left
             if k_max > 1:
-                k_max = decode_steps_that_fit(Cr[:R], k_max, bs, free)
+                k_max = _steps_fit(Cr[:R], k_max, bs, free)
             if k_max > 1:
                 ends = self._run_end_times(t, k_max, n_decode, kv_read, until)
                 if len(ends) > 1 or by_plan:

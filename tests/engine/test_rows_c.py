@@ -9,7 +9,10 @@ step's composition for a run order whose KV fits (``_grant``, then rule 5 for it
 policy's block count of the columns (``KernelColumns.block_counts``); and an affine or context
 cost model's step time and a fast-forwarded run's step ends (``_rows.step_time``,
 ``_rows.run_ends``: against the model's ``step_time`` and ``core.decode_run_ends``, bit for
-bit). Each test here puts two
+bit); a lone prefill run's chunks (``_rows.prefill_chunks`` against ``_prefill_run``'s own
+loop), rule 2's kept items when it preempts only the last run item (``_rows.drop_last``) and
+a steady run's KV bound (``_rows.steps_fit`` against ``core.decode_steps_that_fit``). Each
+test here puts two
 engines in the same random state (finished and unfinished requests, prefilling and decoding
 ones, requests without a first token), runs the C method on one and the Python method on the
 other, and compares every array and counter; then whole simulations with each set of methods
@@ -248,6 +251,49 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         _assert_same(_state(c), _state(py))
         c._evicted.clear()
         py._evicted.clear()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_steps_fit_is_decode_steps_that_fit(seed: int) -> None:
+    """A steady run's KV bound in C (``_rows.steps_fit``) against core.decode_steps_that_fit:
+    requests at and past block boundaries, no room at all (negative free), room for every
+    step (the shortcut), a bound found by the binary search, huge k_max, no requests."""
+    from harness.engine import _rows
+    from harness.engine.core import decode_steps_that_fit
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([0, 1, 3, 40, 200]))
+    bs = int(rng.choice([1, 4, 16, 128]))
+    comp = rng.integers(0, 5000, n).astype(np.int64)
+    comp[: n // 3] = bs * rng.integers(0, 40, n // 3)  # at a boundary
+    for k_max in (1, 2, 3, bs, bs + 1, int(rng.integers(2, 4000)), 1 << 40):
+        for free in (-3, -1, 0, 1, int(rng.integers(0, 50)), int(rng.integers(0, 5000)), 1 << 60):
+            want = decode_steps_that_fit(comp, k_max, bs, free)
+            assert _rows.steps_fit(comp, k_max, bs, free) == want, (k_max, free)
+
+
+def test_steps_fit_refuses_bad_input() -> None:
+    from harness.engine import _rows
+
+    comp = np.array([3, 17], np.int64)
+    # the two cross into a new block at steps 14 and 16; the first again at step 30
+    assert _rows.steps_fit(comp, 40, 16, 2) == 29
+    # numpy's sum in decode_steps_that_fit wraps past 2**63 here; the C sum stops at free
+    assert _rows.steps_fit(np.full(200, 5, np.int64), 1 << 61, 16, -3) == 1
+    with pytest.raises(ValueError, match="k_max"):
+        _rows.steps_fit(comp, 0, 16, 2)
+    with pytest.raises(ValueError, match="k_max"):
+        _rows.steps_fit(comp, (1 << 61) + 1, 16, 2)
+    with pytest.raises(ValueError, match="free"):
+        _rows.steps_fit(comp, 4, 16, 1 << 61)
+    with pytest.raises(ValueError, match="positive"):
+        _rows.steps_fit(comp, 4, 0, 2)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        _rows.steps_fit(np.array([-1], np.int64), 4, 16, 2)
+    with pytest.raises(TypeError, match="int64"):
+        _rows.steps_fit(comp.astype(np.int32), 4, 16, 2)
+    with pytest.raises(TypeError, match="4 arguments"):
+        _rows.steps_fit(comp, 4, 16)
 
 
 def test_drop_last_refuses_bad_input() -> None:
