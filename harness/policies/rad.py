@@ -49,18 +49,8 @@ from harness.policies.base import (
     hears_changes_only,
     remaining_tokens,
 )
-from harness.policies.columns import (
-    EVERY_DECODE,
-    NO_POSITIONS,
-    ColumnPlan,
-    ColumnPolicy,
-    ColumnView,
-)
+from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView
 from harness.policies.registry import register
-
-# the decode batch of every decode in running order (oldest first already), holding past
-# arrivals: one shared plan, as columns.EVERY_DECODE without hold (the hosts never write one)
-_EVERY_DECODE_HOLD = ColumnPlan(None, 1, steady=True, hold=True, then_steady=True)
 
 
 @register("rad")
@@ -118,17 +108,16 @@ class RADPolicy(ColumnPolicy):
         chunk = min(self.t_lcm, cv.token_budget)
         bs = cv.kv.block_size
         free = cv.kv.free_blocks
-        n_running = len(rc.prompt)
-        n_decoding = n_running - rc.num_prefilling
+        n_decoding = len(rc) - rc.num_prefilling
 
         def decode_batch(queued: bool = False) -> ColumnPlan:  # lines 6-8: a DI for all of D
             steady = not rc.num_prefilling and n_decoding <= cv.token_budget
             # with a request already queued, an arrival (younger) changes neither the head nor
             # this decision: the host may run the batch on past arrivals (Plan.hold)
             if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
-                return _EVERY_DECODE_HOLD if queued else EVERY_DECODE
+                return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
             # oldest first (a stable sort: equal arrivals keep the running order)
-            out = np.empty(n_running, np.int64)
+            out = np.empty(len(rc), np.int64)
             m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
             order = out[:m]
             return ColumnPlan(order, 1, steady=steady, hold=steady and queued, then_steady=True)
@@ -151,7 +140,7 @@ class RADPolicy(ColumnPolicy):
         head = self._oldest_waiting(cv)
         if head is None and not n_decoding:
             return ColumnPlan(NO_POSITIONS)  # line 5: idle
-        seq_room = n_running < cv.max_num_seqs
+        seq_room = len(rc) < cv.max_num_seqs
         if (
             n_decoding >= self.t_col
             or head is None
