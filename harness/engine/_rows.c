@@ -347,7 +347,7 @@ static int64_t run_blocks(const int64_t *comp, Py_ssize_t n, int64_t k, int64_t 
  * column of computed tokens: the most identical decode steps (at most k_max) whose blocks
  * fit, steps 2..k taking at most `free` more (the same shortcut and binary search, so the
  * same k; 1 when even step 2 does not fit). Computed tokens in [0, 2**53), k_max in
- * [1, 2**61], |free| below 2**61. */
+ * [1, 2**62] (an empty batch's min_left), |free| below 2**62. */
 static PyObject *steps_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 4, "steps_fit") < 0)
@@ -361,13 +361,13 @@ static PyObject *steps_fit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     long long free_ = PyLong_AsLongLong(args[3]);
     if (free_ == -1 && PyErr_Occurred())
         return NULL;
-    const long long lim = (long long)1 << 61;
+    const long long lim = (long long)1 << 62; /* sums below stay under 2**63 (run_blocks) */
     if (check_block(bs, "steps_fit") < 0)
         return NULL;
     if (k_max < 1 || k_max > lim || bs >= ((long long)1 << 53) || free_ >= lim || free_ <= -lim) {
         PyErr_SetString(PyExc_ValueError,
-                        "steps_fit(): k_max must be in [1, 2**61], block below 2**53, |free| "
-                        "below 2**61");
+                        "steps_fit(): k_max must be in [1, 2**62], block below 2**53, |free| "
+                        "below 2**62");
         return NULL;
     }
     Py_buffer b;
@@ -1106,26 +1106,39 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
     double until = PyFloat_AsDouble(args[5]);
     if (until == -1.0 && PyErr_Occurred())
         return NULL;
-    /* n, computed, whole, output, cap, block, used, total, waiting, running, preempted */
-    static const int at[11] = {3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16};
-    long long v[11];
-    for (int i = 0; i < 11; i++)
+    /* n, computed, whole, output, waiting, running, preempted: counts below 2**53 */
+    static const int at[7] = {3, 6, 7, 8, 14, 15, 16};
+    long long v[7];
+    for (int i = 0; i < 7; i++)
         if ((v[i] = read_count(args[at[i]], "prefill_chunks")) < 0)
             return NULL;
-    int over = 0;
-    long long tok = PyLong_AsLongLongAndOverflow(args[9], &over);
-    if (tok == -1 && !over && PyErr_Occurred())
-        return NULL;
-    if (over)
-        tok = over > 0 ? LLONG_MAX : -1;
-    long long n = v[0], comp = v[1], whole = v[2], out = v[3], cap = v[4], bs = v[5];
-    long long used = v[6], total = v[7];
-    if (bs < 1 || total < 1 || used > total || total > (((long long)1 << 53) - 1) / bs) {
+    /* tok, cap, block, used, total: any int64; tok and cap clipped to it (a chunk is the
+     * smaller of them and the prompt left, below 2**53) */
+    long long w[5];
+    static const int at2[5] = {9, 10, 11, 12, 13};
+    for (int i = 0; i < 5; i++) {
+        int over = 0;
+        w[i] = PyLong_AsLongLongAndOverflow(args[at2[i]], &over);
+        if (w[i] == -1 && !over && PyErr_Occurred())
+            return NULL;
+        if (over && i >= 2) {
+            PyErr_SetString(PyExc_OverflowError, "prefill_chunks(): block, used or total past int64");
+            return NULL;
+        }
+        if (over)
+            w[i] = over > 0 ? LLONG_MAX : -1;
+    }
+    long long n = v[0], comp = v[1], whole = v[2], out = v[3];
+    long long tok = w[0], cap = w[1], bs = w[2], used = w[3], total = w[4];
+    if (bs < 1 || total < 1 || used < 0 || used > total) {
         PyErr_SetString(PyExc_ValueError,
-                        "prefill_chunks(): block and total must be positive, used <= total "
-                        "and total * block below 2**53");
+                        "prefill_chunks(): block and total must be positive, 0 <= used <= total");
         return NULL;
     }
+    /* the telemetry row's KV figures as the sample pass writes them: exact doubles only
+     * below 2**53 (else no chunk here: the Python loop goes on, its sample row decides) */
+    const long long exact = ((long long)1 << 53) - 1;
+    const long long used_max = total <= exact && bs <= exact ? exact / bs : -1;
     double rate;
     if (read_rate(args[1], nt, 0, &rate, "prefill_chunks") < 0)
         return NULL;
@@ -1139,8 +1152,8 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     double *S = (double *)b.buf;
-    long long nb = (comp + bs - 1) / bs, steps = 0;
-    while (t < until && n < scap) {
+    long long nb = used_max < 0 ? 0 : (comp + bs - 1) / bs, steps = 0;
+    while (used_max >= 0 && t < until && n < scap) {
         long long rem = whole - comp;
         if (out > 0 && rem == 1)
             break; /* a recomputed request caught up: it decodes now */
@@ -1149,7 +1162,7 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
         if (g <= 0 || g == rem)
             break; /* nothing to run, or the completing chunk (the caller's) */
         long long nd = (comp + g + bs - 1) / bs - nb;
-        if (nd > total - used)
+        if (nd > total - used || used + nd > used_max)
             break;
         nb += nd;
         used += nd;
@@ -1168,9 +1181,9 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
         S[4 * scap + n] = 0.0;
         S[5 * scap + n] = (double)(used * bs);
         S[6 * scap + n] = (double)used / (double)total;
-        S[7 * scap + n] = (double)v[8];
-        S[8 * scap + n] = (double)v[9];
-        S[9 * scap + n] = (double)v[10];
+        S[7 * scap + n] = (double)v[4];
+        S[8 * scap + n] = (double)v[5];
+        S[9 * scap + n] = (double)v[6];
         n++;
         steps++;
         comp += g;

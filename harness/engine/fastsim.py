@@ -239,7 +239,8 @@ class ArrayEngine:
         self.planner = planner
         # the policy whose on_arrival / on_step this engine calls (column policies with hooks)
         self.hooks = hooks
-        # its on_step reads only the ids (base.hears_changes_only): steps without any unheard
+        # its on_step reads only the ids (base.hears_changes_only): no report of a step that
+        # preempted, admitted and finished nobody (_report)
         self._changes_only = hooks is not None and reports_changes_only(hooks)
         self._finished_rows: list[int] = []  # this step's, kept only for hooks
         self._evicted: list[int] = []  # rows preempted this step (planner engines)
@@ -384,7 +385,8 @@ class ArrayEngine:
         plan's decode run is fast-forwarded over the steps that start before ``until``
         (``hold_until`` when the plan holds), bounded by the first finish and the KV blocks
         (EngineCore._fast_forward_len); the policy's ``on_step`` hears of it as from the
-        engine core. Returns as :meth:`execute`."""
+        engine core (but not of a quiet step when it hears only changes, :meth:`_report`).
+        Returns as :meth:`execute`."""
         assert self.planner is not None
         Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         bs = self.bs

@@ -160,7 +160,8 @@ class Plan:
     nothing is preempted, their next blocks fit and they fit the token budget (the host checks
     each of these), is "every running request decodes one token, nothing else" and
     ``steady`` (and again ``then_steady``), finishes or not. A simulator may then run those
-    steps without calling the policy; it still hears of each step (``on_step``). Another
+    steps without calling the policy; it still hears of each step (``on_step``), unless
+    the policy hears only of changes (:func:`hears_changes_only`). Another
     speed hint: a host may ignore it (the servers and adapters do), and a policy must leave
     it False unless nothing it keeps would make that plan differ.
     """
@@ -275,14 +276,17 @@ def hears_changes_only(on_step: _OnStep) -> _OnStep:
     ``finished`` ids, so that a host may skip the reports of steps where all three are empty
     (issue 13: the policy hears only of what changed; ~40% of RAD's reports). The mark
     belongs to the function: a subclass that overrides ``on_step`` hears every step again
-    unless it marks its own."""
+    unless it marks its own. It covers what the marked ``on_step`` calls too (a waiting
+    queue's ``on_step``): a subclass that swaps such a part for one reading other fields must
+    override ``on_step`` unmarked."""
     on_step.hears_changes_only = True  # type: ignore[attr-defined]
     return on_step
 
 
 def reports_changes_only(policy: object) -> bool:
-    """Whether ``policy``'s ``on_step`` is marked :func:`hears_changes_only`."""
-    return getattr(getattr(type(policy), "on_step", None), "hears_changes_only", False) is True
+    """Whether ``policy``'s ``on_step`` (its class's, or one set on the object) is marked
+    :func:`hears_changes_only`."""
+    return getattr(getattr(policy, "on_step", None), "hears_changes_only", False) is True
 
 
 class BasePolicy:

@@ -385,8 +385,10 @@ class ColumnPolicy(BasePolicy):
     """Base of the policies that plan from columns (module docstring).
 
     Subclasses implement :meth:`plan_columns`, and may keep state through ``on_arrival`` /
-    ``on_step`` (every host calls them). A subclass that overrides ``schedule`` plans by
-    another path, so column hosts do not take it (:func:`column_planner`)."""
+    ``on_step`` (every host calls them; the vectorised kernel skips the quiet steps of an
+    ``on_step`` marked :func:`~harness.policies.base.hears_changes_only`). A subclass that
+    overrides ``schedule`` plans by another path, so column hosts do not take it
+    (:func:`column_planner`)."""
 
     def plan_columns(self, cv: ColumnView) -> ColumnPlan:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -266,7 +266,7 @@ def _lag1_corr(u: np.ndarray) -> float:
 
 # n * lag past which the autocovariances come from one FFT (O(n log n)) instead of a dot
 # product a lag (O(n * lag)): a simulated overload's queue series (~500k samples, a bandwidth
-# of ~900) took 0.2 s a summary that way; the two sums agree to ~1e-15 relative
+# of ~900) took 0.2 s a summary that way; the two sums agree to ~1e-15 of the lag-0 sum
 _FFT_WORK = 2_000_000
 
 

@@ -341,6 +341,9 @@ def test_policies_that_hear_only_changes_are_told_only_of_them() -> None:
     for name in ("slai", "orca", "vllm"):
         assert not reports_changes_only(make_policy(name)), name
     assert not reports_changes_only(_RADHearingAll())
+    wrapped = RADPolicy()
+    wrapped.on_step = lambda report: None  # type: ignore[method-assign]  # set on the object
+    assert not reports_changes_only(wrapped)
     tr = poisson_trace(300, 25.0, seed=3, pmax=1500, omax=500)
     cfg = EngineConfig(kv_tokens=4096, token_budget=512, max_num_seqs=32, block_size=16)
     cost = get_cost_model("a100-llama2-7b")

@@ -282,10 +282,11 @@ def test_steps_fit_refuses_bad_input() -> None:
     assert _rows.steps_fit(np.full(200, 5, np.int64), 1 << 61, 16, -3) == 1
     with pytest.raises(ValueError, match="k_max"):
         _rows.steps_fit(comp, 0, 16, 2)
+    assert _rows.steps_fit(comp, 1 << 62, 16, (1 << 62) - 1) == 1 << 62  # fastsim._NO_LEFT
     with pytest.raises(ValueError, match="k_max"):
-        _rows.steps_fit(comp, (1 << 61) + 1, 16, 2)
+        _rows.steps_fit(comp, (1 << 62) + 1, 16, 2)
     with pytest.raises(ValueError, match="free"):
-        _rows.steps_fit(comp, 4, 16, 1 << 61)
+        _rows.steps_fit(comp, 4, 16, 1 << 62)
     with pytest.raises(ValueError, match="positive"):
         _rows.steps_fit(comp, 4, 0, 2)
     with pytest.raises(ValueError, match="2\\*\\*53"):
@@ -407,6 +408,8 @@ def test_simulations_with_either_pass_give_the_same_token_times(
         columns = fastsim.KernelColumns if impl == "c" else RunningColumns
         monkeypatch.setattr(fastsim, "_COLUMNS", columns)
         monkeypatch.setattr(ArrayEngine, "_step_time_in_c", impl == "c")
+        steps_fit = fastsim._rows.steps_fit if impl == "c" else fastsim.decode_steps_that_fit
+        monkeypatch.setattr(fastsim, "_steps_fit", steps_fit)
         runs.append(simulate(tr, make_policy(policy), cost, cfg))
     a, b = runs
     assert a.counters["kernel"] == "fast"
@@ -429,14 +432,16 @@ def test_simulations_with_either_pass_give_the_same_token_times(
 @pytest.mark.parametrize("value, expected", [("1", "py"), ("0", "c"), ("", "c")])
 def test_the_environment_selects_the_passes(value: str, expected: str, fresh_python) -> None:
     code = (
+        "from harness.engine import fastsim as f;"
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
         "print(*[getattr(A, m).__name__ for m in"
         f" {METHODS}],"
-        " _COLUMNS.__name__, A._step_time_in_c)"
+        " _COLUMNS.__name__, A._step_time_in_c, f._steps_fit.__name__)"
     )
     out = fresh_python(code, HARNESS_PURE_KERNEL=value)
     columns = "KernelColumns" if expected == "c" else "RunningColumns"
-    assert out == [f"{m}_{expected}" for m in METHODS] + [columns, str(expected == "c")]
+    fit = "steps_fit" if expected == "c" else "decode_steps_that_fit"
+    assert out == [f"{m}_{expected}" for m in METHODS] + [columns, str(expected == "c"), fit]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -490,7 +495,7 @@ def test_a_prefill_runs_chunks_in_c_are_the_python_loops(
     o = int(rng.integers(1, 5)) if seed % 3 == 0 else 0  # recomputed: outputs so far
     prompt = int(rng.integers(1, 20000))
     c = int(rng.integers(0, prompt + o))
-    tok = [int(rng.integers(1, 700)), 1 << 62, 0, -3][seed % 8 // 2 if seed % 8 < 8 else 0]
+    tok = [int(rng.integers(1, 700)), 1 << 62, 0, -3][seed % 8 // 2]
     tok = tok if seed % 5 else int(rng.integers(1, 64))  # small chunks: many steps
     cap = int(rng.integers(1, 4096))
     until = [np.inf, float(rng.random() * 2)][seed % 2]
@@ -555,6 +560,16 @@ def test_prefill_chunks_refuses_bad_input_and_writes_nothing() -> None:
     assert full == (0.0, 0, 0, 0)
     huge = _rows.prefill_chunks(coef, table, np.zeros((10, 8)), 0, *ok[1:6], 1 << 70, *ok[7:])
     assert huge[1:] == (0, 0, 0)  # all it has left is the completing chunk: the caller's
+    # a budget past int64 is no limit; a KV past 2**53 tokens is the Python loop's (its
+    # telemetry doubles would round here): nothing raised, nothing run
+    assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *ok[:7], 1 << 70, *ok[8:])[3] == 6
+    big = (*ok[:9], 0, 1 << 60, *ok[11:])
+    assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *big)[1:] == (0, 0, 0)
+    edge = (*ok[:9], (1 << 53) // BS - 3, (1 << 53) // BS, *ok[11:])  # room for 2 blocks
+    assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *edge)[2:] == (
+        (1 << 53) // BS - 1,
+        2,
+    )
 
 
 def test_sample_writes_the_row_the_python_pass_writes() -> None:

@@ -143,24 +143,27 @@ def test_hac_trend_recovers_slope_and_covers_truth() -> None:
 
 
 @pytest.mark.parametrize("n, lag", [(3000, 700), (20000, 150), (5001, 5000), (2, 1)])
+@pytest.mark.parametrize("rho", [0.95, -0.9])
 def test_the_long_run_variance_by_fft_is_the_lag_by_lag_sum(
-    n: int, lag: int, monkeypatch: pytest.MonkeyPatch
+    n: int, lag: int, rho: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """hac_trend's Newey-West variance from one FFT (long series) equals the dot product a
-    lag that short series take, to rounding: trending AR(1) scores, the last lag n - 1."""
+    lag that short series take, to rounding of each lag's sum (rounding of the lag-0 sum
+    each: the variance can be far smaller with negatively correlated scores): trending AR(1)
+    scores, the last lag n - 1."""
     from harness.results import stability
 
     rng = np.random.default_rng(n)
     u = np.zeros(n)
     for i in range(1, n):
-        u[i] = 0.95 * u[i - 1] + rng.normal()
+        u[i] = rho * u[i - 1] + rng.normal()
     u += np.linspace(0, 3, n)
     lag = min(lag, n - 1)
     monkeypatch.setattr(stability, "_FFT_WORK", -1)
     by_fft = stability._bartlett_long_run_variance(u, lag)
     monkeypatch.setattr(stability, "_FFT_WORK", 1 << 62)
     by_lag = stability._bartlett_long_run_variance(u, lag)
-    assert by_fft == pytest.approx(by_lag, rel=1e-12, abs=0)
+    assert abs(by_fft - by_lag) <= 1e-13 * float(u @ u) * (lag + 1)  # each lag: ~eps * u @ u
 
 
 def test_mser_cut_finds_transient() -> None:
