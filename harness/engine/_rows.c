@@ -868,6 +868,23 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return Py_BuildValue("(LL)", (long long)min_left, (long long)npf);
 }
 
+/* Row n of the telemetry columns S (10 rows of `cap`, simresult.SAMPLE_COLS order): sample's
+ * values, the counts whole numbers below 2**53 (exact as doubles; used * block too). */
+static void put_row(double *S, Py_ssize_t cap, Py_ssize_t n, double end, double t, int64_t k,
+                    int64_t prefill, int64_t decode, int64_t used, int64_t block, int64_t total,
+                    int64_t waiting, int64_t running, int64_t preempted) {
+    S[n] = end;
+    S[cap + n] = (double)k;
+    S[2 * cap + n] = end - t;
+    S[3 * cap + n] = (double)prefill;
+    S[4 * cap + n] = (double)decode;
+    S[5 * cap + n] = (double)(used * block);
+    S[6 * cap + n] = (double)used / (double)total;
+    S[7 * cap + n] = (double)waiting;
+    S[8 * cap + n] = (double)running;
+    S[9 * cap + n] = (double)preempted;
+}
+
 /* sample(S, n, end, t, k, prefill, decode, used, block, total, waiting, running, preempted)
  * -> None: row n of the telemetry columns S (float64, 10 rows of `cap`, in
  * simresult.SAMPLE_COLS order; the counts are whole numbers below 2**53, exact as doubles):
@@ -916,18 +933,8 @@ static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "sample(): expected S's 10 rows and n < columns");
         return NULL;
     }
-    Py_ssize_t n = (Py_ssize_t)v[0];
-    double *S = (double *)b.buf;
-    S[n] = end;
-    S[cap + n] = (double)v[1];
-    S[2 * cap + n] = end - t;
-    S[3 * cap + n] = (double)v[2];
-    S[4 * cap + n] = (double)v[3];
-    S[5 * cap + n] = (double)(v[4] * v[5]);
-    S[6 * cap + n] = (double)v[4] / (double)v[6];
-    S[7 * cap + n] = (double)v[7];
-    S[8 * cap + n] = (double)v[8];
-    S[9 * cap + n] = (double)v[9];
+    put_row((double *)b.buf, cap, (Py_ssize_t)v[0], end, t, v[1], v[2], v[3], v[4], v[5], v[6],
+            v[7], v[8], v[9]);
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
 }
@@ -986,6 +993,18 @@ static double fixed_part(const double c[6], long long P, long long D) {
     return lin > c[3] ? lin : c[3];
 }
 
+/* The model's step duration for P prefill tokens, D decodes, K KV tokens read at rate r(D),
+ * attention work attn (the context terms when nc == 6), in the Python models' order. */
+static double step_seconds(const double c[6], Py_ssize_t nc, double r, long long P, long long D,
+                           long long K, double attn) {
+    double t = fixed_part(c, P, D) + r * (double)K;
+    if (nc == 6) {
+        t = t + c[4] * attn;
+        t = t + (P > 0 ? c[5] : 0.0);
+    }
+    return t;
+}
+
 /* step_time(coef, table, prefill, decodes, kv, attn) -> seconds: the cost model's duration of
  * a step (costmodel.step_terms gives coef and table). coef: a tuple of 4 floats (base,
  * per_token, per_decode, floor: the affine model) or 6 (and attn_s, step_s: the context
@@ -1013,12 +1032,7 @@ static PyObject *step_time(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double r;
     if (read_rate(args[1], nt, D, &r, "step_time") < 0)
         return NULL;
-    double t = fixed_part(c, P, D) + r * (double)K;
-    if (nc == 6) {
-        t = t + c[4] * attn;
-        t = t + (P > 0 ? c[5] : 0.0);
-    }
-    return PyFloat_FromDouble(t);
+    return PyFloat_FromDouble(step_seconds(c, nc, r, P, D, K, attn));
 }
 
 /* run_ends(coef, table, now, k_max, decodes, kv, until) -> [ends]: core.decode_run_ends for
@@ -1166,24 +1180,10 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
             break;
         nb += nd;
         used += nd;
-        long long K = comp + g; /* below whole, so below 2**53 */
-        double step = fixed_part(c, g, 0) + rate * (double)K;
-        if (nc == 6) {
-            double attn = (double)g * ((double)comp + (double)g / 2.0);
-            step = step + c[4] * attn;
-            step = step + c[5];
-        }
-        double end = t + step;
-        S[n] = end;
-        S[scap + n] = 1.0;
-        S[2 * scap + n] = end - t;
-        S[3 * scap + n] = (double)g;
-        S[4 * scap + n] = 0.0;
-        S[5 * scap + n] = (double)(used * bs);
-        S[6 * scap + n] = (double)used / (double)total;
-        S[7 * scap + n] = (double)v[4];
-        S[8 * scap + n] = (double)v[5];
-        S[9 * scap + n] = (double)v[6];
+        /* Python's g * (c + g / 2): KV read comp + g, below whole so below 2**53 */
+        double attn = (double)g * ((double)comp + (double)g / 2.0);
+        double end = t + step_seconds(c, nc, rate, g, 0, comp + g, attn);
+        put_row(S, scap, n, end, t, 1, g, 0, used, bs, total, v[4], v[5], v[6]);
         n++;
         steps++;
         comp += g;
