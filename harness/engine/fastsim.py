@@ -306,9 +306,11 @@ class ArrayEngine:
         self.calls = 0
         self.stall = 0
         # the telemetry rows (SAMPLE_COLS), one column each of a float64 block: one C call
-        # writes a row (_sample_c), where ten appends cost ~1 us a step
+        # writes a row (_sample_c), where ten appends cost ~1 us a step. A full block is kept
+        # as it is and a larger one follows (_sample_room: nothing copied)
         self._S = np.empty((len(SAMPLE_COLS), 4096))
-        self._ns = 0
+        self._ns = 0  # rows in _S
+        self._full_blocks: list[np.ndarray] = []
 
     def add(self, j: int, t: float) -> bool:
         """Queue trace row ``j`` (released to this engine at ``t``); False, and the row
@@ -403,6 +405,10 @@ class ArrayEngine:
                 if opening > total - self.used:  # they would preempt: the policy decides
                     opening = -1
         plan = EVERY_DECODE if opening >= 0 else self.planner(self._view(t, R))
+        if plan.prefill_run and self.fast_forward:  # a lone prefill: its run, from chunk 1
+            end = self._lone_prefill(plan, t, hold_until if plan.hold else until)
+            if end is not None:
+                return end
         tok = plan.tokens
         order = plan.order
         if plan.preempt is not None and len(plan.preempt):  # rule 1, in order
@@ -605,9 +611,61 @@ class ArrayEngine:
             need += nd
         return few, budget, need
 
-    def _prefill_run(self, t: float, p: int, tok: int, until: float) -> float:
-        """The further chunks of position ``p``'s prefill (a ``ColumnPlan.prefill_run``), step
-        by step exactly as :meth:`execute_plan` would run the re-issued plan (the same
+    def _lone_prefill(self, plan: ColumnPlan, t: float, lim: float) -> float | None:
+        """A ``prefill_run`` plan of one prefilling request (a running position, or one
+        admission) whose first chunk fits the free KV and leaves prompt to do, run from that
+        chunk on by :meth:`_prefill_run`: the step the rules would make of it (nothing else
+        runs, so nothing is clipped or preempted; an admission takes its slot with no KV
+        yet, which the chunk allocates) and the chunks after it, told in one report. None
+        (nothing done) for any other plan, or one that starts at or after ``lim``: the
+        general path runs it."""
+        tok = plan.tokens
+        if (
+            t >= lim
+            or type(tok) is not int
+            or plan.admit
+            or (plan.preempt is not None and len(plan.preempt))
+            or plan.order is None
+        ):
+            return None
+        bs, cap, free = self.bs, self.budget_cap, self.total - self.used
+        admitted: tuple[int, ...] = ()
+        if plan.admit_requests:  # rule 3's one admission (EngineCore: head-of-line)
+            if len(plan.order) or len(plan.admit_requests) != 1:
+                return None
+            r, tok = plan.admit_requests[0]
+            j = r.index  # type: ignore[attr-defined]
+            rows = self.rows
+            if rows.state[j] != _WAITING or self.max_seqs <= self.R or tok < 1:
+                return None
+            o = int(rows.Orow[j])
+            g = min(tok, rows.P[j] + o, cap)
+            if g >= rows.P[j] + o or -(-g // bs) > free:
+                return None
+            self._admit_head(0, j)
+            self.npf += 1  # it joins not decoding
+            if rows.M[j] - o < self.min_left:  # as rule 5 counts an admission's tokens left
+                self.min_left = rows.M[j] - o
+            p = self.R - 1
+            admitted = (j,)
+        else:  # a running request's next chunk
+            if len(plan.order) != 1:
+                return None
+            p = int(plan.order[0])
+            c = int(self.cols[2][p])
+            o = int(self.cols[1][p])
+            rem = int(self.cols[0][p]) + o - c
+            g = min(tok, rem, cap)
+            if (o > 0 and rem == 1) or g <= 0 or g >= rem or -(-(c + g) // bs) - -(-c // bs) > free:
+                return None
+        self._promised = plan.then_steady
+        return self._prefill_run(t, p, tok, lim, admitted)
+
+    def _prefill_run(
+        self, t: float, p: int, tok: int, until: float, admitted: Sequence[int] = ()
+    ) -> float:
+        """The chunks of position ``p``'s prefill (a ``ColumnPlan.prefill_run``) from its next,
+        step by step exactly as :meth:`execute_plan` would run the re-issued plan (the same
         clipping, KV test, advance and telemetry row), without planning again; ``on_step``
         hears of them in one report (as of a steady decode run). Stops at the chunk that
         completes the prompt, at one whose KV does not fit (the policy decides then) and
@@ -615,7 +673,9 @@ class ArrayEngine:
         time when the plan holds: the arrivals then join the queue after the run, and its
         telemetry rows count the queue as at its start, as a held decode run's row does). A
         chunk that leaves prompt to do emits nothing, so it is advanced here in scalars (what
-        :meth:`_advance` does for it); the completing chunk goes through :meth:`_advance`."""
+        :meth:`_advance` does for it); the completing chunk goes through :meth:`_advance`.
+        ``admitted``: the row admitted into ``p`` by the run's first step
+        (:meth:`_lone_prefill`), told in its report."""
         Cr = self.cols[2]
         o = int(self.cols[1][p])
         whole = int(self.cols[0][p]) + o  # tokens to compute; fixed until the prompt is done
@@ -680,7 +740,7 @@ class ArrayEngine:
             self.stall = 0
             self.steady = False
             if self.hooks is not None:
-                self._report(t0, t, k, tokens, 0, 1, 0, ())
+                self._report(t0, t, k, tokens, 0, 1, 0, admitted)
         return t
 
     def _step_time(self, prefill: int, n_decode: int, kv_read: int, attn: float) -> float:
@@ -1160,20 +1220,22 @@ class ArrayEngine:
     def samples(self) -> dict[str, np.ndarray]:
         """The telemetry columns so far (SAMPLE_COLS): new numpy arrays of the types of
         :func:`new_samples`'s (read after a run: each access copies them)."""
-        return sample_columns(self._S, self._ns)
+        return sample_columns([*self._full_blocks, self._S[:, : self._ns]])
 
     def _sample_room(self) -> None:
-        """Double the sample block's columns (the rows so far copied)."""
-        n = self._ns
-        S = np.empty((len(SAMPLE_COLS), 2 * self._S.shape[1]))
-        S[:, :n] = self._S[:, :n]
-        self._S = S
+        """A new sample block after a full one, twice its columns (a short run stays small;
+        pages are touched only as rows are written); the full one is kept as it is (copying
+        it into the larger block cost ~0.2 s a million steps and twice its pages; blocks of
+        a fixed 64k rows fragmented the heap: +35 MiB at the summary's peak)."""
+        self._full_blocks.append(self._S[:, : self._ns])
+        self._S = np.empty((len(SAMPLE_COLS), 2 * self._S.shape[1]))
+        self._ns = 0
 
     def _sample_c(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """:meth:`_sample_py` in one call of the C extension (``_rows.sample``)."""
-        n = self._ns
-        if n == self._S.shape[1]:
+        if self._ns == self._S.shape[1]:
             self._sample_room()
+        n = self._ns
         _rows.sample(  # type: ignore[union-attr]
             self._S,
             n,
@@ -1193,9 +1255,9 @@ class ArrayEngine:
 
     def _sample_py(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
-        n = self._ns
-        if n == self._S.shape[1]:
+        if self._ns == self._S.shape[1]:
             self._sample_room()
+        n = self._ns
         used = self.used
         self._S[:, n] = (
             end,

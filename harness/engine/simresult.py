@@ -98,12 +98,16 @@ def new_samples() -> dict[str, Any]:
     return {c: array("d" if c in _FLOAT_COLS else "q") for c in SAMPLE_COLS}
 
 
-def sample_columns(block: np.ndarray, n: int) -> dict[str, np.ndarray]:
-    """The first ``n`` telemetry rows of a float64 block with one row per SAMPLE_COLS column
-    (the array kernel's), as :func:`new_samples`'s columns: float64 times and ratios, int64
+def sample_columns(blocks: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """The telemetry rows of float64 blocks with one row per SAMPLE_COLS column (the array
+    kernel's, in order), as :func:`new_samples`'s columns: float64 times and ratios, int64
     counts (whole numbers below 2**53 there, so exact), each a new array."""
     return {
-        c: block[i, :n].copy() if c in _FLOAT_COLS else block[i, :n].astype(np.int64)
+        c: np.concatenate(
+            [b[i] for b in blocks] or [np.empty(0)],
+            dtype=np.float64 if c in _FLOAT_COLS else np.int64,
+            casting="unsafe",
+        )
         for i, c in enumerate(SAMPLE_COLS)
     }
 

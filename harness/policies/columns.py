@@ -66,16 +66,16 @@ class RunningColumns(NamedTuple):
         n = len(self.prompt)
         if self.num_prefilling == 0:
             return (_SPAN[:n] if n <= len(_SPAN) else np.arange(n, dtype=np.int64)), NO_POSITIONS
-        if self.num_prefilling == 1 and self._last_prefills():  # the usual one: the newest
+        if self.num_prefilling == 1 and self.newest_prefills():  # the usual one: the newest
             if n <= len(_SPAN):
                 return _SPAN[: n - 1], _SPAN[n - 1 : n]
             return np.arange(n - 1, dtype=np.int64), np.array([n - 1], dtype=np.int64)
         dec = decoding_mask(self.prompt, self.output, self.computed)
         return np.flatnonzero(dec), np.flatnonzero(~dec)
 
-    def _last_prefills(self) -> bool:
-        """Whether the newest (last) running request is the one not decoding: with one
-        prefilling request it usually is (admissions join the end), a scalar check."""
+    def newest_prefills(self) -> bool:
+        """Whether the newest (last) running request is not decoding: with one prefilling
+        request it usually is the one (admissions join the end), a scalar check."""
         o = int(self.output[-1])
         return not (o > 0 and int(self.prompt[-1]) + o - int(self.computed[-1]) == 1)
 

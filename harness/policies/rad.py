@@ -49,7 +49,13 @@ from harness.policies.base import (
     hears_changes_only,
     remaining_tokens,
 )
-from harness.policies.columns import NO_POSITIONS, ColumnPlan, ColumnPolicy, ColumnView
+from harness.policies.columns import (
+    NO_POSITIONS,
+    ColumnPlan,
+    ColumnPolicy,
+    ColumnView,
+    RunningColumns,
+)
 from harness.policies.registry import register
 
 
@@ -105,31 +111,24 @@ class RADPolicy(ColumnPolicy):
         # when neither happens). The cycle counter changes no such plan (line 9 resets it only
         # once D is empty, a plan the host always asks for).
         rc = cv.running
-        chunk = min(self.t_lcm, cv.token_budget)
-        bs = cv.kv.block_size
-        free = cv.kv.free_blocks
-        n_decoding = len(rc) - rc.num_prefilling
-
-        def decode_batch(queued: bool = False) -> ColumnPlan:  # lines 6-8: a DI for all of D
-            steady = not rc.num_prefilling and n_decoding <= cv.token_budget
-            # with a request already queued, an arrival (younger) changes neither the head nor
-            # this decision: the host may run the batch on past arrivals (Plan.hold)
-            if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
-                return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
-            # oldest first (a stable sort: equal arrivals keep the running order)
-            out = np.empty(len(rc), np.int64)
-            m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
-            order = out[:m]
-            return ColumnPlan(order, 1, steady=steady, hold=steady and queued, then_steady=True)
-
-        if rc.num_prefilling:  # lines 12-16: finish the current prefill, one chunk a batch, alone
-            prefilling = rc.prefilling()
-            # the oldest (RAD prefills one request at a time, so there is normally one)
-            p = int(prefilling[0 if len(prefilling) == 1 else np.argmin(rc.arrival[prefilling])])
+        budget = cv.token_budget
+        chunk = self.t_lcm if self.t_lcm < budget else budget
+        bs, total, used = cv.kv
+        free = total - used
+        n_running = len(rc.prompt)
+        n_prefilling = rc.num_prefilling
+        n_decoding = n_running - n_prefilling
+        if n_prefilling:  # lines 12-16: finish the current prefill, one chunk a batch, alone
+            if n_prefilling == 1 and rc.newest_prefills():  # the usual: the newest, alone
+                p = n_running - 1
+            else:  # the oldest (RAD prefills one request at a time, so this is rare)
+                prefilling = rc.prefilling()
+                p = int(prefilling[np.argmin(rc.arrival[prefilling])])
             c0 = int(rc.computed[p])
-            c = min(chunk, int(rc.prompt[p] + rc.output[p]) - c0)
-            if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
-                return decode_batch()  # no KV for the chunk yet: let decodes drain
+            c = min(chunk, int(rc.prompt[p]) + int(rc.output[p]) - c0)
+            if n_decoding and -(-(c0 + c) // bs) - -(-c0 // bs) > free:  # no KV for the
+                # chunk yet: let decodes drain
+                return self._decode_batch(rc, n_prefilling, n_decoding, budget, False)
             # the same request's chunks follow until its prompt is done (line 6 not
             # re-checked, above); only a chunk's KV could change that (the test above), not
             # an arrival (this branch reads no waiting request): the run holds past them
@@ -138,19 +137,20 @@ class RADPolicy(ColumnPolicy):
             self.requests_in_cycle = 0
             self.cycles += 1
         head = self._oldest_waiting(cv)
-        if head is None and not n_decoding:
-            return ColumnPlan(NO_POSITIONS)  # line 5: idle
-        seq_room = len(rc) < cv.max_num_seqs
+        if head is None:
+            if not n_decoding:
+                return ColumnPlan(NO_POSITIONS)  # line 5: idle
+            return self._decode_batch(rc, 0, n_decoding, budget, False)
         if (
             n_decoding >= self.t_col
-            or head is None
             or self.requests_in_cycle >= self.n
-            or not seq_room
+            or n_running >= cv.max_num_seqs  # no seat
         ):
-            return decode_batch(queued=head is not None)
+            return self._decode_batch(rc, 0, n_decoding, budget, True)
         c = min(chunk, remaining_tokens(head))
         if n_decoding and blocks_for(c, bs) > free:
-            return decode_batch(queued=True)  # no KV room for the first chunk: decodes drain
+            # no KV room for the first chunk: decodes drain
+            return self._decode_batch(rc, 0, n_decoding, budget, True)
         # lines 11-17: FCFS prefill of one request (counted in on_step); its next chunks are
         # the plans above (c is the chunk whenever prompt is left after it)
         return ColumnPlan(
@@ -160,6 +160,21 @@ class RADPolicy(ColumnPolicy):
             hold=True,
             then_steady=True,
         )
+
+    @staticmethod
+    def _decode_batch(
+        rc: RunningColumns, n_prefilling: int, n_decoding: int, budget: int, queued: bool
+    ) -> ColumnPlan:
+        """Lines 6-8: a DI for all of D, oldest first. ``queued``: a request waits for it."""
+        steady = not n_prefilling and n_decoding <= budget
+        # with a request already queued, an arrival (younger) changes neither the head nor
+        # this decision: the host may run the batch on past arrivals (Plan.hold)
+        if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
+            return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
+        # oldest first (a stable sort: equal arrivals keep the running order)
+        out = np.empty(len(rc.prompt), np.int64)
+        m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
+        return ColumnPlan(out[:m], 1, steady=steady, hold=steady and queued, then_steady=True)
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id

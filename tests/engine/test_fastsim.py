@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from engine_traces import make_trace, poisson_trace
 
+from harness.engine import fastsim
 from harness.engine.config import EngineConfig
 from harness.engine.costmodel import get_cost_model
 from harness.engine.fastsim import fast_budget, fast_planner
@@ -491,6 +492,68 @@ def test_a_lone_prefill_runs_its_chunks_without_planning_again(kv_tokens: int) -
     # each hinted plan's further chunks ran unplanned: fewer plans, the same steps
     assert run.plans < stepwise.plans - run.runs
     assert (run.cycles, run.requests_in_cycle) == (stepwise.cycles, stepwise.requests_in_cycle)
+
+
+class _HearingRAD(RADPolicy):
+    """RAD keeping every report (overriding on_step, it hears every step), counting plans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list = []
+        self.plans = 0
+
+    def plan_columns(self, cv):
+        self.plans += 1
+        return super().plan_columns(cv)
+
+    def on_step(self, report) -> None:
+        self.heard.append(report)
+        super().on_step(report)
+
+
+@pytest.mark.parametrize("kv_tokens", [1 << 20, 6000])
+def test_a_lone_prefill_from_its_first_chunk_is_the_planned_step_then_the_run(
+    kv_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ArrayEngine._lone_prefill runs a lone prefill plan's first chunk as the run's first
+    # step; without it, the general path runs that step and the run follows: the same token
+    # times, telemetry rows, counters and policy state, each admission heard once, and
+    # fewer reports (the first chunk is told with the rest)
+    tr = poisson_trace(200, 12.0, seed=9, pmax=4000, omax=40)
+    cfg = EngineConfig(kv_tokens=kv_tokens, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    lone = fastsim.ArrayEngine._lone_prefill
+    runs = []
+
+    def counted(self, plan, t, lim):
+        end = lone(self, plan, t, lim)
+        runs.append((end is not None, bool(plan.admit_requests)))
+        return end
+
+    monkeypatch.setattr(fastsim.ArrayEngine, "_lone_prefill", counted)
+    merged = _HearingRAD()
+    a = simulate(tr, merged, cost, cfg)
+    monkeypatch.setattr(fastsim.ArrayEngine, "_lone_prefill", lambda *_: None)
+    stepwise = _HearingRAD()
+    b = simulate(tr, stepwise, cost, cfg)
+    _same(a, b)
+    for c in a.samples:
+        np.testing.assert_array_equal(a.samples[c], b.samples[c])
+    assert (a.num_calls, a.counters) == (b.num_calls, b.counters)
+    state = (merged.cycles, merged.requests_in_cycle, merged.plans)
+    assert state == (stepwise.cycles, stepwise.requests_in_cycle, stepwise.plans)
+    # the route ran admissions (and in a short KV running requests' chunks after a wait), and
+    # left the prompts one chunk completes to the rules
+    assert {(True, True), (False, True)} <= set(runs)
+    assert ((True, False) in runs) == (kv_tokens < 1 << 20)
+    admitted = [rid for r in merged.heard for rid in r.admitted]
+    assert admitted == [rid for r in stepwise.heard for rid in r.admitted]
+    # (an override hears every step) every step told once; a run's first chunk with the rest
+    assert sum(r.num_steps for r in merged.heard) == a.num_steps
+    assert sum(r.num_steps for r in stepwise.heard) == a.num_steps
+    assert len(merged.heard) < len(stepwise.heard)
+    if kv_tokens < 1 << 20:
+        assert a.counters["preemptions_total"] > 0
 
 
 class _CountingRADNoHold(_CountingRAD):
