@@ -568,6 +568,25 @@ class ArrayEngine:
                 ends = [t + dur]
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
+        elif (
+            plan.steady_decodes
+            and self.fast_forward
+            and n_prefill == 0
+            and not preempted
+            and not adm_g
+            and self.npf == 1
+            and n_sched == R - 1
+            and self.min_left > 1
+            and not (Or[R - 1] > 0 and Pr[R - 1] + Or[R - 1] - Cr[R - 1] == 1)
+            and len(
+                ends := self._decoding_run_ends(
+                    t, R - 1, free, n_decode, kv_read, hold_until if plan.hold else until
+                )
+            )
+            > 1
+        ):  # the same over the decoding requests: the one waiting to prefill is the newest
+            k = len(ends)
+            end = self._finish_run(t, ends, k, R - 1, -(-int(Cr[R - 1]) // bs))
         else:
             end = self._advance(
                 t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, granted, one_pass
@@ -882,25 +901,43 @@ class ArrayEngine:
             )
         )
 
-    def _finish_run(self, t: float, ends: Sequence[float], k: int, R: int) -> float:
-        """Advance a pure decode run of ``k`` steps (step 1's blocks allocated) and record it."""
+    def _decoding_run_ends(
+        self, t: float, R: int, free: int, n_decode: int, kv_read: int, until: float
+    ) -> Sequence[float]:
+        """The end times of a decode run of the first ``R`` running requests (step 1's
+        blocks allocated, ``free`` blocks left), bounded as a steady run's (the first finish,
+        the KV blocks, ``until``); none when it would be one step."""
+        k_max = _steps_fit(self.cols[2][:R], self.min_left, self.bs, free)
+        return self._run_end_times(t, k_max, n_decode, kv_read, until) if k_max > 1 else ()
+
+    def _finish_run(
+        self, t: float, ends: Sequence[float], k: int, R: int, parked: int | None = None
+    ) -> float:
+        """Advance a pure decode run of ``k`` steps of the first ``R`` running requests (step
+        1's blocks allocated) and record it. ``parked``: the blocks of the one request after
+        them, which waits to prefill (ColumnPlan.steady_decodes), else None: they are every
+        running request."""
         IDr = self.cols[4]
         end = float(ends[-1])
         self.calls += 1
         self.stall = 0
         if k > 1:
             # the running requests hold every used block
-            self.used = self._decode(R, k, end, True)
+            self.used = self._decode(R, k, end, True) + (parked or 0)
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:
             self._decode(R, 1, end, False)
             self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
-        self.min_left -= k
+        if parked is None:
+            self.min_left -= k
+        else:  # the waiting one's tokens left did not move: all of them read again
+            self._recount()
         finished = self.min_left <= 0 and self._finish()
         self._sample(end, t, k, 0, R * k)
         self.steps_total += k
-        self.steady = not finished  # the plan was steady; nothing else happened
+        # the plan was steady (over every running request) and nothing else happened
+        self.steady = parked is None and not finished
         return end
 
     def _advance(

@@ -155,7 +155,13 @@ class ColumnPlan:
     ``prefill_run``: arrivals would not change those plans either (the policy's plan for a
     prefill in progress ignores the waiting queue), so a host may run the chunks past them.
     ``then_steady`` as in Plan: a host that keeps it runs :data:`EVERY_DECODE` instead of
-    planning.
+    planning. ``steady_decodes`` (a speed hint, like ``steady``, for the vectorised kernel):
+    the plan runs every decoding request one token and nobody else, the requests with prefill
+    left waiting (RAD's decode batch while its prefill waits for KV), and the policy would
+    plan exactly that again until the next finish or preemption (or arrival, unless
+    ``hold``): a host may fast-forward those steps as a ``steady`` plan's, over the decoding
+    requests (the kernel does when one request waits, the newest). The engine core ignores
+    it (it fast-forwards only steps that run every running request).
     """
 
     order: np.ndarray | None = None
@@ -167,6 +173,7 @@ class ColumnPlan:
     preempt: np.ndarray | None = None
     prefill_run: bool = False
     then_steady: bool = False
+    steady_decodes: bool = False
 
     def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, tokens)`` as arrays."""

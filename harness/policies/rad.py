@@ -165,7 +165,10 @@ class RADPolicy(ColumnPolicy):
     def _decode_batch(
         rc: RunningColumns, n_prefilling: int, n_decoding: int, budget: int, queued: bool
     ) -> ColumnPlan:
-        """Lines 6-8: a DI for all of D, oldest first. ``queued``: a request waits for it."""
+        """Lines 6-8: a DI for all of D, oldest first. ``queued``: a request waits for it.
+        With a prefill in progress (waiting for KV): the same batch until a finish or
+        preemption frees some (``steady_decodes``; the decoding requests' KV only grows till
+        then, and that branch of :meth:`plan_columns` reads no waiting request: it holds)."""
         steady = not n_prefilling and n_decoding <= budget
         # with a request already queued, an arrival (younger) changes neither the head nor
         # this decision: the host may run the batch on past arrivals (Plan.hold)
@@ -174,6 +177,9 @@ class RADPolicy(ColumnPolicy):
         # oldest first (a stable sort: equal arrivals keep the running order)
         out = np.empty(len(rc.prompt), np.int64)
         m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
+        if n_prefilling:
+            parked = n_decoding <= budget
+            return ColumnPlan(out[:m], 1, hold=parked, then_steady=True, steady_decodes=parked)
         return ColumnPlan(out[:m], 1, steady=steady, hold=steady and queued, then_steady=True)
 
     def on_arrival(self, request: RequestView, now: float) -> None:

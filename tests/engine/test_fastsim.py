@@ -556,6 +556,43 @@ def test_a_lone_prefill_from_its_first_chunk_is_the_planned_step_then_the_run(
         assert a.counters["preemptions_total"] > 0
 
 
+class _RADNoParkedRuns(RADPolicy):
+    """RAD promising nothing of its decode batches while a prefill waits for KV."""
+
+    def plan_columns(self, cv):
+        plan = super().plan_columns(cv)
+        return dataclasses.replace(plan, steady_decodes=False) if plan.steady_decodes else plan
+
+
+def test_decodes_run_on_while_a_prefill_waits_for_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RAD parks its prefill when the chunk's KV does not fit and decodes all of D until a
+    # finish or preemption frees some (ColumnPlan.steady_decodes): the kernel runs those
+    # steps as one decode run of the requests before the parked one; without the promise it
+    # plans each. The same token times either way (and the reference host's).
+    tr = poisson_trace(300, 20.0, seed=3, pmax=3000, omax=200)
+    cfg = EngineConfig(kv_tokens=12000, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    runs = []
+    ends = fastsim.ArrayEngine._decoding_run_ends
+
+    def counted(self, *args):
+        got = ends(self, *args)
+        runs.append(len(got))
+        return got
+
+    monkeypatch.setattr(fastsim.ArrayEngine, "_decoding_run_ends", counted)
+    ref = simulate(tr, make_policy("rad"), cost, cfg, kernel="reference")
+    a = simulate(tr, make_policy("rad"), cost, cfg)
+    assert sum(k > 1 for k in runs) > 10  # runs of the decoding requests happened
+    n = len(runs)
+    b = simulate(tr, _RADNoParkedRuns(), cost, cfg)
+    assert len(runs) == n  # (none without the promise)
+    _same(a, ref)
+    _same(a, b)
+    assert a.num_calls < b.num_calls
+    assert a.counters["preemptions_total"] > 0
+
+
 class _CountingRADNoHold(_CountingRAD):
     """The same RAD with its prefill runs' hold withdrawn (its decode batches keep theirs):
     each run stops at an arrival."""
