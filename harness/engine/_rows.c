@@ -28,8 +28,8 @@
  *            a step, ~1 us);
  *   run_ends the end times of a fast-forwarded decode run under such a model (a Python
  *            loop or numpy's cumsum, ~3 us a run);
- *   prefill_chunks  a lone prefill run's chunks before the completing one under such a
- *            model, with their telemetry rows (RAD's: ~2 us of Python a chunk).
+ *   prefill_chunks  a lone prefill run's chunks under such a model, with their telemetry
+ *            rows (RAD's: ~2 us of Python a chunk).
  *
  * Each has a Python version in ArrayEngine that does the same (the `_py` methods; for
  * step_time and run_ends the cost model's step_time and core.decode_run_ends; for
@@ -1093,22 +1093,25 @@ static PyObject *run_ends(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 /* prefill_chunks(coef, table, S, n, t, until, computed, whole, output, tok, cap, block, used,
- * total, waiting, running, preempted) -> (t, computed, used, steps): the chunks of one
- * running request's prefill run (ArrayEngine._prefill_run) that leave prompt to do, step by
- * step as its Python loop runs them: each chunk is min(tok, whole - computed, cap) tokens
- * (whole: prompt + output, the tokens to compute), allocates the KV blocks it opens, takes
+ * total, waiting, running, preempted, last_ok) -> (t, computed, used, steps, last): the
+ * chunks of one running request's prefill run (ArrayEngine._prefill_run), step by step as
+ * its Python loop runs them: each chunk is min(tok, whole - computed, cap) tokens (whole:
+ * prompt + output, the tokens to compute), allocates the KV blocks it opens, takes
  * step_time(chunk, 0, computed + chunk, chunk * (computed + chunk / 2)) under the model of
  * coef and table (step_time's) and writes its telemetry row n, n + 1, ... into S (sample's).
- * Stops, running nothing more, before a chunk that starts at or after until, that would
- * complete the prompt (the Python loop runs that one: it emits a token), that gets no
+ * Stops, running nothing more, before a chunk that starts at or after until, that gets no
  * tokens or whose blocks do not fit (total - used), when a recomputed request (output > 0)
- * has one token left (it decodes), and when S is full. Returns the time the last chunk
- * ended (t if none ran), the computed tokens and used blocks after them, and how many ran.
- * Why: RAD prefills a request alone in 256-token chunks, ~700k single-request steps on 100k
- * Azure conversations, each ~2 us of Python. */
+ * has one token left (it decodes), and when S is full; and before the chunk that completes
+ * the prompt unless last_ok (nonzero: its token does not finish the request, so nothing
+ * leaves the running set before its row), else after it: the caller emits its token (the
+ * rows and KV are as after the step; computed is not advanced by it). Returns the time the
+ * last chunk ended (t if none ran), the computed tokens and used blocks after them, how many
+ * ran, and the completing chunk's tokens (0: it did not run). Why: RAD prefills a request
+ * alone in 256-token chunks, ~700k single-request steps on 100k Azure conversations, each
+ * ~2 us of Python. */
 static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (want_args(nargs, 17, "prefill_chunks") < 0)
+    if (want_args(nargs, 18, "prefill_chunks") < 0)
         return NULL;
     double c[6];
     Py_ssize_t nc, nt;
@@ -1120,10 +1123,10 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
     double until = PyFloat_AsDouble(args[5]);
     if (until == -1.0 && PyErr_Occurred())
         return NULL;
-    /* n, computed, whole, output, waiting, running, preempted: counts below 2**53 */
-    static const int at[7] = {3, 6, 7, 8, 14, 15, 16};
-    long long v[7];
-    for (int i = 0; i < 7; i++)
+    /* n, computed, whole, output, waiting, running, preempted, last_ok: counts below 2**53 */
+    static const int at[8] = {3, 6, 7, 8, 14, 15, 16, 17};
+    long long v[8];
+    for (int i = 0; i < 8; i++)
         if ((v[i] = read_count(args[at[i]], "prefill_chunks")) < 0)
             return NULL;
     /* tok, cap, block, used, total: any int64; tok and cap clipped to it (a chunk is the
@@ -1166,14 +1169,14 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     double *S = (double *)b.buf;
-    long long nb = used_max < 0 ? 0 : (comp + bs - 1) / bs, steps = 0;
+    long long nb = used_max < 0 ? 0 : (comp + bs - 1) / bs, steps = 0, last = 0;
     while (used_max >= 0 && t < until && n < scap) {
         long long rem = whole - comp;
         if (out > 0 && rem == 1)
             break; /* a recomputed request caught up: it decodes now */
         long long g = tok < rem ? tok : rem;
         g = g < cap ? g : cap;
-        if (g <= 0 || g == rem)
+        if (g <= 0 || (g == rem && !v[7]))
             break; /* nothing to run, or the completing chunk (the caller's) */
         long long nd = (comp + g + bs - 1) / bs - nb;
         if (nd > total - used || used + nd > used_max)
@@ -1186,11 +1189,15 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
         put_row(S, scap, n, end, t, 1, g, 0, used, bs, total, v[4], v[5], v[6]);
         n++;
         steps++;
-        comp += g;
         t = end;
+        if (g == rem) { /* the prompt is done: the caller emits its token */
+            last = g;
+            break;
+        }
+        comp += g;
     }
     PyBuffer_Release(&b);
-    return Py_BuildValue("(dLLL)", t, comp, used, steps);
+    return Py_BuildValue("(dLLLL)", t, comp, used, steps, last);
 }
 
 static PyMethodDef methods[] = {
@@ -1234,8 +1241,9 @@ static PyMethodDef methods[] = {
      "for that model (a list of floats)."},
     {"prefill_chunks", (PyCFunction)(void (*)(void))prefill_chunks, METH_FASTCALL,
      "prefill_chunks(coef, table, S, n, t, until, computed, whole, output, tok, cap, block, "
-     "used, total, waiting, running, preempted) -> (t, computed, used, steps): the chunks of "
-     "a lone prefill run that leave prompt to do, with their telemetry rows."},
+     "used, total, waiting, running, preempted, last_ok) -> (t, computed, used, steps, last): "
+     "the chunks of a lone prefill run, with their telemetry rows (the completing one only "
+     "when last_ok; its tokens: last)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -692,12 +692,16 @@ class ArrayEngine:
         time when the plan holds: the arrivals then join the queue after the run, and its
         telemetry rows count the queue as at its start, as a held decode run's row does). A
         chunk that leaves prompt to do emits nothing, so it is advanced here in scalars (what
-        :meth:`_advance` does for it); the completing chunk goes through :meth:`_advance`.
+        :meth:`_advance` does for it); the completing chunk goes through :meth:`_advance`, or
+        in C (``_rows.prefill_chunks``) with its token given by :meth:`_give` when that token
+        leaves the request running (nothing to retire before its telemetry row).
         ``admitted``: the row admitted into ``p`` by the run's first step
         (:meth:`_lone_prefill`), told in its report."""
         Cr = self.cols[2]
         o = int(self.cols[1][p])
         whole = int(self.cols[0][p]) + o  # tokens to compute; fixed until the prompt is done
+        # the completing chunk in C: its token leaves it running, and nobody is to retire
+        last_ok = int(self.cols[3][p]) - o > 1 and self.min_left > 0
         bs, cap, total = self.bs, self.budget_cap, self.total
         c = int(Cr[p])
         nb = -(-c // bs)
@@ -711,19 +715,24 @@ class ArrayEngine:
             if chunks is not None:  # the chunks before the completing one, in C (same rows)
                 if self._ns == self._S.shape[1]:
                     self._sample_room()
-                t, c2, self.used, kk = chunks(
+                t, c2, self.used, kk, last = chunks(
                     self._S, self._ns, t, until, c, whole, o, tok, cap, bs, self.used, total,
-                    len(self.waiting), self.R, self.preempt_total,
+                    len(self.waiting), self.R, self.preempt_total, last_ok,
                 )  # fmt: skip
                 if kk:
                     self._ns += kk
                     k += kk
-                    tokens += c2 - c
+                    tokens += c2 - c + last
                     self.sum_c += c2 - c
                     self.calls += kk
                     self.steps_total += kk
                     c = c2
                     nb = -(-c // bs)
+                    if last:  # the completing chunk ran: its token (rule 5, as _advance)
+                        Cr[p] = c
+                        self._give(((p, last),), t)
+                        done = True
+                        break
                     if o > 0 and whole - c == 1:  # recomputed up to its last token: decodes
                         self.npf -= 1
                     if t >= until:

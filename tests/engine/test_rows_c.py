@@ -475,8 +475,9 @@ def test_one_victim_is_preempted_as_the_mask_pass_preempts(seed: int) -> None:
 def test_a_prefill_runs_chunks_in_c_are_the_python_loops(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """_prefill_run with its chunks in C (``_rows.prefill_chunks``, up to the completing one)
-    and without: the same end time, state, telemetry rows and counters, over long prompts,
+    """_prefill_run with its chunks in C (``_rows.prefill_chunks``, the completing one too
+    where its token leaves the request running) and without: the same end time, state,
+    telemetry rows and counters, over long prompts,
     recomputed requests, chunks the KV stops, runs cut by ``until`` and the sample block's
     growth (4096 rows a start)."""
     monkeypatch.setattr(ArrayEngine, "_step_time_in_c", True)  # (also under the pure kernel)
@@ -508,6 +509,11 @@ def test_a_prefill_runs_chunks_in_c_are_the_python_loops(
         eng.rows.meta = SimpleNamespace(ids=[f"r{j}" for j in range(len(eng.rows.P))])  # type: ignore[assignment]
         old = -(-int(eng.IA[2, p]) // BS)
         eng.IA[:3, p] = (prompt, o, c)
+        if seed % 7 < 4:  # a state between steps (nobody at max_tokens), and p's first token
+            # leaves it running: the completing chunk runs in C too
+            R = eng.R
+            eng.IA[3, :R] = np.maximum(eng.IA[3, :R], eng.IA[1, :R] + 2)
+            eng._recount_py()
         eng.used += -(-c // BS) - old
         eng.sum_c = int(eng.IA[2, : eng.R].sum())
         eng.total = eng.used + spare
@@ -533,13 +539,21 @@ def test_prefill_chunks_refuses_bad_input_and_writes_nothing() -> None:
 
     coef, table = step_terms(get_cost_model("a100-llama2-7b"))
     S = np.zeros((10, 8))
-    # n, t, until, computed, whole, output, tok, cap, block, used, total, waiting, running, pre
-    ok = (0, 0.0, 1e9, 0, 100, 0, 16, 512, BS, 0, 100, 3, 2, 1)
-    t, c, used, k = _rows.prefill_chunks(coef, table, S, *ok)
-    assert (c, used, k) == (96, 6, 6) and t == S[0, 5]  # 6 chunks of 16; the 7th completes
+    # n, t, until, computed, whole, output, tok, cap, block, used, total, waiting, running,
+    # preempted, last_ok
+    ok = (0, 0.0, 1e9, 0, 100, 0, 16, 512, BS, 0, 100, 3, 2, 1, 0)
+    t, c, used, k, last = _rows.prefill_chunks(coef, table, S, *ok)
+    # 6 chunks of 16; the 7th completes (the caller's)
+    assert (c, used, k, last) == (96, 6, 6, 0) and t == S[0, 5]
     assert S[3, :6].tolist() == [16.0] * 6 and S[6, 5] == 6 / 100
+    # with last_ok the 7th runs too (4 tokens, a 7th block); computed stays before it
+    S7 = np.zeros((10, 8))
+    t7, c7, used7, k7, last7 = _rows.prefill_chunks(coef, table, S7, *ok[:-1], 1)
+    assert (c7, used7, k7, last7) == (96, 7, 7, 4) and t7 == S7[0, 6] > t
+    np.testing.assert_array_equal(S7[:, :6], S[:, :6])
+    assert S7[3, 6] == 4.0 and S7[5, 6] == 7 * BS
     before = S.copy()
-    with pytest.raises(TypeError, match="17 arguments"):
+    with pytest.raises(TypeError, match="18 arguments"):
         _rows.prefill_chunks(coef, table, S, *ok[:-1])
     with pytest.raises(ValueError, match="n <= columns"):
         _rows.prefill_chunks(coef, table, S, 9, *ok[1:])
@@ -557,18 +571,19 @@ def test_prefill_chunks_refuses_bad_input_and_writes_nothing() -> None:
         _rows.prefill_chunks(coef, table, S, 0, "t", *ok[2:])
     np.testing.assert_array_equal(S, before)
     full = _rows.prefill_chunks(coef, table, S, 8, *ok[1:])  # no room: nothing runs
-    assert full == (0.0, 0, 0, 0)
+    assert full == (0.0, 0, 0, 0, 0)
     huge = _rows.prefill_chunks(coef, table, np.zeros((10, 8)), 0, *ok[1:6], 1 << 70, *ok[7:])
-    assert huge[1:] == (0, 0, 0)  # all it has left is the completing chunk: the caller's
+    assert huge[1:] == (0, 0, 0, 0)  # all it has left is the completing chunk: the caller's
     # a budget past int64 is no limit; a KV past 2**53 tokens is the Python loop's (its
     # telemetry doubles would round here): nothing raised, nothing run
     assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *ok[:7], 1 << 70, *ok[8:])[3] == 6
     big = (*ok[:9], 0, 1 << 60, *ok[11:])
-    assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *big)[1:] == (0, 0, 0)
+    assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *big)[1:] == (0, 0, 0, 0)
     edge = (*ok[:9], (1 << 53) // BS - 3, (1 << 53) // BS, *ok[11:])  # room for 2 blocks
     assert _rows.prefill_chunks(coef, table, np.zeros((10, 8)), *edge)[2:] == (
         (1 << 53) // BS - 1,
         2,
+        0,
     )
 
 
