@@ -1255,4 +1255,16 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__rows(void) { return PyModule_Create(&module); }
+/* The version of the passes' arguments and results (fastsim's _ROWS_ABI): bumped when one
+ * changes, so an install built before is not used (the Python passes run) rather than called
+ * with arguments it does not take. 2: prefill_chunks's last_ok. */
+#define ROWS_ABI 2
+
+PyMODINIT_FUNC PyInit__rows(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "_ABI", ROWS_ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -38,13 +38,15 @@ is preempted, a steady run's bound by the free KV blocks) run in the optional C 
 :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
 requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
 microseconds of call overhead a step. So do an affine or context cost model's step time, a
-fast-forwarded run's step ends and a lone prefill run's chunks up to the completing one
-(``_step_time``, ``_run_end_times``, ``_chunks``: the model's own floats, bound in
+fast-forwarded run's step ends and a lone prefill run's chunks (the completing one too where
+its token leaves the request running) (``_step_time``, ``_run_end_times``, ``_chunks``: the
+model's own floats, bound in
 ``ArrayEngine.__init__``). Each has its Python version here (the ``_py`` methods; for the
 mixed step, the array pass; the cost model's ``step_time``, ``core.decode_run_ends``,
 ``core.decode_steps_that_fit``, ``_preempt_tail`` and ``_prefill_run``'s loop), used where
 the extension is missing (or was
-built before one of its passes was added) or under ``HARNESS_PURE_KERNEL=1`` (read at
+built before one of its passes was added or changed: ``_rows._ABI``) or under
+``HARNESS_PURE_KERNEL=1`` (read at
 import); tests/engine/test_rows_c.py checks the two give the same state and token times.
 
 The kernel has no prefix cache: requests with a prefix identity take the engine core. Parity
@@ -106,7 +108,9 @@ _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword cal
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
 
-# every pass of the C extension this module calls
+# every pass of the C extension this module calls, and the version of their arguments and
+# results it calls them with (_rows.c's ROWS_ABI)
+_ROWS_ABI = 2
 _PASSES = (
     "finish",
     "decode",
@@ -127,8 +131,10 @@ try:  # the optional C extension (setup.py): scalar loops over the running array
     from harness.engine import _rows
 except ImportError:  # not built (no C compiler at install): the same rules in Python
     _rows = None  # type: ignore[assignment]
-if _rows is not None and not all(hasattr(_rows, name) for name in _PASSES):
-    _rows = None  # built before one of its passes was added (not rebuilt): Python's
+if _rows is not None and (
+    not all(hasattr(_rows, name) for name in _PASSES) or getattr(_rows, "_ABI", 1) != _ROWS_ABI
+):
+    _rows = None  # built before one of its passes was added or changed (not rebuilt): Python's
 HAVE_C = _rows is not None
 USE_C = HAVE_C and os.environ.get("HARNESS_PURE_KERNEL") != "1"
 # a steady run's bound by the KV blocks (core.decode_steps_that_fit: ~20 numpy calls a run)
@@ -260,7 +266,7 @@ class ArrayEngine:
         if terms is not None:  # the model's arithmetic in C (``_rows.step_time``, ``run_ends``)
             self._step_time = partial(_rows.step_time, *terms)  # type: ignore[union-attr]
             self._run_end_times = partial(_rows.run_ends, *terms)  # type: ignore[union-attr]
-        # a lone prefill run's chunks that leave prompt to do, in C under those terms
+        # a lone prefill run's chunks, in C under those terms
         self._chunks = None if terms is None else partial(_rows.prefill_chunks, *terms)  # type: ignore[union-attr]
         cap = max(1, min(self.max_seqs, n))  # running never exceeds either
         # prompt, outputs, computed, max_tokens, row; a running request's KV blocks are not
@@ -386,9 +392,11 @@ class ArrayEngine:
         planned admissions, only if rule 2 preempted nothing; head-of-line), rule 5; a steady
         plan's decode run is fast-forwarded over the steps that start before ``until``
         (``hold_until`` when the plan holds), bounded by the first finish and the KV blocks
-        (EngineCore._fast_forward_len); the policy's ``on_step`` hears of it as from the
-        engine core (but not of a quiet step when it hears only changes, :meth:`_report`).
-        Returns as :meth:`execute`."""
+        (EngineCore._fast_forward_len), and so is a ``steady_decodes`` plan's over the
+        decoding requests (one request, the newest, waiting to prefill); a lone prefill plan
+        runs as its prefill run from the first chunk (:meth:`_lone_prefill`). The policy's
+        ``on_step`` hears of it as from the engine core, a run in one report (but not of a
+        quiet step when it hears only changes, :meth:`_report`). Returns as :meth:`execute`."""
         assert self.planner is not None
         Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         bs = self.bs
@@ -659,7 +667,7 @@ class ArrayEngine:
                 return None
             o = int(rows.Orow[j])
             g = min(tok, rows.P[j] + o, cap)
-            if g >= rows.P[j] + o or -(-g // bs) > free:
+            if g < 1 or g >= rows.P[j] + o or -(-g // bs) > free:
                 return None
             self._admit_head(0, j)
             self.npf += 1  # it joins not decoding
@@ -914,8 +922,9 @@ class ArrayEngine:
         self, t: float, R: int, free: int, n_decode: int, kv_read: int, until: float
     ) -> Sequence[float]:
         """The end times of a decode run of the first ``R`` running requests (step 1's
-        blocks allocated, ``free`` blocks left), bounded as a steady run's (the first finish,
-        the KV blocks, ``until``); none when it would be one step."""
+        blocks allocated, ``free`` blocks left), bounded as a steady run's (the fewest tokens
+        any running request has left, the one after them included: at or before the first
+        finish; the KV blocks; ``until``); none when it would be one step."""
         k_max = _steps_fit(self.cols[2][:R], self.min_left, self.bs, free)
         return self._run_end_times(t, k_max, n_decode, kv_read, until) if k_max > 1 else ()
 
@@ -931,7 +940,7 @@ class ArrayEngine:
         self.calls += 1
         self.stall = 0
         if k > 1:
-            # the running requests hold every used block
+            # the running requests hold every used block (the first R, and the parked one)
             self.used = self._decode(R, k, end, True) + (parked or 0)
             self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
         else:

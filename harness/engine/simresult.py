@@ -6,7 +6,7 @@ and :mod:`harness.engine.fastsim`, the vectorised loop), so neither imports the 
 Memory: a 100k-request run has tens of millions of per-token chunk rows and up to millions of
 telemetry rows, so both are kept columnar and compact (numpy parts for chunks, flushed to a sink
 as they fill; for samples, 8 bytes a value instead of a Python object: ``array.array`` columns
-in the engine-core loop, one float64 block in the vectorised loop, :func:`sample_columns`).
+in the engine-core loop, float64 blocks in the vectorised loop, :func:`sample_columns`).
 """
 
 from __future__ import annotations

@@ -152,8 +152,8 @@ class Plan:
     ``hold`` (with ``steady``): arrivals would not change the plan either (it ignores the
     waiting queue, e.g. FasterTransformer while anyone decodes), so the simulator may
     fast-forward past arrivals too, up to the next finish or KV boundary. Without ``steady``
-    a host ignores it (a column plan's ``prefill_run`` gives it a meaning of its own there,
-    read only by the vectorised kernel).
+    a host ignores it (a column plan's ``prefill_run`` or ``steady_decodes`` gives it a
+    meaning of its own there, read only by the vectorised kernel).
 
     ``then_steady``: the policy promises that its plan for every following step, for as long
     as nothing arrives, nothing waits, every running request decodes (no prefill left),

@@ -662,6 +662,19 @@ def test_an_extension_missing_a_pass_is_not_used(fresh_python) -> None:
     assert fresh_python(code, stale=("harness.engine._rows", "finish")) == ["False", "_sample_py"]
 
 
+def test_an_extension_built_before_a_pass_changed_is_not_used(fresh_python) -> None:
+    """An install whose passes all exist but one's arguments changed since (``_rows._ABI``
+    older than fastsim's): the Python passes run, none is called with what it does not take."""
+    code = (
+        "import sys, types, importlib; real = importlib.import_module('harness.engine._rows');"
+        "old = types.ModuleType('harness.engine._rows'); old.__dict__.update("
+        "{k: v for k, v in vars(real).items() if k != '_ABI'});"
+        "sys.modules['harness.engine._rows'] = old; sys.modules['harness.engine']._rows = old;"
+        "from harness.engine import fastsim as f; print(f.HAVE_C, real._ABI == f._ROWS_ABI)"
+    )
+    assert fresh_python(code) == ["False", "True"]
+
+
 def test_bad_input_raises_and_writes_nothing() -> None:
     from harness.engine import _rows
 
