@@ -720,7 +720,7 @@ class ArrayEngine:
         k = tokens = 0
         done = False
         while t < until:
-            if chunks is not None:  # the chunks before the completing one, in C (same rows)
+            if chunks is not None:  # the chunks in C (same rows; the completing one if last_ok)
                 if self._ns == self._S.shape[1]:
                     self._sample_room()
                 t, c2, self.used, kk, last = chunks(
