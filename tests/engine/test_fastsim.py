@@ -20,9 +20,16 @@ from harness.policies.base import (
     Plan,
     StepReport,
     View,
+    remaining_tokens,
     reports_changes_only,
 )
-from harness.policies.columns import ColumnPlan, ColumnView, RunningColumns
+from harness.policies.columns import (
+    NO_POSITIONS,
+    ColumnPlan,
+    ColumnPolicy,
+    ColumnView,
+    RunningColumns,
+)
 from harness.policies.nested_wait import NestedWaitPolicy
 from harness.policies.orca import OrcaPolicy
 from harness.policies.rad import RADPolicy
@@ -591,6 +598,46 @@ def test_decodes_run_on_while_a_prefill_waits_for_kv(monkeypatch: pytest.MonkeyP
     _same(a, b)
     assert a.num_calls < b.num_calls
     assert a.counters["preemptions_total"] > 0
+
+
+class _ParksTheOlder(ColumnPolicy):
+    """Admits two waiting requests at once, the first with a 64-token chunk, the second whole;
+    then decodes every decoding request and parks the rest (``steady_decodes``: truly, its
+    plan reads only the decoding set) until none decodes, then finishes their prefills. The
+    request it parks is then older than the newest, which decodes."""
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        rc = cv.running
+        decoding, prefilling = rc.split()
+        if len(decoding):
+            return ColumnPlan(decoding.copy(), 1, steady_decodes=True)
+        if len(prefilling):
+            return ColumnPlan(prefilling.copy(), rc.remaining()[prefilling])
+        heads = list(cv.waiting[:2])
+        chunks = [min(64, remaining_tokens(r)) if i == 0 else remaining_tokens(r) for i, r in
+                  enumerate(heads)]  # fmt: skip
+        return ColumnPlan(NO_POSITIONS, admit_requests=list(zip(heads, chunks, strict=True)))
+
+
+class _ParksTheOlderPromisingNothing(_ParksTheOlder):
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        return dataclasses.replace(super().plan_columns(cv), steady_decodes=False)
+
+
+def test_decodes_run_on_only_when_the_request_waiting_to_prefill_is_the_newest() -> None:
+    # the kernel runs a steady_decodes plan's steps as a run of the first R - 1 running
+    # requests: only right when the one waiting to prefill is the last; here it is older than
+    # a decoding one, so the steps run one by one, as without the hint
+    tr = poisson_trace(120, 400.0, seed=4, pmax=400, omax=30)
+    cfg = EngineConfig(kv_tokens=1 << 20, token_budget=2048, max_num_seqs=64, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    ref = simulate(tr, _ParksTheOlder(), cost, cfg, kernel="reference")
+    a = simulate(tr, _ParksTheOlder(), cost, cfg)
+    b = simulate(tr, _ParksTheOlderPromisingNothing(), cost, cfg)
+    assert a.counters["kernel"] == "fast"
+    _same(a, ref)
+    _same(a, b)
+    assert a.num_steps == b.num_steps
 
 
 class _CountingRADNoHold(_CountingRAD):
