@@ -566,13 +566,9 @@ class ArrayEngine:
         if (
             plan.steady and self.fast_forward and n_prefill == 0 and not preempted and n_sched == R
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            k_max = self.min_left
-            if k_max > 1:
-                k_max = _steps_fit(Cr[:R], k_max, bs, free)
-            if k_max > 1:
-                lim = hold_until if plan.hold else until
-                ends = self._run_end_times(t, k_max, n_decode, kv_read, lim)
-            else:
+            lim = hold_until if plan.hold else until
+            ends = self._decoding_run_ends(t, R, free, n_decode, kv_read, lim)
+            if not len(ends):
                 ends = [t + dur]
             k = len(ends)
             end = self._finish_run(t, ends, k, R)
@@ -584,7 +580,6 @@ class ArrayEngine:
             and not adm_g
             and self.npf == 1
             and n_sched == R - 1
-            and self.min_left > 1
             and not (Or[R - 1] > 0 and Pr[R - 1] + Or[R - 1] - Cr[R - 1] == 1)
             and len(
                 ends := self._decoding_run_ends(
@@ -922,9 +917,12 @@ class ArrayEngine:
         self, t: float, R: int, free: int, n_decode: int, kv_read: int, until: float
     ) -> Sequence[float]:
         """The end times of a decode run of the first ``R`` running requests (step 1's
-        blocks allocated, ``free`` blocks left), bounded as a steady run's (the fewest tokens
-        any running request has left, the one after them included: at or before the first
-        finish; the KV blocks; ``until``); none when it would be one step."""
+        blocks allocated, ``free`` blocks left): EngineCore._fast_forward_len's bounds, the
+        fewest tokens any running request has left (a parked one after them included: at
+        or before the first finish), the KV blocks and ``until``; none when the first two
+        allow one step."""
+        if self.min_left <= 1:
+            return ()
         k_max = _steps_fit(self.cols[2][:R], self.min_left, self.bs, free)
         return self._run_end_times(t, k_max, n_decode, kv_read, until) if k_max > 1 else ()
 
@@ -1440,15 +1438,9 @@ class ArrayEngine:
         if steady_plan and not by_plan:  # the single engine: nothing admitted, a later step
             steady_plan = self.fast_forward and not adm_g and t + dur < until
         if steady_plan:  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            k_max = self.min_left
-            if k_max > 1:
-                k_max = _steps_fit(Cr[:R], k_max, bs, free)
-            if k_max > 1:
-                ends = self._run_end_times(t, k_max, n_decode, kv_read, until)
-                if len(ends) > 1 or by_plan:
-                    return self._finish_run(t, ends, len(ends), R)
-            elif by_plan:
-                return self._finish_run(t, [t + dur], 1, R)
+            ends = self._decoding_run_ends(t, R, free, n_decode, kv_read, until)
+            if len(ends) > 1 or by_plan:
+                return self._finish_run(t, ends if len(ends) else [t + dur], len(ends) or 1, R)
 
         return self._advance(
             t, t + dur, R0, pure, sp, sg, adm_g, prefill, n_decode, one_pass=one_pass

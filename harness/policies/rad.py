@@ -112,7 +112,7 @@ class RADPolicy(ColumnPolicy):
         # once D is empty, a plan the host always asks for).
         rc = cv.running
         budget = cv.token_budget
-        chunk = self.t_lcm if self.t_lcm < budget else budget
+        chunk = min(self.t_lcm, budget)
         bs, total, used = cv.kv
         free = total - used
         n_running = len(rc.prompt)
@@ -126,8 +126,8 @@ class RADPolicy(ColumnPolicy):
                 p = int(prefilling[np.argmin(rc.arrival[prefilling])])
             c0 = int(rc.computed[p])
             c = min(chunk, int(rc.prompt[p]) + int(rc.output[p]) - c0)
-            if n_decoding and -(-(c0 + c) // bs) - -(-c0 // bs) > free:  # no KV for the
-                # chunk yet: let decodes drain
+            if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
+                # no KV for the chunk yet: let decodes drain
                 return self._decode_batch(rc, n_prefilling, n_decoding, budget, False)
             # the same request's chunks follow until its prompt is done (line 6 not
             # re-checked, above); only a chunk's KV could change that (the test above), not
