@@ -21,6 +21,8 @@
  *   drop_last  the kept items when rule 2 preempts only the last of a run order (~8 numpy
  *            calls);
  *   advance  rule 5 for those grants (the step's emitted tokens);
+ *   (give and advance write the emitted trace rows straight into the chunk log's int32 row
+ *   buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a step);
  *   recount  the fewest tokens left and the requests not decoding, over the running set;
  *   sample   one telemetry row (a step's or a run's), written into the sample columns
  *            (ten attribute reads and appends a step in Python, ~1 us);
@@ -65,7 +67,8 @@ static int check_block(int64_t bs, const char *fn) {
     return -1;
 }
 
-/* Whether `b` holds int64 ('i'), float64 ('f') or int8 ('b') items; else a TypeError. */
+/* Whether `b` holds int64 ('i'), int32 ('w'), float64 ('f') or int8 ('b') items; else a
+ * TypeError. */
 static int check_kind(Py_buffer *b, char kind, const char *what) {
     const char *f = b->format ? b->format : "B";
     if (*f == '@' || *f == '=' || *f == '<')
@@ -73,13 +76,18 @@ static int check_kind(Py_buffer *b, char kind, const char *what) {
     int ok = f[0] != 0 && f[1] == 0;
     if (kind == 'i')
         ok = ok && b->itemsize == 8 && (f[0] == 'l' || f[0] == 'q');
+    else if (kind == 'w')
+        ok = ok && b->itemsize == 4 && f[0] == 'i';
     else if (kind == 'f')
         ok = ok && b->itemsize == 8 && f[0] == 'd';
     else
         ok = ok && b->itemsize == 1 && f[0] == 'b';
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "%s: expected %s items", what,
-                     kind == 'i' ? "int64" : kind == 'f' ? "float64" : "int8");
+                     kind == 'i'   ? "int64"
+                     : kind == 'w' ? "int32"
+                     : kind == 'f' ? "float64"
+                                   : "int8");
         return -1;
     }
     return 0;
@@ -430,34 +438,44 @@ static PyObject *opening(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 }
 
 /* Position p's request emits a token at `end` (its KV covers prompt and outputs): outputs +
- * 1, last token time `end`, the first too if it had none (NaN); its trace row joins `hits`.
- * -1 when the append fails (out of memory). */
-static int emit(cols *c, Py_ssize_t p, double end, PyObject *hits) {
+ * 1, last token time `end`, the first too if it had none (NaN); its trace row is written to
+ * `out` (the chunk log's row buffer, room checked by the caller). */
+static inline void emit(cols *c, Py_ssize_t p, double end, int32_t *out) {
     c->O[p] += 1;
     c->L[p] = end;
     if (c->F[p] != c->F[p]) /* NaN: no token yet */
         c->F[p] = end;
-    PyObject *jo = PyLong_FromLongLong(c->ID[p]);
-    if (jo == NULL || PyList_Append(hits, jo) < 0) {
-        Py_XDECREF(jo);
-        return -1;
-    }
-    Py_DECREF(jo);
-    return 0;
+    *out = (int32_t)c->ID[p];
 }
 
-/* give(IA, FA, items, end) -> (emitted, tokens, npf_change, min_left): rule 5 for items
- * (position p, g tokens, ...) of a step ending at `end`, in order: p's computed tokens grow
- * by g; a request whose KV then covers its prompt and outputs emits a token at `end` (outputs
- * + 1, last token time `end`, first token time too if it had none). Returns the trace rows
- * that emitted (a list, in item order), the tokens computed, the change in the count of
- * running requests that are not decoding (a request decodes when it has emitted and its KV
- * covers all but its last token), and the fewest tokens left among the items (NO_LEFT for
- * none). An emitted-token list append that fails (out of memory) leaves the items before it
- * applied. */
+/* The chunk log's int32 row buffer `o` with room for `n` rows from offset `at` (ChunkLog.room):
+ * a pointer to row `at`, NULL (an exception set, the buffer released) when it is not. */
+static int32_t *rows_at(PyObject *o, PyObject *at_obj, Py_ssize_t n, Py_buffer *b, const char *fn) {
+    Py_ssize_t at = PyLong_AsSsize_t(at_obj);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (get_buf(o, b, 'w', "out", PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (at < 0 || at > b->len / 4 - n) {
+        PyErr_Format(PyExc_ValueError, "%s(): out needs int32 room for every item from at", fn);
+        PyBuffer_Release(b);
+        return NULL;
+    }
+    return (int32_t *)b->buf + at;
+}
+
+/* give(IA, FA, items, end, out, at) -> (emitted, tokens, npf_change, min_left): rule 5 for
+ * items (position p, g tokens, ...) of a step ending at `end`, in order: p's computed tokens
+ * grow by g; a request whose KV then covers its prompt and outputs emits a token at `end`
+ * (outputs + 1, last token time `end`, first token time too if it had none). The trace rows
+ * that emitted are written, in item order, to the int32 buffer `out` from offset `at` (the
+ * chunk log's, with room for every item: ChunkLog.room); returns how many, the tokens
+ * computed, the change in the count of running requests that are not decoding (a request
+ * decodes when it has emitted and its KV covers all but its last token), and the fewest
+ * tokens left among the items (NO_LEFT for none). */
 static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (want_args(nargs, 4, "give") < 0)
+    if (want_args(nargs, 6, "give") < 0)
         return NULL;
     double end = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred())
@@ -465,16 +483,20 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *seq = PySequence_Fast(args[2], "give(): items must be iterable");
     if (seq == NULL)
         return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer ob;
+    int32_t *out = rows_at(args[4], args[5], n, &ob, "give");
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
     cols c;
     if (get_cols(args[0], args[1], &c) < 0) {
+        PyBuffer_Release(&ob);
         Py_DECREF(seq);
         return NULL;
     }
     PyObject *ret = NULL;
-    PyObject *hits = PyList_New(0);
-    if (hits == NULL)
-        goto out;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) { /* check them all first: an error writes nothing */
         PyObject *it = items[i];
@@ -492,6 +514,7 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
     }
     int64_t tokens = 0, npf = 0, min_left = NO_LEFT;
+    Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t p = PyLong_AsSsize_t(PyTuple_GET_ITEM(items[i], 0));
         int64_t g = PyLong_AsLongLong(PyTuple_GET_ITEM(items[i], 1));
@@ -501,8 +524,7 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         int64_t o = c.O[p], prompt = c.P[p];
         int was_decoding = o > 0 && prompt + o - cc + g == 1;
         if (cc == prompt + o) {
-            if (emit(&c, p, end, hits) < 0)
-                goto out;
+            emit(&c, p, end, out + k++);
             o += 1;
         }
         npf += was_decoding - (o > 0 && prompt + o - cc == 1);
@@ -510,10 +532,10 @@ static PyObject *give(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (m < min_left)
             min_left = m;
     }
-    ret = Py_BuildValue("(OLLL)", hits, (long long)tokens, (long long)npf, (long long)min_left);
+    ret = Py_BuildValue("(nLLL)", k, (long long)tokens, (long long)npf, (long long)min_left);
 out:
-    Py_XDECREF(hits);
     release_cols(&c);
+    PyBuffer_Release(&ob);
     Py_DECREF(seq);
     return ret;
 }
@@ -733,14 +755,16 @@ done:
     return ret;
 }
 
-/* advance(IA, FA, R, order, grants, end) -> (emitted, tokens): rule 5 for the grants of
- * `grant` (positions < R, in run order), as ArrayEngine._advance's array branch: each one's
- * computed tokens grow by its grant; one whose KV then covers its prompt and outputs emits a
- * token at `end` (outputs + 1, last token time `end`, the first too if it had none). Returns
- * the emitted trace rows (a list, in run order) and the tokens computed. */
+/* advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for the
+ * grants of `grant` (positions < R, in run order), as ArrayEngine._advance's array branch:
+ * each one's computed tokens grow by its grant; one whose KV then covers its prompt and
+ * outputs emits a token at `end` (outputs + 1, last token time `end`, the first too if it had
+ * none). The emitted trace rows are written, in run order, to the int32 buffer `out` from
+ * offset `at` (room for every position: ChunkLog.room); returns how many, and the tokens
+ * computed. */
 static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (want_args(nargs, 6, "advance") < 0)
+    if (want_args(nargs, 8, "advance") < 0)
         return NULL;
     Py_ssize_t R = PyLong_AsSsize_t(args[2]);
     double end = PyFloat_AsDouble(args[5]);
@@ -749,18 +773,25 @@ static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     cols c;
     if (get_cols(args[0], args[1], &c) < 0)
         return NULL;
-    Py_buffer ob, gb;
+    Py_buffer ob, gb, rb;
     if (get_buf(args[3], &ob, 'i', "order", 0) < 0) {
         release_cols(&c);
         return NULL;
     }
+    Py_ssize_t n = ob.len / 8;
     if (get_buf(args[4], &gb, 'i', "grants", 0) < 0) {
         release_cols(&c);
         PyBuffer_Release(&ob);
         return NULL;
     }
-    PyObject *ret = NULL, *hits = NULL;
-    Py_ssize_t n = ob.len / 8;
+    int32_t *out = rows_at(args[6], args[7], n, &rb, "advance");
+    if (out == NULL) {
+        release_cols(&c);
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&gb);
+        return NULL;
+    }
+    PyObject *ret = NULL;
     const int64_t *order = (const int64_t *)ob.buf, *g = (const int64_t *)gb.buf;
     if (R < 0 || R > c.cap || gb.len < ob.len) {
         PyErr_SetString(PyExc_ValueError, "advance(): running count or grants out of range");
@@ -768,23 +799,21 @@ static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     if (check_positions(order, n, R, "advance") < 0)
         goto done;
-    hits = PyList_New(0);
-    if (hits == NULL)
-        goto done;
     int64_t tokens = 0;
+    Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < n; i++) { /* positions are distinct (the host checked) */
         int64_t p = order[i], cc = c.C[p] + g[i];
         c.C[p] = cc;
         tokens += g[i];
-        if (cc == c.P[p] + c.O[p] && emit(&c, p, end, hits) < 0)
-            goto done;
+        if (cc == c.P[p] + c.O[p])
+            emit(&c, p, end, out + k++);
     }
-    ret = Py_BuildValue("(OL)", hits, (long long)tokens);
+    ret = Py_BuildValue("(nL)", k, (long long)tokens);
 done:
-    Py_XDECREF(hits);
     release_cols(&c);
     PyBuffer_Release(&ob);
     PyBuffer_Release(&gb);
+    PyBuffer_Release(&rb);
     return ret;
 }
 
@@ -1213,15 +1242,16 @@ static PyMethodDef methods[] = {
     {"opening", (PyCFunction)(void (*)(void))opening, METH_FASTCALL,
      "opening(IA, R, block) -> n: running requests whose next decoded token opens a KV block."},
     {"give", (PyCFunction)(void (*)(void))give, METH_FASTCALL,
-     "give(IA, FA, items, end) -> (emitted rows, tokens, npf change, min left): rule 5 for "
-     "(position, tokens, ...) items of a step ending at end."},
+     "give(IA, FA, items, end, out, at) -> (emitted, tokens, npf change, min left): rule 5 "
+     "for (position, tokens, ...) items of a step ending at end; the emitted trace rows to "
+     "out[at:]."},
     {"grant", (PyCFunction)(void (*)(void))grant, METH_FASTCALL,
      "grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget "
      "left, scheduled, decodes, prefill, attention, KV read, new blocks, kept): rule 2 for a "
      "run order (the items past kept are to be preempted)."},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
-     "advance(IA, FA, R, order, grants, end) -> (emitted rows, tokens): rule 5 for grant's "
-     "grants."},
+     "advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for "
+     "grant's grants; the emitted trace rows to out[at:]."},
     {"drop_last", (PyCFunction)(void (*)(void))drop_last, METH_FASTCALL,
      "drop_last(order, grants, k, out) -> m: the kept items granted anything, as positions "
      "after the last item's slot is closed, into out[:m] (their grants to grants[:m])."},
@@ -1257,8 +1287,9 @@ static struct PyModuleDef module = {
 
 /* The version of the passes' arguments and results (fastsim's _ROWS_ABI): bumped when one
  * changes, so an install built before is not used (the Python passes run) rather than called
- * with arguments it does not take. 2: prefill_chunks's last_ok. */
-#define ROWS_ABI 2
+ * with arguments it does not take. 2: prefill_chunks's last_ok; 3: advance and give write
+ * the emitted rows into the chunk log's buffer (out, at). */
+#define ROWS_ABI 3
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);

@@ -61,7 +61,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -110,7 +110,7 @@ _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one
 
 # every pass of the C extension this module calls, and the version of their arguments and
 # results it calls them with (_rows.c's ROWS_ABI)
-_ROWS_ABI = 2
+_ROWS_ABI = 3
 _PASSES = (
     "finish",
     "decode",
@@ -856,15 +856,19 @@ class ArrayEngine:
         """No one-pass rule 2 in Python: the array pass (:meth:`_run_items`) does it."""
         return None
 
-    def _apply(self, sp: np.ndarray, sg: np.ndarray, end: float, one_pass: bool) -> Any:
+    def _apply(self, sp: np.ndarray, sg: np.ndarray, end: float, one_pass: bool) -> None:
         """Rule 5 for positions ``sp`` granted ``sg`` tokens in a step ending at ``end``: their
-        KV grows, and those whose KV then covers prompt and outputs emit a token. Returns
-        the emitting trace rows. ``one_pass``: the grants are :meth:`_grant_c`'s (distinct
-        plain int64 positions), applied in one C pass (``_rows.advance``)."""
+        KV grows, and those whose KV then covers prompt and outputs emit a token;
+        their trace rows are logged. ``one_pass``: the grants are :meth:`_grant_c`'s (distinct
+        plain int64 positions), applied in one C pass (``_rows.advance``, which writes the
+        rows into the chunk log)."""
         if one_pass:
-            hits, g = _rows.advance(self.IA, self.FA, self.R, sp, sg, end)  # type: ignore[union-attr]
+            log = self.chunks
+            buf, at = log.room(len(sp))
+            k, g = _rows.advance(self.IA, self.FA, self.R, sp, sg, end, buf, at)  # type: ignore[union-attr]
             self.sum_c += g
-            return hits
+            log.wrote(end, k)
+            return
         Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         Cr[sp] += sg
         self.sum_c += int(sg.sum())
@@ -873,7 +877,8 @@ class ArrayEngine:
         Lr[hit] = end
         fh = Fr[hit]
         Fr[hit] = np.where(np.isnan(fh), end, fh)
-        return IDr[hit]
+        if len(hit):
+            self.chunks.add_step(end, IDr[hit])
 
     def _report(
         self,
@@ -980,21 +985,17 @@ class ArrayEngine:
         self.stall = 0
         if few is not None:
             self._give(few, end)
-            samp_ids = None
         elif pure:
             self._decode(R0, 1, end, False)
-            samp_ids = IDr[:R0]  # logged below, before anything moves
+            if R0:
+                self.chunks.add_step(end, IDr[:R0])  # before anything moves
             self.sum_c += R0
             self.min_left -= 1
         elif sp is not None and len(sp):
-            samp_ids = self._apply(sp, sg, end, one_pass)
-        else:
-            samp_ids = None
-        if samp_ids is not None and len(samp_ids):
-            self.chunks.add_step(end, samp_ids)
+            self._apply(sp, sg, end, one_pass)
         if adm_g:  # they join not decoding (no KV yet), then get their first chunks
             self.npf += len(adm_g)
-            self._give(enumerate(adm_g, start=R0), end)
+            self._give(list(enumerate(adm_g, start=R0)), end)
         if sp is not None:  # the array pass ran (pure, few and admissions keep them exactly)
             self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
@@ -1027,17 +1028,18 @@ class ArrayEngine:
         token (their computed tokens fill whole blocks): the new blocks of an all-decode step."""
         return int(np.count_nonzero(self.cols[2][:R] % self.bs == 0))
 
-    def _give_c(self, items: Iterable[tuple[int, ...]], end: float) -> None:
+    def _give_c(self, items: Sequence[tuple[int, ...]], end: float) -> None:
         """:meth:`_give_py` in one pass of the C extension (``_rows.give``)."""
-        hits, g, npf, m = _rows.give(self.IA, self.FA, items, end)  # type: ignore[union-attr]
+        log = self.chunks
+        buf, at = log.room(len(items))
+        k, g, npf, m = _rows.give(self.IA, self.FA, items, end, buf, at)  # type: ignore[union-attr]
         self.sum_c += g
         self.npf += npf
         if m < self.min_left:
             self.min_left = m
-        if hits:
-            self.chunks.add_step(end, hits)
+        log.wrote(end, k)
 
-    def _give_py(self, items: Iterable[tuple[int, ...]], end: float) -> None:
+    def _give_py(self, items: Sequence[tuple[int, ...]], end: float) -> None:
         """Rule 5 in scalars for ``(position p, g tokens, ...)`` items of a step ending at
         ``end``: p's KV grows by g, and a request whose KV then covers its prompt and output
         emits a token at ``end``; ``npf`` and ``min_left`` are kept exactly (a request counted

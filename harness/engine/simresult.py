@@ -187,6 +187,25 @@ class ChunkLog:
         if b >= self.every:
             self.flush()
 
+    def room(self, n: int) -> tuple[np.ndarray, int]:
+        """The row buffer and the offset at which a writer of up to ``n`` rows of one step
+        writes them itself (the C passes of ``harness.engine._rows``: no list to convert);
+        :meth:`wrote` then says how many it wrote."""
+        b = self._n + n
+        if b > self._cap:
+            self._grow(b)
+        return self._req, self._n
+
+    def wrote(self, t: float, k: int) -> None:
+        """``k`` rows written at :meth:`room`'s offset, all at time ``t`` (as :meth:`add_step`)."""
+        if k:
+            b = self._n + k
+            self._times.append(t)
+            self._counts.append(k)
+            self._n = b
+            if b >= self.every:
+                self.flush()
+
     def add_run(self, ends: Sequence[float], rows: Any) -> None:
         """A fast-forwarded run: every row gets one token at each of ``ends`` (an array, or a
         list of floats); the ``s``-th step emits the rows in order at its ``s``-th end (copied:

@@ -40,10 +40,25 @@ def test_sink_gets_large_batches_with_the_same_rows(policy):
     assert np.all(np.diff(t) >= 0)
 
 
+def _add(log, kind: str, e, rows) -> None:
+    """One event into ``log``: a run, a step, or a step its writer writes into the buffer
+    itself (``room`` for a few rows more than it writes, as the C passes ask for one a
+    position, then ``wrote``)."""
+    if kind == "run":
+        log.add_run(e, rows)
+    elif kind == "step":
+        log.add_step(e, rows)
+    else:
+        buf, at = log.room(len(rows) + 3)
+        buf[at : at + len(rows)] = rows
+        log.wrote(e, len(rows))
+
+
 def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
     """Fast-forwarded runs are kept as (rows, ends) and expanded at flush (long runs as one
     array of times each): the rows must be exactly the naive one-token-per-row-per-step
-    expansion, in order, with any flush size."""
+    expansion, in order, with any flush size; so must steps written into the buffer by their
+    writer (``room``/``wrote``)."""
     from harness.engine.simresult import ChunkLog
 
     rng = np.random.default_rng(7)
@@ -59,21 +74,21 @@ def test_chunk_log_expands_steps_and_runs_like_one_row_per_token():
             t = float(ends[-1])
         else:
             t += float(rng.random())
-            events.append(("step", t, rows))
+            events.append(("step" if rng.random() < 0.5 else "room", t, rows))
     want_r = [r for kind, e, rows in events for tt in np.atleast_1d(e) for r in rows]
     want_t = [tt for kind, e, rows in events for tt in np.atleast_1d(e) for _r in rows]
     for every in (1, 7, 100, 10**9):
         got: list[tuple[np.ndarray, np.ndarray]] = []
         log = ChunkLog(lambda r, tt, got=got: got.append((r, tt)), every)
         for kind, e, rows in events:
-            (log.add_run if kind == "run" else log.add_step)(e, rows)
+            _add(log, kind, e, rows)
         log.flush()
         assert np.array_equal(np.concatenate([r for r, _ in got]), want_r)
         assert np.array_equal(np.concatenate([x for _, x in got]), want_t)
         assert all(r.dtype == np.int32 for r, _ in got)
     log = ChunkLog(None, 10**9)
     for kind, e, rows in events:
-        (log.add_run if kind == "run" else log.add_step)(e, rows)
+        _add(log, kind, e, rows)
     req, tt = log.arrays()
     assert np.array_equal(req, want_r) and np.array_equal(tt, want_t) and req.dtype == np.int64
 
@@ -92,8 +107,13 @@ def test_chunk_log_grows_past_its_first_buffer():
     log.add_step(0.5, [7, 8])
     log.add_run(ends, rows)
     log.add_step(4.0, rows[:20])
+    buf, at = log.room(5000)  # room past the buffer grown so far: a new one, rows kept
+    assert at == 922 and len(buf) >= at + 5000
+    buf[at : at + 300] = rows
+    log.wrote(5.0, 300)
+    log.wrote(6.0, 0)  # a writer that wrote nothing logs no step
     log.flush()
     ((req, t),) = got
-    want_r = np.r_[[7, 8], np.tile(rows, 3), rows[:20]]
-    want_t = np.r_[[0.5, 0.5], np.repeat(ends, 300), np.full(20, 4.0)]
+    want_r = np.r_[[7, 8], np.tile(rows, 3), rows[:20], rows]
+    want_t = np.r_[[0.5, 0.5], np.repeat(ends, 300), np.full(20, 4.0), np.full(300, 5.0)]
     assert np.array_equal(req, want_r) and np.array_equal(t, want_t) and req.dtype == np.int32

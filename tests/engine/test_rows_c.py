@@ -95,7 +95,11 @@ def _state(eng: ArrayEngine) -> dict:
         "rows": [rows.Orow.copy(), rows.first.copy(), rows.last.copy(), rows.state.copy()],
         "scalars": (eng.R, eng.used, eng.sum_c, eng.pm_total, eng.min_left, eng.npf),
         "finished": (eng.finished_total, list(eng._finished_rows)),
-        "chunks": (eng.chunks._req[: eng.chunks._n].copy(), list(eng.chunks._times)),
+        "chunks": (
+            eng.chunks._req[: eng.chunks._n].copy(),
+            list(eng.chunks._times),
+            list(eng.chunks._counts),
+        ),
     }
 
 
@@ -107,7 +111,7 @@ def _assert_same(a: dict, b: dict) -> None:
     assert a["scalars"] == b["scalars"]
     assert a["finished"] == b["finished"]
     np.testing.assert_array_equal(a["chunks"][0], b["chunks"][0])
-    assert a["chunks"][1] == b["chunks"][1]
+    assert a["chunks"][1:] == b["chunks"][1:]
 
 
 def _some_at_block_boundaries(eng: ArrayEngine) -> None:
@@ -190,9 +194,9 @@ def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     c._give_c(list(items), 20.0)
     py._give_py(list(items), 20.0)
     _assert_same(_state(c), _state(py))
-    # an iterator of (position, tokens) pairs, as the admissions pass it
-    c._give_c(enumerate([1], start=0), 21.0)
-    py._give_py(enumerate([1], start=0), 21.0)
+    # (position, tokens) pairs, as the admissions pass them
+    c._give_c(list(enumerate([1], start=0)), 21.0)
+    py._give_py(list(enumerate([1], start=0)), 21.0)
     _assert_same(_state(c), _state(py))
 
 
@@ -243,9 +247,10 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         assert (got[0] is order) == (want[0] is order)  # preempted, or not
         assert _queue(c) == _queue(py)
         _assert_same(_state(c), _state(py))
-        hits_c = c._apply(got[0], got[1], 30.0 + seed, True)
-        hits_py = py._apply(want[0], want[1], 30.0 + seed, False)
-        assert list(hits_c) == hits_py.tolist()
+        n_logged = c.chunks._n
+        c._apply(got[0], got[1], 30.0 + seed, True)  # its emitted rows: into the chunk log
+        py._apply(want[0], want[1], 30.0 + seed, False)
+        assert c.chunks._n >= n_logged
         c._recount_c()
         py._recount_py()
         _assert_same(_state(c), _state(py))
@@ -351,10 +356,22 @@ def test_the_grant_passes_reject_bad_input_and_write_nothing() -> None:
     with pytest.raises((TypeError, BufferError, ValueError)):
         _rows.grant(IA, R, two, None, 1, 99, BS, 99, False, read_only)
     grants = np.ones(2, np.int64)
+    log = np.zeros(4, np.int32)
     with pytest.raises(IndexError, match="position"):
-        _rows.advance(IA, FA, R, np.array([R], np.int64), grants, 1.0)
+        _rows.advance(IA, FA, R, np.array([R], np.int64), grants, 1.0, log, 0)
     with pytest.raises(ValueError, match="out of range"):
-        _rows.advance(IA, FA, R, two, grants[:1], 1.0)
+        _rows.advance(IA, FA, R, two, grants[:1], 1.0, log, 0)
+    # the chunk log's buffer: int32, writable, with room for every position from the offset
+    with pytest.raises(ValueError, match="room"):
+        _rows.advance(IA, FA, R, two, grants, 1.0, log, 3)
+    with pytest.raises(ValueError, match="room"):
+        _rows.advance(IA, FA, R, two, grants, 1.0, log, -1)
+    with pytest.raises(TypeError, match="int32"):
+        _rows.advance(IA, FA, R, two, grants, 1.0, np.zeros(4, np.int64), 0)
+    frozen = np.zeros(4, np.int32)
+    frozen.flags.writeable = False
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        _rows.advance(IA, FA, R, two, grants, 1.0, frozen, 0)
     with pytest.raises(ValueError, match="R <= columns"):
         _rows.recount(IA, IA.shape[1] + 1)
     _assert_same(_state(eng), before)
@@ -714,10 +731,13 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     np.testing.assert_array_equal(IA, before[0])
     np.testing.assert_array_equal(rows.state, before[2])
     # give: a position past the arrays, or an item that is not a tuple; nothing written
+    log = np.zeros(4, np.int32)
     with pytest.raises(IndexError):
-        _rows.give(IA, FA, [(0, 1), (IA.shape[1], 1)], 1.0)
+        _rows.give(IA, FA, [(0, 1), (IA.shape[1], 1)], 1.0, log, 0)
     with pytest.raises(TypeError):
-        _rows.give(IA, FA, [(0, 1), [1, 1]], 1.0)
+        _rows.give(IA, FA, [(0, 1), [1, 1]], 1.0, log, 0)
+    with pytest.raises(ValueError, match="room"):
+        _rows.give(IA, FA, [(0, 1), (1, 1)], 1.0, log, 3)
     np.testing.assert_array_equal(IA, before[0])
     np.testing.assert_array_equal(FA, before[1])
     # read-only arrays are refused (the passes write in place)
