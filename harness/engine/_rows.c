@@ -20,6 +20,8 @@
  *            mixing prefill and decodes);
  *   drop_last  the kept items when rule 2 preempts only the last of a run order (~8 numpy
  *            calls);
+ *   preempt  recompute-preempt one running request, its slot closed (ten scalar stores and
+ *            two 2-D numpy slice copies);
  *   advance  rule 5 for those grants (the step's emitted tokens);
  *   (give and advance write the emitted trace rows straight into the chunk log's int32 row
  *   buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a step);
@@ -48,6 +50,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define WAITING 4             /* fastsim._WAITING */
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
 
@@ -265,6 +268,68 @@ static PyObject *finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     ret = Py_BuildValue("(nNLLLL)", w, fin, (long long)blocks, (long long)pm, (long long)csum,
                         (long long)min_left);
 out:
+    release_rows(&rb);
+    release_cols(&c);
+    return ret;
+}
+
+/* preempt(IA, FA, R, p, block, state, Orow, first, last, npre) -> (blocks, computed, row):
+ * recompute-preempt running position p < R (ArrayEngine._evict, then _close): its trace row
+ * j = IA[4, p] gets state[j] = WAITING, Orow[j] = outputs, first[j] and last[j] its token
+ * times, npre[j] + 1; the columns after p shift left over it (running order kept). Returns
+ * the KV blocks it held (ceil(computed / block)), its computed tokens and j; the caller
+ * frees them and queues j. */
+static PyObject *preempt(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 10, "preempt") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t p = PyLong_AsSsize_t(args[3]);
+    int64_t bs = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (check_block(bs, "preempt") < 0)
+        return NULL;
+    cols c;
+    rowbufs rb;
+    Py_buffer nb;
+    if (get_cols(args[0], args[1], &c) < 0)
+        return NULL;
+    if (get_rows(args + 5, &rb) < 0) {
+        release_cols(&c);
+        return NULL;
+    }
+    if (get_buf(args[9], &nb, 'i', "npre", PyBUF_WRITABLE) < 0) {
+        release_rows(&rb);
+        release_cols(&c);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (R < 0 || R > c.cap || p < 0 || p >= R) {
+        PyErr_SetString(PyExc_IndexError, "preempt(): position out of the running set");
+        goto out;
+    }
+    int64_t j = c.ID[p];
+    if (j < 0 || j >= rb.n || nb.len != rb.n * 8) {
+        PyErr_SetString(PyExc_IndexError, "preempt(): trace row out of range");
+        goto out;
+    }
+    int64_t comp = c.C[p];
+    rb.state[j] = WAITING;
+    rb.Orow[j] = c.O[p];
+    rb.first[j] = c.F[p];
+    rb.last[j] = c.L[p];
+    ((int64_t *)nb.buf)[j] += 1;
+    Py_ssize_t cap = c.cap, tail = R - 1 - p;
+    if (tail > 0) {
+        for (int r = 0; r < 5; r++)
+            memmove(c.P + r * cap + p, c.P + r * cap + p + 1, (size_t)tail * 8);
+        for (int r = 0; r < 4; r++)
+            memmove(c.F + r * cap + p, c.F + r * cap + p + 1, (size_t)tail * 8);
+    }
+    ret = Py_BuildValue("(LLL)", (long long)((comp + bs - 1) / bs), (long long)comp, (long long)j);
+out:
+    PyBuffer_Release(&nb);
     release_rows(&rb);
     release_cols(&c);
     return ret;
@@ -1252,6 +1317,9 @@ static PyMethodDef methods[] = {
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
      "advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for "
      "grant's grants; the emitted trace rows to out[at:]."},
+    {"preempt", (PyCFunction)(void (*)(void))preempt, METH_FASTCALL,
+     "preempt(IA, FA, R, p, block, state, Orow, first, last, npre) -> (blocks, computed, "
+     "row): recompute-preempt running position p (its slot closed)."},
     {"drop_last", (PyCFunction)(void (*)(void))drop_last, METH_FASTCALL,
      "drop_last(order, grants, k, out) -> m: the kept items granted anything, as positions "
      "after the last item's slot is closed, into out[:m] (their grants to grants[:m])."},

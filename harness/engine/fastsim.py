@@ -120,6 +120,7 @@ _PASSES = (
     "give",
     "grant",
     "drop_last",
+    "preempt",
     "advance",
     "recount",
     "sample",
@@ -843,8 +844,7 @@ class ArrayEngine:
             v = int(order[kept])
             out = np.empty(kept, np.int64)
             m = _rows.drop_last(order, sg, kept, out)  # type: ignore[union-attr]
-            self._evict(v)
-            self._close(v)
+            self._preempt(v)
             order, sg = out[:m], sg[:m]
         elif kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
             order, sg = self._preempt_tail(order, sg, kept)
@@ -1215,8 +1215,7 @@ class ArrayEngine:
             v = int(order[k])
             kept = order[:k][ran]
             if not (kept == v).any():  # (an array-pass order may name it twice: below)
-                self._evict(v)
-                self._close(v)
+                self._preempt(v)
                 return kept - (kept > v), g[ran]
         for v in order[k:][::-1].tolist():
             self._evict(v)
@@ -1243,6 +1242,33 @@ class ArrayEngine:
         self.waiting.appendleft(row)
         self.preempt_total += 1
         self._evicted.append(row)
+
+    def _preempt_py(self, v: int) -> None:
+        """Recompute-preempt running slot ``v`` and close it (the later slots shift left)."""
+        self._evict(v)
+        self._close(v)
+
+    def _preempt_c(self, v: int) -> None:
+        """:meth:`_preempt_py` in one pass of the C extension (``_rows.preempt``)."""
+        rows = self.rows
+        blocks, comp, row = _rows.preempt(  # type: ignore[union-attr]
+            self.IA,
+            self.FA,
+            self.R,
+            v,
+            self.bs,
+            rows.state,
+            rows.Orow,
+            rows.first,
+            rows.last,
+            rows.npre,
+        )
+        self.used -= blocks
+        self.sum_c -= comp
+        self.waiting.appendleft(row)
+        self.preempt_total += 1
+        self._evicted.append(row)
+        self.R -= 1
 
     def _admit_head(self, g: int, j: int | None = None) -> int:
         """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
@@ -1455,6 +1481,7 @@ class ArrayEngine:
     _opening = _opening_c if USE_C else _opening_py
     _grant = _grant_c if USE_C else _grant_py
     _recount = _recount_c if USE_C else _recount_py
+    _preempt = _preempt_c if USE_C else _preempt_py
     _sample = _sample_c if USE_C else _sample_py
     _step_time_in_c = USE_C  # an affine or context model's step time (__init__)
 

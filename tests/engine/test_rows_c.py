@@ -47,7 +47,16 @@ pytestmark = [
 ]
 
 BS = 16
-METHODS = ("_finish", "_decode", "_give", "_opening", "_grant", "_recount", "_sample")
+METHODS = (
+    "_finish",
+    "_decode",
+    "_give",
+    "_opening",
+    "_grant",
+    "_recount",
+    "_sample",
+    "_preempt",
+)
 
 
 def _engine(rng: np.random.Generator, n_rows: int = 400, cap: int = 64) -> ArrayEngine:
@@ -198,6 +207,43 @@ def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     c._give_c(list(enumerate([1], start=0)), 21.0)
     py._give_py(list(enumerate([1], start=0)), 21.0)
     _assert_same(_state(c), _state(py))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_preempt_evicts_and_closes_as_the_python_pass(seed: int) -> None:
+    """One victim at the front, middle or end of the running set: the same rows, queue,
+    KV and computed-token sums, the later slots shifted down (``_rows.preempt``)."""
+    c, py = _pair(seed)
+    rng = np.random.default_rng(3000 + seed)
+    for _ in range(3):
+        if c.R == 0:
+            return
+        v = int(rng.choice([0, c.R - 1, int(rng.integers(0, c.R))]))
+        c._preempt_c(v)
+        py._preempt_py(v)
+        assert _queue(c) == _queue(py)
+        _assert_same(_state(c), _state(py))
+    # a position outside the running set, or a trace row outside the rows: nothing written
+    from harness.engine import _rows
+
+    rows = c.rows
+    args = (rows.state, rows.Orow, rows.first, rows.last, rows.npre)
+    before = _state(c)
+    with pytest.raises(IndexError, match="running set"):
+        _rows.preempt(c.IA, c.FA, c.R, c.R, BS, *args)
+    with pytest.raises(IndexError, match="running set"):
+        _rows.preempt(c.IA, c.FA, c.R, -1, BS, *args)
+    if c.R:
+        j = int(c.IA[4, 0])
+        c.IA[4, 0] = len(rows.state)
+        with pytest.raises(IndexError, match="trace row"):
+            _rows.preempt(c.IA, c.FA, c.R, 0, BS, *args)
+        with pytest.raises(IndexError, match="trace row"):  # npre of another length
+            c.IA[4, 0] = j
+            _rows.preempt(c.IA, c.FA, c.R, 0, BS, *args[:4], rows.npre[:-1])
+        with pytest.raises(ValueError, match="block size"):
+            _rows.preempt(c.IA, c.FA, c.R, 0, 0, *args)
+    _assert_same(_state(c), before)
 
 
 def _array_pass(eng: ArrayEngine, order: np.ndarray, tok, budget: int):
