@@ -22,6 +22,8 @@
  *            calls);
  *   preempt  recompute-preempt one running request, its slot closed (ten scalar stores and
  *            two 2-D numpy slice copies);
+ *   admit    a waiting request into the next running slot (a dozen scalar stores);
+ *   each_once  whether a run order lists every running position once (a bincount);
  *   advance  rule 5 for those grants (the step's emitted tokens);
  *   (give and advance write the emitted trace rows straight into the chunk log's int32 row
  *   buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a step);
@@ -50,6 +52,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define RUNNING 1             /* fastsim._RUNNING */
 #define WAITING 4             /* fastsim._WAITING */
 #define FINISHED 2            /* fastsim._FINISHED */
 #define NO_LEFT ((int64_t)1 << 62) /* fastsim._NO_LEFT */
@@ -333,6 +336,115 @@ out:
     release_rows(&rb);
     release_cols(&c);
     return ret;
+}
+
+/* admit(IA, FA, R, j, g, block, state, Orow, first, last, PM, AT) -> blocks: trace row j
+ * into running slot R (ArrayEngine._admit_head): its prompt and max_tokens from PM (int64, 2
+ * rows of the trace's rows), outputs and token times from the row arrays, no computed
+ * tokens, its arrival and TBT SLO from AT (float64, 2 rows; None: no request metadata, those
+ * columns untouched), state[j] = RUNNING; returns the KV blocks of a first chunk of g
+ * tokens (ceil(g / block)). The caller counts the slot and the blocks. */
+static PyObject *admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 12, "admit") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t j = PyLong_AsSsize_t(args[3]);
+    int64_t g = PyLong_AsLongLong(args[4]);
+    int64_t bs = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (check_block(bs, "admit") < 0)
+        return NULL;
+    cols c;
+    rowbufs rb;
+    Py_buffer pm, at;
+    int have_at = args[11] != Py_None;
+    if (get_cols(args[0], args[1], &c) < 0)
+        return NULL;
+    if (get_rows(args + 6, &rb) < 0) {
+        release_cols(&c);
+        return NULL;
+    }
+    if (get_buf(args[10], &pm, 'i', "PM", 0) < 0) {
+        release_rows(&rb);
+        release_cols(&c);
+        return NULL;
+    }
+    if (have_at && get_buf(args[11], &at, 'f', "AT", 0) < 0) {
+        PyBuffer_Release(&pm);
+        release_rows(&rb);
+        release_cols(&c);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t n = rb.n, cap = c.cap;
+    if (pm.len != 2 * n * 8 || (have_at && at.len != 2 * n * 8)) {
+        PyErr_SetString(PyExc_ValueError, "admit(): PM and AT need 2 rows of the trace's rows");
+        goto out;
+    }
+    if (R < 0 || R >= cap || j < 0 || j >= n || g < 0) {
+        PyErr_SetString(PyExc_IndexError, "admit(): no free slot R, or trace row out of range");
+        goto out;
+    }
+    const int64_t *PM = (const int64_t *)pm.buf;
+    rb.state[j] = RUNNING;
+    c.P[R] = PM[j];
+    c.O[R] = rb.Orow[j];
+    c.C[R] = 0;
+    c.M[R] = PM[n + j];
+    c.ID[R] = j;
+    c.F[R] = rb.first[j];
+    c.L[R] = rb.last[j];
+    if (have_at) {
+        const double *AT = (const double *)at.buf;
+        c.F[2 * cap + R] = AT[j];
+        c.F[3 * cap + R] = AT[n + j];
+    }
+    ret = PyLong_FromLongLong((g + bs - 1) / bs);
+out:
+    if (have_at)
+        PyBuffer_Release(&at);
+    PyBuffer_Release(&pm);
+    release_rows(&rb);
+    release_cols(&c);
+    return ret;
+}
+
+/* each_once(order, n) -> bool: whether the int64 positions `order` list each of 0 .. n-1
+ * exactly once (fastsim.lists_each_once: a bincount and a count, ~3 us); False for a
+ * position outside them. */
+static PyObject *each_once(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 2, "each_once") < 0)
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer ob;
+    if (get_buf(args[0], &ob, 'i', "order", 0) < 0)
+        return NULL;
+    const int64_t *order = (const int64_t *)ob.buf;
+    int ok = ob.len / 8 == n;
+    char *seen = NULL;
+    if (ok && n > 0) {
+        seen = PyMem_Calloc((size_t)n, 1);
+        if (seen == NULL) {
+            PyBuffer_Release(&ob);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t p = order[i];
+            if (p < 0 || p >= n || seen[p]) {
+                ok = 0;
+                break;
+            }
+            seen[p] = 1;
+        }
+    }
+    PyMem_Free(seen);
+    PyBuffer_Release(&ob);
+    return PyBool_FromLong(ok);
 }
 
 /* decode(IA, FA, R, k, end, block) -> blocks: each of the first R running requests computes
@@ -1317,6 +1429,11 @@ static PyMethodDef methods[] = {
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
      "advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for "
      "grant's grants; the emitted trace rows to out[at:]."},
+    {"admit", (PyCFunction)(void (*)(void))admit, METH_FASTCALL,
+     "admit(IA, FA, R, j, g, block, state, Orow, first, last, PM, AT) -> blocks: trace row j "
+     "into running slot R, a first chunk of g tokens."},
+    {"each_once", (PyCFunction)(void (*)(void))each_once, METH_FASTCALL,
+     "each_once(order, n) -> bool: order lists each of 0 .. n-1 exactly once."},
     {"preempt", (PyCFunction)(void (*)(void))preempt, METH_FASTCALL,
      "preempt(IA, FA, R, p, block, state, Orow, first, last, npre) -> (blocks, computed, "
      "row): recompute-preempt running position p (its slot closed)."},

@@ -121,6 +121,8 @@ _PASSES = (
     "grant",
     "drop_last",
     "preempt",
+    "admit",
+    "each_once",
     "advance",
     "recount",
     "sample",
@@ -169,13 +171,34 @@ def fast_planner(policy: Policy, config: EngineConfig) -> Callable[[ColumnView],
 class Rows:
     """Per trace row state shared by the engines of a run (each row lives in one engine)."""
 
-    __slots__ = ("P", "M", "Orow", "first", "last", "state", "npre", "errors", "meta")
+    __slots__ = (
+        "P",
+        "M",
+        "Orow",
+        "first",
+        "last",
+        "state",
+        "npre",
+        "errors",
+        "meta",
+        "PM",
+        "AT",
+    )
 
     def __init__(self, P: list[int], M: list[int], meta: RowMeta | None = None) -> None:
         n = len(P)
         self.P = P
         self.M = M
         self.meta = meta  # ids, arrivals, tiers: for request objects (column policies)
+        # the lengths, arrivals and TBT SLOs (NaN: none) as arrays, for the C admission pass
+        self.PM = np.array((P, M), dtype=np.int64).reshape(2, n)
+        self.AT = (
+            None
+            if meta is None
+            else np.array(
+                (meta.arrival, [math.nan if x is None else x for x in meta.tbt]), dtype=np.float64
+            ).reshape(2, n)
+        )
         self.Orow = np.zeros(n, dtype=np.int64)  # outputs so far (kept across preemptions)
         self.first = np.full(n, np.nan)
         self.last = np.full(n, np.nan)
@@ -204,11 +227,24 @@ class KernelColumns(RunningColumns):
 _COLUMNS = KernelColumns if USE_C else RunningColumns
 
 
-def lists_each_once(order: np.ndarray, n: int) -> bool:
+def _lists_each_once_py(order: np.ndarray, n: int) -> bool:
     """Whether ``order`` lists each of the positions ``0 .. n-1`` exactly once. Such a run
     order of one-token decodes that fit the budget and the free KV runs like ``None`` (every
     running request): the order only matters when something is clipped or preempted."""
-    return len(order) == n and int(np.count_nonzero(np.bincount(order, minlength=n))) == n
+    if len(order) != n:
+        return False
+    counts = np.bincount(order, minlength=n)
+    return len(counts) == n and int(np.count_nonzero(counts)) == n
+
+
+def _lists_each_once_c(order: np.ndarray, n: int) -> bool:
+    """:func:`_lists_each_once_py` in C (``_rows.each_once``) for a plain int64 order."""
+    if order.dtype == np.int64 and order.flags.c_contiguous:
+        return _rows.each_once(order, n)  # type: ignore[union-attr]
+    return _lists_each_once_py(order, n)
+
+
+lists_each_once = _lists_each_once_c if USE_C else _lists_each_once_py
 
 
 class ArrayEngine:
@@ -1270,7 +1306,22 @@ class ArrayEngine:
         self._evicted.append(row)
         self.R -= 1
 
-    def _admit_head(self, g: int, j: int | None = None) -> int:
+    def _admit_head_c(self, g: int, j: int | None = None) -> int:
+        """:meth:`_admit_head_py` with the slot written in C (``_rows.admit``)."""
+        rows = self.rows
+        if j is None:
+            j = self.waiting.popleft()
+        else:
+            self.waiting.remove(j)
+        nd = _rows.admit(  # type: ignore[union-attr]
+            self.IA, self.FA, self.R, j, g, self.bs,
+            rows.state, rows.Orow, rows.first, rows.last, rows.PM, rows.AT,
+        )  # fmt: skip
+        self.R += 1
+        self.used += nd
+        return nd
+
+    def _admit_head_py(self, g: int, j: int | None = None) -> int:
         """Move the waiting head (or waiting row ``j``) into running slot ``R`` with a first
         chunk of ``g`` tokens (allocated, not yet computed); returns the blocks it took."""
         Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
@@ -1482,6 +1533,7 @@ class ArrayEngine:
     _grant = _grant_c if USE_C else _grant_py
     _recount = _recount_c if USE_C else _recount_py
     _preempt = _preempt_c if USE_C else _preempt_py
+    _admit_head = _admit_head_c if USE_C else _admit_head_py
     _sample = _sample_c if USE_C else _sample_py
     _step_time_in_c = USE_C  # an affine or context model's step time (__init__)
 
@@ -1553,7 +1605,10 @@ def fast_simulate(
     )
     stop = math.inf if stop_at_s is None else float(stop_at_s)
     add, waiting = eng.add, eng.waiting
-    execute = eng.execute if planner is None else partial(eng.execute_plan, hold_until=stop)
+    # the plan's step takes the stop time too (a holding plan runs up to it): positional, as
+    # a partial's keyword merge cost ~0.4 us a plan
+    planned = planner is not None
+    execute = eng.execute_plan if planned else eng.execute
     calls = 0  # plans, including those that scheduled nothing
     watch = LivelockWatch(chunks)
     i = 0
@@ -1576,7 +1631,8 @@ def fast_simulate(
                 break
             nxt = arr_l[i] if i < n else math.inf
             calls += 1
-            end = execute(t, nxt if nxt < stop else stop)
+            lim = nxt if nxt < stop else stop
+            end = execute(t, lim, stop) if planned else execute(t, lim)
             if eng.preempt_total >= watch.next_at:
                 watch.check(
                     eng.preempt_total,

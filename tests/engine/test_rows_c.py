@@ -56,6 +56,7 @@ METHODS = (
     "_recount",
     "_sample",
     "_preempt",
+    "_admit_head",
 )
 
 
@@ -244,6 +245,86 @@ def test_preempt_evicts_and_closes_as_the_python_pass(seed: int) -> None:
         with pytest.raises(ValueError, match="block size"):
             _rows.preempt(c.IA, c.FA, c.R, 0, 0, *args)
     _assert_same(_state(c), before)
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("with_meta", [False, True])
+def test_admit_fills_the_slot_as_the_python_pass(seed: int, with_meta: bool) -> None:
+    """The waiting head, or a named waiting row, into slot R: the same columns (arrival and
+    TBT SLO from the request metadata when there is one), row state, KV and blocks."""
+    from harness.engine.row_requests import RowMeta
+
+    c, py = _pair(seed)
+    rng = np.random.default_rng(4000 + seed)
+    n = len(c.rows.P)
+    if with_meta:
+        tbt = [None if rng.random() < 0.5 else float(rng.random()) for _ in range(n)]
+        arrival = np.sort(rng.random(n) * 100).tolist()
+        for eng in (c, py):
+            r = eng.rows
+            meta = RowMeta([str(j) for j in range(n)], arrival, ["t"] * n, [0] * n, [None] * n,
+                           tbt, None)  # fmt: skip
+            eng.rows = Rows(r.P, r.M, meta)
+            for name in ("Orow", "first", "last", "state", "npre"):
+                setattr(eng.rows, name, getattr(r, name))
+    idle = np.flatnonzero(c.rows.state != fastsim._RUNNING).tolist()
+    rng.shuffle(idle)
+    outputs = rng.integers(0, 3, len(idle[:6]))  # some preempted after a token or two
+    for eng in (c, py):
+        eng.waiting.extend(idle[:6])
+        eng.rows.state[idle[:6]] = fastsim._WAITING
+        eng.rows.Orow[idle[:6]] = outputs
+    slots = c.IA.shape[1]
+    for g, j in ((int(rng.integers(0, 600)), None), (0, idle[3]), (BS, None)):
+        if slots == c.R:
+            break
+        assert c._admit_head_c(g, j) == py._admit_head_py(g, j)
+        assert list(c.waiting) == list(py.waiting)
+        _assert_same(_state(c), _state(py))
+        np.testing.assert_array_equal(c.FA[2:, : c.R], py.FA[2:, : py.R])
+    from harness.engine import _rows
+
+    r = c.rows
+    if slots > c.R:
+        with pytest.raises(IndexError, match="trace row"):
+            _rows.admit(c.IA, c.FA, c.R, n, 1, BS, r.state, r.Orow, r.first, r.last, r.PM, r.AT)
+        with pytest.raises(ValueError, match="2 rows"):
+            _rows.admit(
+                c.IA,
+                c.FA,
+                c.R,
+                0,
+                1,
+                BS,
+                r.state,
+                r.Orow,
+                r.first,
+                r.last,
+                r.PM[:, :-1].copy(),
+                r.AT,
+            )
+    with pytest.raises(IndexError, match="free slot"):
+        _rows.admit(
+            c.IA, c.FA, c.IA.shape[1], 0, 1, BS, r.state, r.Orow, r.first, r.last, r.PM, r.AT
+        )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_each_once_is_the_bincount_test(seed: int) -> None:
+    """``_rows.each_once`` against the Python test: permutations, a repeat, a missing
+    position, the wrong length, a position past the end, none at all."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 50))
+    perm = rng.permutation(n).astype(np.int64)
+    cases = [perm, perm[:-1], np.arange(n + 1, dtype=np.int64)]
+    if n > 1:
+        cases += [np.r_[perm[:-1], perm[0]], np.r_[perm[:-1], n + 3]]
+    for order in cases:
+        want = fastsim._lists_each_once_py(order, n)
+        assert fastsim._lists_each_once_c(order, n) == want
+        assert want == (len(order) == n and sorted(order.tolist()) == list(range(n)))
+    # another dtype: the Python test answers
+    assert fastsim._lists_each_once_c(perm.astype(np.int32), n)
 
 
 def _array_pass(eng: ArrayEngine, order: np.ndarray, tok, budget: int):
