@@ -50,6 +50,7 @@ from harness.policies.base import (
     remaining_tokens,
 )
 from harness.policies.columns import (
+    EVERY_DECODE,
     NO_POSITIONS,
     ColumnPlan,
     ColumnPolicy,
@@ -57,6 +58,10 @@ from harness.policies.columns import (
     RunningColumns,
 )
 from harness.policies.registry import register
+
+# the decode batch of every running request in running order, a request queued for it
+# (EVERY_DECODE with hold; plans are never written to, so one object serves every step)
+_EVERY_DECODE_HOLDING = ColumnPlan(None, 1, steady=True, hold=True, then_steady=True)
 
 
 @register("rad")
@@ -124,8 +129,8 @@ class RADPolicy(ColumnPolicy):
             else:  # the oldest (RAD prefills one request at a time, so this is rare)
                 prefilling = rc.prefilling()
                 p = int(prefilling[np.argmin(rc.arrival[prefilling])])
-            c0 = int(rc.computed[p])
-            c = min(chunk, int(rc.prompt[p]) + int(rc.output[p]) - c0)
+            c0 = rc.computed.item(p)  # (.item: a Python int, twice as quick as int(a[p]))
+            c = min(chunk, rc.prompt.item(p) + rc.output.item(p) - c0)
             if n_decoding and blocks_for(c0 + c, bs) - blocks_for(c0, bs) > free:
                 # no KV for the chunk yet: let decodes drain
                 return self._decode_batch(rc, n_prefilling, n_decoding, budget, False)
@@ -173,7 +178,7 @@ class RADPolicy(ColumnPolicy):
         # with a request already queued, an arrival (younger) changes neither the head nor
         # this decision: the host may run the batch on past arrivals (Plan.hold)
         if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
-            return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
+            return _EVERY_DECODE_HOLDING if queued else EVERY_DECODE
         # oldest first (a stable sort: equal arrivals keep the running order)
         out = np.empty(len(rc.prompt), np.int64)
         m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
