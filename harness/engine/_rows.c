@@ -37,10 +37,11 @@
  *   prefill_chunks  a lone prefill run's chunks under such a model, with their telemetry
  *            rows (RAD's: ~2 us of Python a chunk).
  *
- * Each has a Python version in ArrayEngine that does the same (the `_py` methods; for
- * step_time and run_ends the cost model's step_time and core.decode_run_ends; for
- * steps_fit core.decode_steps_that_fit; for drop_last _preempt_tail; for prefill_chunks
- * _prefill_run's own loop); fastsim
+ * Each has a Python version in ArrayEngine that does the same (the `_py` methods: _preempt_py
+ * for preempt, _admit_head_py for admit; for step_time and run_ends the cost model's
+ * step_time and core.decode_run_ends; for steps_fit core.decode_steps_that_fit; for
+ * drop_last _preempt_tail; for prefill_chunks _prefill_run's own loop; for each_once the
+ * module function fastsim._lists_each_once_py); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
  * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
  * protocol (no numpy headers needed to build this); each function checks their shapes and
@@ -82,8 +83,8 @@ static int check_kind(Py_buffer *b, char kind, const char *what) {
     int ok = f[0] != 0 && f[1] == 0;
     if (kind == 'i')
         ok = ok && b->itemsize == 8 && (f[0] == 'l' || f[0] == 'q');
-    else if (kind == 'w')
-        ok = ok && b->itemsize == 4 && f[0] == 'i';
+    else if (kind == 'w') /* numpy's int32 is 'l' where a C long has 4 bytes (Windows) */
+        ok = ok && b->itemsize == 4 && (f[0] == 'i' || f[0] == 'l');
     else if (kind == 'f')
         ok = ok && b->itemsize == 8 && f[0] == 'd';
     else
@@ -308,12 +309,16 @@ static PyObject *preempt(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *ret = NULL;
+    if (nb.len != rb.n * 8) {
+        PyErr_SetString(PyExc_ValueError, "preempt(): npre needs one item per trace row");
+        goto out;
+    }
     if (R < 0 || R > c.cap || p < 0 || p >= R) {
         PyErr_SetString(PyExc_IndexError, "preempt(): position out of the running set");
         goto out;
     }
     int64_t j = c.ID[p];
-    if (j < 0 || j >= rb.n || nb.len != rb.n * 8) {
+    if (j < 0 || j >= rb.n) {
         PyErr_SetString(PyExc_IndexError, "preempt(): trace row out of range");
         goto out;
     }
@@ -383,7 +388,11 @@ static PyObject *admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_ValueError, "admit(): PM and AT need 2 rows of the trace's rows");
         goto out;
     }
-    if (R < 0 || R >= cap || j < 0 || j >= n || g < 0) {
+    if (g < 0) {
+        PyErr_SetString(PyExc_ValueError, "admit(): a first chunk of negative tokens");
+        goto out;
+    }
+    if (R < 0 || R >= cap || j < 0 || j >= n) {
         PyErr_SetString(PyExc_IndexError, "admit(): no free slot R, or trace row out of range");
         goto out;
     }

@@ -34,7 +34,10 @@ requests, every running request decoding, rule 5 for a few items, the new blocks
 all-decode step, a policy's block count of the columns, rule 2 and the composition of a step
 mixing prefill chunks and decodes, with the prefix it keeps when the KV runs short, the
 running set's recount, each step's telemetry row, the kept items when only the last run item
-is preempted, a steady run's bound by the free KV blocks) run in the optional C extension
+is preempted, a steady run's bound by the free KV blocks, a recompute preemption with its
+slot's close, an admission's slot, whether a run order lists every running position once;
+rule 5's emitted trace rows are written straight into the chunk log's buffer,
+``ChunkLog.room``) run in the optional C extension
 :mod:`harness.engine._rows` (``_rows.c``) where the install built it: on ~100 running
 requests a numpy call costs 1-5 us and a scalar store ~0.25 us, so each was tens of
 microseconds of call overhead a step. So do an affine or context cost model's step time, a
@@ -43,7 +46,8 @@ its token leaves the request running) (``_step_time``, ``_run_end_times``, ``_ch
 model's own floats, bound in
 ``ArrayEngine.__init__``). Each has its Python version here (the ``_py`` methods; for the
 mixed step, the array pass; the cost model's ``step_time``, ``core.decode_run_ends``,
-``core.decode_steps_that_fit``, ``_preempt_tail`` and ``_prefill_run``'s loop), used where
+``core.decode_steps_that_fit``, ``_preempt_tail``, ``_prefill_run``'s loop and
+``_lists_each_once_py``), used where
 the extension is missing (or was
 built before one of its passes was added or changed: ``_rows._ABI``) or under
 ``HARNESS_PURE_KERNEL=1`` (read at
@@ -191,6 +195,7 @@ class Rows:
         self.M = M
         self.meta = meta  # ids, arrivals, tiers: for request objects (column policies)
         # the lengths, arrivals and TBT SLOs (NaN: none) as arrays, for the C admission pass
+        # (copies: P, M and meta are never written after this)
         self.PM = np.array((P, M), dtype=np.int64).reshape(2, n)
         self.AT = (
             None
@@ -232,6 +237,8 @@ def _lists_each_once_py(order: np.ndarray, n: int) -> bool:
     order of one-token decodes that fit the budget and the free KV runs like ``None`` (every
     running request): the order only matters when something is clipped or preempted."""
     if len(order) != n:
+        return False
+    if n and int(order.min()) < 0:  # a position outside them (bincount would raise)
         return False
     counts = np.bincount(order, minlength=n)
     return len(counts) == n and int(np.count_nonzero(counts)) == n
@@ -1309,14 +1316,17 @@ class ArrayEngine:
     def _admit_head_c(self, g: int, j: int | None = None) -> int:
         """:meth:`_admit_head_py` with the slot written in C (``_rows.admit``)."""
         rows = self.rows
-        if j is None:
-            j = self.waiting.popleft()
-        else:
-            self.waiting.remove(j)
+        head = j is None
+        if head:
+            j = self.waiting[0]
         nd = _rows.admit(  # type: ignore[union-attr]
             self.IA, self.FA, self.R, j, g, self.bs,
             rows.state, rows.Orow, rows.first, rows.last, rows.PM, rows.AT,
         )  # fmt: skip
+        if head:  # off the queue once admitted (an error above leaves it queued)
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(j)
         self.R += 1
         self.used += nd
         return nd

@@ -50,7 +50,6 @@ from harness.policies.base import (
     remaining_tokens,
 )
 from harness.policies.columns import (
-    EVERY_DECODE,
     NO_POSITIONS,
     ColumnPlan,
     ColumnPolicy,
@@ -58,10 +57,6 @@ from harness.policies.columns import (
     RunningColumns,
 )
 from harness.policies.registry import register
-
-# the decode batch of every running request in running order, a request queued for it
-# (EVERY_DECODE with hold; plans are never written to, so one object serves every step)
-_EVERY_DECODE_HOLDING = ColumnPlan(None, 1, steady=True, hold=True, then_steady=True)
 
 
 @register("rad")
@@ -178,7 +173,7 @@ class RADPolicy(ColumnPolicy):
         # with a request already queued, an arrival (younger) changes neither the head nor
         # this decision: the host may run the batch on past arrivals (Plan.hold)
         if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
-            return _EVERY_DECODE_HOLDING if queued else EVERY_DECODE
+            return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
         # oldest first (a stable sort: equal arrivals keep the running order)
         out = np.empty(len(rc.prompt), np.int64)
         m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)

@@ -10,8 +10,11 @@ policy's block count of the columns (``KernelColumns.block_counts``); and an aff
 cost model's step time and a fast-forwarded run's step ends (``_rows.step_time``,
 ``_rows.run_ends``: against the model's ``step_time`` and ``core.decode_run_ends``, bit for
 bit); a lone prefill run's chunks (``_rows.prefill_chunks`` against ``_prefill_run``'s own
-loop), rule 2's kept items when it preempts only the last run item (``_rows.drop_last``) and
-a steady run's KV bound (``_rows.steps_fit`` against ``core.decode_steps_that_fit``). Each
+loop), rule 2's kept items when it preempts only the last run item (``_rows.drop_last``), a
+steady run's KV bound (``_rows.steps_fit`` against ``core.decode_steps_that_fit``), a
+recompute preemption (``_preempt``), an admission (``_admit_head``), the every-position test
+of a run order (``_rows.each_once`` against ``_lists_each_once_py``) and rule 5's rows written
+into the chunk log (``ChunkLog.room``). Each
 test here puts two
 engines in the same random state (finished and unfinished requests, prefilling and decoding
 ones, requests without a first token), runs the C method on one and the Python method on the
@@ -229,7 +232,7 @@ def test_preempt_evicts_and_closes_as_the_python_pass(seed: int) -> None:
 
     rows = c.rows
     args = (rows.state, rows.Orow, rows.first, rows.last, rows.npre)
-    before = _state(c)
+    before, queued = _state(c), _queue(c)
     with pytest.raises(IndexError, match="running set"):
         _rows.preempt(c.IA, c.FA, c.R, c.R, BS, *args)
     with pytest.raises(IndexError, match="running set"):
@@ -239,12 +242,13 @@ def test_preempt_evicts_and_closes_as_the_python_pass(seed: int) -> None:
         c.IA[4, 0] = len(rows.state)
         with pytest.raises(IndexError, match="trace row"):
             _rows.preempt(c.IA, c.FA, c.R, 0, BS, *args)
-        with pytest.raises(IndexError, match="trace row"):  # npre of another length
-            c.IA[4, 0] = j
+        c.IA[4, 0] = j
+        with pytest.raises(ValueError, match="npre"):  # npre of another length
             _rows.preempt(c.IA, c.FA, c.R, 0, BS, *args[:4], rows.npre[:-1])
         with pytest.raises(ValueError, match="block size"):
             _rows.preempt(c.IA, c.FA, c.R, 0, 0, *args)
     _assert_same(_state(c), before)
+    assert _queue(c) == queued
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -284,29 +288,31 @@ def test_admit_fills_the_slot_as_the_python_pass(seed: int, with_meta: bool) -> 
         np.testing.assert_array_equal(c.FA[2:, : c.R], py.FA[2:, : py.R])
     from harness.engine import _rows
 
+    # errors: a row past the trace, lengths or metadata of another size, a negative first
+    # chunk, no free slot; nothing written, the queue as it was
     r = c.rows
-    if slots > c.R:
-        with pytest.raises(IndexError, match="trace row"):
-            _rows.admit(c.IA, c.FA, c.R, n, 1, BS, r.state, r.Orow, r.first, r.last, r.PM, r.AT)
+    rows_args = (r.state, r.Orow, r.first, r.last)
+    before, queued = _state(c), _queue(c)
+    bad = [
+        (IndexError, "trace row", (c.R, n, 1, *rows_args, r.PM, r.AT)),
+        (ValueError, "2 rows", (c.R, 0, 1, *rows_args, r.PM[:, :-1].copy(), r.AT)),
+        (ValueError, "negative", (c.R, 0, -1, *rows_args, r.PM, r.AT)),
+        (IndexError, "free slot", (slots, 0, 1, *rows_args, r.PM, r.AT)),
+    ]
+    if r.AT is not None:
+        bad.append((ValueError, "2 rows", (c.R, 0, 1, *rows_args, r.PM, r.AT[:, :-1].copy())))
+    for exc, match, (slot, j, g, *rest) in bad:
+        if slot >= slots and match != "free slot":  # no free slot: that error first
+            continue
+        with pytest.raises(exc, match=match):
+            _rows.admit(c.IA, c.FA, slot, j, g, BS, *rest)
+    if c.waiting and slots > c.R:  # the host's call: the head stays queued after an error
+        c.rows.PM, good = c.rows.PM[:, :-1].copy(), c.rows.PM
         with pytest.raises(ValueError, match="2 rows"):
-            _rows.admit(
-                c.IA,
-                c.FA,
-                c.R,
-                0,
-                1,
-                BS,
-                r.state,
-                r.Orow,
-                r.first,
-                r.last,
-                r.PM[:, :-1].copy(),
-                r.AT,
-            )
-    with pytest.raises(IndexError, match="free slot"):
-        _rows.admit(
-            c.IA, c.FA, c.IA.shape[1], 0, 1, BS, r.state, r.Orow, r.first, r.last, r.PM, r.AT
-        )
+            c._admit_head_c(1)
+        c.rows.PM = good
+    _assert_same(_state(c), before)
+    assert _queue(c) == queued
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -318,7 +324,7 @@ def test_each_once_is_the_bincount_test(seed: int) -> None:
     perm = rng.permutation(n).astype(np.int64)
     cases = [perm, perm[:-1], np.arange(n + 1, dtype=np.int64)]
     if n > 1:
-        cases += [np.r_[perm[:-1], perm[0]], np.r_[perm[:-1], n + 3]]
+        cases += [np.r_[perm[:-1], perm[0]], np.r_[perm[:-1], n + 3], np.r_[perm[:-1], -1]]
     for order in cases:
         want = fastsim._lists_each_once_py(order, n)
         assert fastsim._lists_each_once_c(order, n) == want
@@ -374,10 +380,12 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         assert (got[0] is order) == (want[0] is order)  # preempted, or not
         assert _queue(c) == _queue(py)
         _assert_same(_state(c), _state(py))
+        before_out = c.IA[1].copy()  # outputs before rule 5: who emits is who gains one
         n_logged = c.chunks._n
         c._apply(got[0], got[1], 30.0 + seed, True)  # its emitted rows: into the chunk log
         py._apply(want[0], want[1], 30.0 + seed, False)
-        assert c.chunks._n >= n_logged
+        emitted = c.IA[4, got[0]][c.IA[1, got[0]] > before_out[got[0]]] if len(got[0]) else []
+        assert c.chunks._req[n_logged : c.chunks._n].tolist() == list(emitted)
         c._recount_c()
         py._recount_py()
         _assert_same(_state(c), _state(py))
@@ -554,6 +562,8 @@ def test_simulations_with_either_pass_give_the_same_token_times(
         monkeypatch.setattr(ArrayEngine, "_step_time_in_c", impl == "c")
         steps_fit = fastsim._rows.steps_fit if impl == "c" else fastsim.decode_steps_that_fit
         monkeypatch.setattr(fastsim, "_steps_fit", steps_fit)
+        each_once = fastsim._lists_each_once_c if impl == "c" else fastsim._lists_each_once_py
+        monkeypatch.setattr(fastsim, "lists_each_once", each_once)
         runs.append(simulate(tr, make_policy(policy), cost, cfg))
     a, b = runs
     assert a.counters["kernel"] == "fast"
@@ -580,12 +590,19 @@ def test_the_environment_selects_the_passes(value: str, expected: str, fresh_pyt
         "from harness.engine.fastsim import ArrayEngine as A, _COLUMNS;"
         "print(*[getattr(A, m).__name__ for m in"
         f" {METHODS}],"
-        " _COLUMNS.__name__, A._step_time_in_c, f._steps_fit.__name__)"
+        " _COLUMNS.__name__, A._step_time_in_c, f._steps_fit.__name__,"
+        " f.lists_each_once.__name__)"
     )
     out = fresh_python(code, HARNESS_PURE_KERNEL=value)
     columns = "KernelColumns" if expected == "c" else "RunningColumns"
     fit = "steps_fit" if expected == "c" else "decode_steps_that_fit"
-    assert out == [f"{m}_{expected}" for m in METHODS] + [columns, str(expected == "c"), fit]
+    once = f"_lists_each_once_{expected}"
+    assert out == [f"{m}_{expected}" for m in METHODS] + [
+        columns,
+        str(expected == "c"),
+        fit,
+        once,
+    ]
 
 
 @pytest.mark.parametrize("seed", range(40))
