@@ -1274,14 +1274,20 @@ class ArrayEngine:
         to compact away (``_retire``)."""
         Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
         rows = self.rows
-        self.used -= -(-int(Cr[v]) // self.bs)
+        comp = int(Cr[v])
         row = int(IDr[v])
         rows.Orow[row] = Or[v]
         rows.first[row] = Fr[v]
         rows.last[row] = Lr[v]
         rows.npre[row] += 1
         rows.state[row] = _WAITING
-        self.sum_c -= int(Cr[v])
+        self._requeue(row, -(-comp // self.bs), comp)
+
+    def _requeue(self, row: int, blocks: int, comp: int) -> None:
+        """A preempted request's KV blocks and computed tokens given back, its trace row at
+        the front of waiting, counted and told to the policy (:meth:`_report`)."""
+        self.used -= blocks
+        self.sum_c -= comp
         self.waiting.appendleft(row)
         self.preempt_total += 1
         self._evicted.append(row)
@@ -1306,11 +1312,7 @@ class ArrayEngine:
             rows.last,
             rows.npre,
         )
-        self.used -= blocks
-        self.sum_c -= comp
-        self.waiting.appendleft(row)
-        self.preempt_total += 1
-        self._evicted.append(row)
+        self._requeue(row, blocks, comp)
         self.R -= 1
 
     def _admit_head_c(self, g: int, j: int | None = None) -> int:
