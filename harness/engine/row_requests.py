@@ -77,16 +77,23 @@ class RowRequest:
         self._rows = rows
 
     def _waiting_row(self) -> int:
-        if self._rows.state[self.index] == RUNNING:
-            raise RuntimeError(
-                f"{self.request_id!r} is running: a column policy reads the running set from "
-                "the columns, not from request objects"
-            )
+        if self._rows.state_mv[self.index] == RUNNING:
+            self._running()
         return self.index
+
+    def _running(self) -> None:
+        raise RuntimeError(
+            f"{self.request_id!r} is running: a column policy reads the running set from "
+            "the columns, not from request objects"
+        )
 
     @property
     def num_output_tokens(self) -> int:
-        return int(self._rows.Orow[self._waiting_row()])
+        # (the check inline: policies read this of every waiting request they rank)
+        rows, j = self._rows, self.index
+        if rows.state_mv[j] == RUNNING:
+            self._running()
+        return rows.Orow_mv[j]
 
     @property
     def num_computed_tokens(self) -> int:
