@@ -189,6 +189,10 @@ class Rows:
         "AT",
         "state_mv",
         "Orow_mv",
+        "c_rows",
+        "c_npre",
+        "c_PM",
+        "c_AT",
     )
 
     def __init__(self, P: list[int], M: list[int], meta: RowMeta | None = None) -> None:
@@ -216,6 +220,12 @@ class Rows:
         # int (~60 ns a read or write against ~200 for a numpy scalar's); arrays for the rest
         self.state_mv = memoryview(self.state)
         self.Orow_mv = memoryview(self.Orow)
+        # ... and for the C passes: a memoryview's buffer is lent in ~20 ns, a numpy array's
+        # in ~120 (an admission passes eight)
+        self.c_rows = (self.state_mv, self.Orow_mv, memoryview(self.first), memoryview(self.last))
+        self.c_npre = memoryview(self.npre)
+        self.c_PM = memoryview(self.PM)
+        self.c_AT = None if self.AT is None else memoryview(self.AT)
 
     def status(self) -> np.ndarray:
         """The results' status column: 1 finished, 2 rejected, 0 otherwise (cancelled)."""
@@ -325,8 +335,10 @@ class ArrayEngine:
         self.IA = np.zeros((5, cap), np.int64)
         self.FA = np.full((4, cap), np.nan)  # first / last token time, arrival, TBT SLO
         self.cols = (*self.IA, self.FA[0], self.FA[1])  # row views, made once (never move)
-        # the same for one slot at a time from Python (Rows.state_mv says why)
+        # the same for one slot at a time from Python, and the arrays for the C passes
+        # (Rows.state_mv and c_rows say why)
         self.mv = tuple(memoryview(a) for a in self.cols)
+        self._IAm, self._FAm = memoryview(self.IA), memoryview(self.FA)
         self.AR = self.FA[2]  # arrival times (column policies read them)
         self.TB = self.FA[3]  # TBT SLOs, NaN: none (column policies read them)
         self.R = 0  # running requests: the first R slots, in running (admission) order
@@ -367,6 +379,7 @@ class ArrayEngine:
         # writes a row (_sample_c), where ten appends cost ~1 us a step. A full block is kept
         # as it is and a larger one follows (_sample_room: nothing copied)
         self._S = np.empty((len(SAMPLE_COLS), 4096))
+        self._Sm = memoryview(self._S)  # for the C passes (Rows.c_rows says why)
         self._ns = 0  # rows in _S
         self._full_blocks: list[np.ndarray] = []
 
@@ -775,7 +788,7 @@ class ArrayEngine:
                 if self._ns == self._S.shape[1]:
                     self._sample_room()
                 t, c2, self.used, kk, last = chunks(
-                    self._S, self._ns, t, until, c, whole, o, tok, cap, bs, self.used, total,
+                    self._Sm, self._ns, t, until, c, whole, o, tok, cap, bs, self.used, total,
                     len(self.waiting), self.R, self.preempt_total, last_ok,
                 )  # fmt: skip
                 if kk:
@@ -848,7 +861,7 @@ class ArrayEngine:
 
     def _recount_c(self) -> None:
         """:meth:`_recount_py` in one pass of the C extension (``_rows.recount``)."""
-        self.min_left, self.npf = _rows.recount(self.IA, self.R)  # type: ignore[union-attr]
+        self.min_left, self.npf = _rows.recount(self._IAm, self.R)  # type: ignore[union-attr]
 
     def _recount_py(self) -> None:
         """``min_left`` and ``npf`` from the arrays (after a change they do not track)."""
@@ -880,7 +893,7 @@ class ArrayEngine:
             return None
         sg = np.empty(len(order), np.int64)
         got = _rows.grant(  # type: ignore[union-attr]
-            self.IA,
+            self._IAm,
             self.R,
             order,
             tok if arr else None,
@@ -920,7 +933,7 @@ class ArrayEngine:
         if one_pass:
             log = self.chunks
             buf, at = log.room(len(sp))
-            k, g = _rows.advance(self.IA, self.FA, self.R, sp, sg, end, buf, at)  # type: ignore[union-attr]
+            k, g = _rows.advance(self._IAm, self._FAm, self.R, sp, sg, end, buf, at)  # type: ignore[union-attr]
             self.sum_c += g
             log.wrote(end, k)
             return
@@ -1062,7 +1075,7 @@ class ArrayEngine:
 
     def _decode_c(self, R: int, k: int, end: float, blocks: bool) -> int:
         """:meth:`_decode_py` in one pass of the C extension (``_rows.decode``)."""
-        return _rows.decode(self.IA, self.FA, R, k, end, self.bs)  # type: ignore[union-attr]
+        return _rows.decode(self._IAm, self._FAm, R, k, end, self.bs)  # type: ignore[union-attr]
 
     def _decode_py(self, R: int, k: int, end: float, blocks: bool) -> int:
         """Each of the first ``R`` running requests computes and emits ``k`` tokens, the last
@@ -1076,7 +1089,7 @@ class ArrayEngine:
 
     def _opening_c(self, R: int) -> int:
         """:meth:`_opening_py` in the C extension (``_rows.opening``)."""
-        return _rows.opening(self.IA, R, self.bs)  # type: ignore[union-attr]
+        return _rows.opening(self._IAm, R, self.bs)  # type: ignore[union-attr]
 
     def _opening_py(self, R: int) -> int:
         """How many of the first ``R`` running requests open a KV block by decoding one more
@@ -1087,7 +1100,7 @@ class ArrayEngine:
         """:meth:`_give_py` in one pass of the C extension (``_rows.give``)."""
         log = self.chunks
         buf, at = log.room(len(items))
-        k, g, npf, m = _rows.give(self.IA, self.FA, items, end, buf, at)  # type: ignore[union-attr]
+        k, g, npf, m = _rows.give(self._IAm, self._FAm, items, end, buf, at)  # type: ignore[union-attr]
         self.sum_c += g
         self.npf += npf
         if m < self.min_left:
@@ -1126,7 +1139,7 @@ class ArrayEngine:
         """:meth:`_finish_py` in one pass of the C extension (``_rows.finish``)."""
         rows = self.rows
         got = _rows.finish(  # type: ignore[union-attr]
-            self.IA, self.FA, self.R, self.bs, rows.state, rows.Orow, rows.first, rows.last
+            self._IAm, self._FAm, self.R, self.bs, *rows.c_rows
         )
         if got is None:
             return False
@@ -1313,16 +1326,13 @@ class ArrayEngine:
         """:meth:`_preempt_py` in one pass of the C extension (``_rows.preempt``)."""
         rows = self.rows
         blocks, comp, row = _rows.preempt(  # type: ignore[union-attr]
-            self.IA,
-            self.FA,
+            self._IAm,
+            self._FAm,
             self.R,
             v,
             self.bs,
-            rows.state,
-            rows.Orow,
-            rows.first,
-            rows.last,
-            rows.npre,
+            *rows.c_rows,
+            rows.c_npre,
         )
         self._requeue(row, blocks, comp)
         self.R -= 1
@@ -1334,8 +1344,7 @@ class ArrayEngine:
         if head:
             j = self.waiting[0]
         nd = _rows.admit(  # type: ignore[union-attr]
-            self.IA, self.FA, self.R, j, g, self.bs,
-            rows.state, rows.Orow, rows.first, rows.last, rows.PM, rows.AT,
+            self._IAm, self._FAm, self.R, j, g, self.bs, *rows.c_rows, rows.c_PM, rows.c_AT,
         )  # fmt: skip
         if head:  # off the queue once admitted (an error above leaves it queued)
             self.waiting.popleft()
@@ -1385,6 +1394,7 @@ class ArrayEngine:
         a fixed 64k rows fragmented the heap: +35 MiB at the summary's peak)."""
         self._full_blocks.append(self._S[:, : self._ns])
         self._S = np.empty((len(SAMPLE_COLS), 2 * self._S.shape[1]))
+        self._Sm = memoryview(self._S)
         self._ns = 0
 
     def _sample_c(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
@@ -1393,7 +1403,7 @@ class ArrayEngine:
             self._sample_room()
         n = self._ns
         _rows.sample(  # type: ignore[union-attr]
-            self._S,
+            self._Sm,
             n,
             end,
             t,

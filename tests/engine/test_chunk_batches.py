@@ -50,7 +50,7 @@ def _add(log, kind: str, e, rows) -> None:
         log.add_step(e, rows)
     else:
         buf, at = log.room(len(rows) + 3)
-        buf[at : at + len(rows)] = rows
+        np.asarray(buf)[at : at + len(rows)] = rows  # (a memoryview: C passes write it)
         log.wrote(e, len(rows))
 
 
@@ -109,7 +109,7 @@ def test_chunk_log_grows_past_its_first_buffer():
     log.add_step(4.0, rows[:20])
     buf, at = log.room(5000)  # room past the buffer grown so far: a new one, rows kept
     assert at == 922 and len(buf) >= at + 5000
-    buf[at : at + 300] = rows
+    np.asarray(buf)[at : at + 300] = rows
     log.wrote(5.0, 300)
     log.wrote(6.0, 0)  # a writer that wrote nothing logs no step
     log.flush()

@@ -269,8 +269,8 @@ def test_admit_fills_the_slot_as_the_python_pass(seed: int, with_meta: bool) -> 
             meta = RowMeta([str(j) for j in range(n)], arrival, ["t"] * n, [0] * n, [None] * n,
                            tbt, None)  # fmt: skip
             eng.rows = Rows(r.P, r.M, meta)
-            for name in ("Orow", "first", "last", "state", "npre"):
-                setattr(eng.rows, name, getattr(r, name))
+            for name in ("Orow", "first", "last", "state", "npre"):  # in place: the views
+                getattr(eng.rows, name)[:] = getattr(r, name)  # (Rows.c_rows) stay theirs
     idle = np.flatnonzero(c.rows.state != fastsim._RUNNING).tolist()
     rng.shuffle(idle)
     outputs = rng.integers(0, 3, len(idle[:6]))  # some preempted after a token or two
@@ -307,10 +307,11 @@ def test_admit_fills_the_slot_as_the_python_pass(seed: int, with_meta: bool) -> 
         with pytest.raises(exc, match=match):
             _rows.admit(c.IA, c.FA, slot, j, g, BS, *rest)
     if c.waiting and slots > c.R:  # the host's call: the head stays queued after an error
-        c.rows.PM, good = c.rows.PM[:, :-1].copy(), c.rows.PM
+        # (the C pass reads the lengths through c_PM: Rows.c_rows says why)
+        c.rows.c_PM, good = memoryview(c.rows.PM[:, :-1].copy()), c.rows.c_PM
         with pytest.raises(ValueError, match="2 rows"):
             c._admit_head_c(1)
-        c.rows.PM = good
+        c.rows.c_PM = good
     _assert_same(_state(c), before)
     assert _queue(c) == queued
 
