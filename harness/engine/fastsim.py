@@ -173,7 +173,11 @@ def fast_planner(policy: Policy, config: EngineConfig) -> Callable[[ColumnView],
 
 
 class Rows:
-    """Per trace row state shared by the engines of a run (each row lives in one engine)."""
+    """Per trace row state shared by the engines of a run (each row lives in one engine).
+
+    The arrays are written in place, never replaced: ``*_mv`` and ``c_*`` are memoryviews of
+    them, made once (the C passes and the scalar paths read those, so a replaced array would
+    go unseen there). Not picklable (memoryviews); results leave as :class:`SimResult`."""
 
     __slots__ = (
         "P",
@@ -726,7 +730,12 @@ class ArrayEngine:
             r, tok = plan.admit_requests[0]
             j = r.index  # type: ignore[attr-defined]
             rows = self.rows
-            if rows.state_mv[j] != _WAITING or self.max_seqs <= self.R or tok < 1:
+            if (
+                rows.state_mv[j] != _WAITING
+                or self.max_seqs <= self.R
+                or type(tok) is not int
+                or tok < 1
+            ):
                 return None
             o = rows.Orow_mv[j]
             g = min(tok, rows.P[j] + o, cap)

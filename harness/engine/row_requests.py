@@ -15,7 +15,7 @@ of rows) as such objects, for ``ColumnView.waiting``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.engine.waiting_queue import WaitingQueue
 
@@ -81,7 +81,7 @@ class RowRequest:
             self._running()
         return self.index
 
-    def _running(self) -> None:
+    def _running(self) -> NoReturn:
         raise RuntimeError(
             f"{self.request_id!r} is running: a column policy reads the running set from "
             "the columns, not from request objects"
