@@ -649,10 +649,7 @@ class ArrayEngine:
             and not adm_g
             and self.npf == 1
             and n_sched == R - 1
-            and not (  # the newest is not a recomputed request caught up (decoding)
-                (o_new := self.mv[1][R - 1]) > 0
-                and self.mv[0][R - 1] + o_new - self.mv[2][R - 1] == 1
-            )
+            and not self._decoding_at(R - 1)  # the newest waits to prefill
             and len(
                 ends := self._decoding_run_ends(
                     t, R - 1, free, n_decode, kv_read, hold_until if plan.hold else until
@@ -678,6 +675,13 @@ class ArrayEngine:
                 # its prompt goes on: its slot is R0 (nothing else ran, so nothing left)
                 return self._prefill_run(end, R0, adm_n, lim)
         return end
+
+    def _decoding_at(self, p: int) -> bool:
+        """base.is_decoding of running slot ``p``, from its scalars (columns.decoding_mask's
+        test for one slot)."""
+        Pm, Om, Cm = self.mv[0], self.mv[1], self.mv[2]
+        o = Om[p]
+        return o > 0 and Pm[p] + o - Cm[p] == 1
 
     def _few_items(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
@@ -778,13 +782,13 @@ class ArrayEngine:
         leaves the request running (nothing to retire before its telemetry row).
         ``admitted``: the row admitted into ``p`` by the run's first step
         (:meth:`_lone_prefill`), told in its report."""
-        Pm, Om, Cr, Mm = self.mv[:4]
+        Pm, Om, Cm, Mm = self.mv[:4]
         o = Om[p]
         whole = Pm[p] + o  # tokens to compute; fixed until the prompt is done
         # the completing chunk in C: its token leaves it running, and nobody is to retire
         last_ok = Mm[p] - o > 1 and self.min_left > 0
         bs, cap, total = self.bs, self.budget_cap, self.total
-        c = Cr[p]
+        c = Cm[p]
         nb = -(-c // bs)
         step_time, sample, chunks = self._step_time, self._sample, self._chunks
         self._evicted.clear()
@@ -810,7 +814,7 @@ class ArrayEngine:
                     c = c2
                     nb = -(-c // bs)
                     if last:  # the completing chunk ran: its token (rule 5, as _advance)
-                        Cr[p] = c
+                        Cm[p] = c
                         self._give(((p, last),), t)
                         done = True
                         break
@@ -831,7 +835,7 @@ class ArrayEngine:
             tokens += g
             end = t + step_time(g, 0, c + g, g * (c + g / 2))
             if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
-                Cr[p] = c
+                Cm[p] = c
                 t = self._advance(t, end, self.R, False, None, None, [], g, 0, [(p, g)])
                 done = True
                 break
@@ -844,7 +848,7 @@ class ArrayEngine:
             sample(end, t, 1, g, 0)
             t = end
         if not done:
-            Cr[p] = c
+            Cm[p] = c
         if k:
             self.stall = 0
             self.steady = False

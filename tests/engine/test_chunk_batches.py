@@ -101,8 +101,7 @@ def test_chunk_log_grows_past_its_first_buffer():
     got: list[tuple[np.ndarray, np.ndarray]] = []
     log = ChunkLog(lambda r, tt: got.append((r.copy(), tt.copy())), 10**9)
     log._cap = 8  # as if the first buffer were tiny: every add below must grow it
-    log._req = log._req[:8]
-    log._req_mv = memoryview(log._req)  # (room()'s view of it)
+    log._use(log._req[:8])
     rows = np.arange(300, dtype=np.int64)
     ends = np.array([1.0, 2.0, 3.0])
     log.add_step(0.5, [7, 8])
