@@ -8,7 +8,8 @@
  * of call overhead; each function here is one pass over the columns:
  *
  *   finish   retire the requests that reached max_tokens (~20 numpy calls and scalar reads);
- *   decode   every running request decodes k tokens (an all-decode step or run);
+ *   decode   every running request decodes k tokens (an all-decode step or run), its rows
+ *            written to the chunk log (numpy's slice copy and cast: ~2.5 us a step);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
  *   opening  the running requests at a block boundary (an all-decode step's new blocks);
  *   steps_fit  how many steps of an all-decode run fit the free KV blocks (a binary search
@@ -25,8 +26,9 @@
  *   admit    a waiting request into the next running slot (a dozen scalar stores);
  *   each_once  whether a run order lists every running position once (a bincount);
  *   advance  rule 5 for those grants (the step's emitted tokens);
- *   (give and advance write the emitted trace rows straight into the chunk log's int32 row
- *   buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a step);
+ *   (decode, give and advance write the emitted trace rows straight into the chunk log's
+ *   int32 row buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a
+ *   step);
  *   recount  the fewest tokens left and the requests not decoding, over the running set;
  *   sample   one telemetry row (a step's or a run's), written into the sample columns
  *            (ten attribute reads and appends a step in Python, ~1 us);
@@ -456,12 +458,30 @@ static PyObject *each_once(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyBool_FromLong(ok);
 }
 
-/* decode(IA, FA, R, k, end, block) -> blocks: each of the first R running requests computes
- * and emits k tokens, the last at `end` (outputs and computed += k, last token time = end);
- * returns the KV blocks they then hold, sum of ceil(computed / block). */
+/* The chunk log's int32 row buffer `o` with room for `n` rows from offset `at` (ChunkLog.room):
+ * a pointer to row `at`, NULL (an exception set, the buffer released) when it is not. */
+static int32_t *rows_at(PyObject *o, PyObject *at_obj, Py_ssize_t n, Py_buffer *b, const char *fn) {
+    Py_ssize_t at = PyLong_AsSsize_t(at_obj);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (get_buf(o, b, 'w', "out", PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (at < 0 || at > b->len / 4 - n) {
+        PyErr_Format(PyExc_ValueError, "%s(): out needs int32 room for every item from at", fn);
+        PyBuffer_Release(b);
+        return NULL;
+    }
+    return (int32_t *)b->buf + at;
+}
+
+/* decode(IA, FA, R, k, end, block, out, at) -> blocks: each of the first R running requests
+ * computes and emits k tokens, the last at `end` (outputs and computed += k, last token time =
+ * end); returns the KV blocks they then hold, sum of ceil(computed / block). Their trace rows
+ * are written to the int32 buffer `out` from offset `at` (the chunk log's: ChunkLog.room), R
+ * a step, k times (ChunkLog.add_run's order). */
 static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (want_args(nargs, 6, "decode") < 0)
+    if (want_args(nargs, 8, "decode") < 0)
         return NULL;
     Py_ssize_t R = PyLong_AsSsize_t(args[2]);
     int64_t k = PyLong_AsLongLong(args[3]);
@@ -471,6 +491,10 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (check_block(bs, "decode") < 0)
         return NULL;
+    if (k < 1) {
+        PyErr_SetString(PyExc_ValueError, "decode(): steps must be positive");
+        return NULL;
+    }
     cols c;
     if (get_cols(args[0], args[1], &c) < 0)
         return NULL;
@@ -479,14 +503,29 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "decode(): running count out of range");
         return NULL;
     }
+    if (R > PY_SSIZE_T_MAX / k) {
+        release_cols(&c);
+        PyErr_SetString(PyExc_ValueError, "decode(): too many rows");
+        return NULL;
+    }
+    Py_buffer ob;
+    int32_t *out = rows_at(args[6], args[7], R * k, &ob, "decode");
+    if (out == NULL) {
+        release_cols(&c);
+        return NULL;
+    }
     int64_t blocks = 0;
     for (Py_ssize_t p = 0; p < R; p++) {
         c.O[p] += k;
         c.C[p] += k;
         c.L[p] = end;
         blocks += (c.C[p] + bs - 1) / bs;
+        out[p] = (int32_t)c.ID[p];
     }
+    for (int64_t s = 1; s < k; s++)
+        memcpy(out + s * R, out, (size_t)R * sizeof(int32_t));
     release_cols(&c);
+    PyBuffer_Release(&ob);
     return PyLong_FromLongLong(blocks);
 }
 
@@ -632,22 +671,6 @@ static inline void emit(cols *c, Py_ssize_t p, double end, int32_t *out) {
     if (c->F[p] != c->F[p]) /* NaN: no token yet */
         c->F[p] = end;
     *out = (int32_t)c->ID[p];
-}
-
-/* The chunk log's int32 row buffer `o` with room for `n` rows from offset `at` (ChunkLog.room):
- * a pointer to row `at`, NULL (an exception set, the buffer released) when it is not. */
-static int32_t *rows_at(PyObject *o, PyObject *at_obj, Py_ssize_t n, Py_buffer *b, const char *fn) {
-    Py_ssize_t at = PyLong_AsSsize_t(at_obj);
-    if (at == -1 && PyErr_Occurred())
-        return NULL;
-    if (get_buf(o, b, 'w', "out", PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (at < 0 || at > b->len / 4 - n) {
-        PyErr_Format(PyExc_ValueError, "%s(): out needs int32 room for every item from at", fn);
-        PyBuffer_Release(b);
-        return NULL;
-    }
-    return (int32_t *)b->buf + at;
 }
 
 /* give(IA, FA, items, end, out, at) -> (emitted, tokens, npf_change, min_left): rule 5 for
@@ -1417,8 +1440,9 @@ static PyObject *prefill_chunks(PyObject *self, PyObject *const *args, Py_ssize_
 
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
-     "decode(IA, FA, R, k, end, block) -> blocks: the first R running requests each decode k "
-     "tokens, the last at end; the KV blocks they then hold."},
+     "decode(IA, FA, R, k, end, block, out, at) -> blocks: the first R running requests each "
+     "decode k tokens, the last at end, their trace rows written to out from at (R a step, k "
+     "times); the KV blocks they then hold."},
     {"blocks", (PyCFunction)(void (*)(void))blocks, METH_FASTCALL,
      "blocks(computed, block) -> (held, opening): KV blocks held, and requests at a block "
      "boundary."},
@@ -1482,8 +1506,8 @@ static struct PyModuleDef module = {
 /* The version of the passes' arguments and results (fastsim's _ROWS_ABI): bumped when one
  * changes, so an install built before is not used (the Python passes run) rather than called
  * with arguments it does not take. 2: prefill_chunks's last_ok; 3: advance and give write
- * the emitted rows into the chunk log's buffer (out, at). */
-#define ROWS_ABI 3
+ * the emitted rows into the chunk log's buffer (out, at); 4: decode too. */
+#define ROWS_ABI 4
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);

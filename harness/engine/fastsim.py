@@ -114,7 +114,7 @@ _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one
 
 # every pass of the C extension this module calls, and the version of their arguments and
 # results it calls them with (_rows.c's ROWS_ABI)
-_ROWS_ABI = 3
+_ROWS_ABI = 4
 _PASSES = (
     "finish",
     "decode",
@@ -1019,17 +1019,14 @@ class ArrayEngine:
         1's blocks allocated) and record it. ``parked``: the blocks of the one request after
         them, which waits to prefill (ColumnPlan.steady_decodes), else None: they are every
         running request."""
-        IDr = self.cols[4]
         end = float(ends[-1])
         self.calls += 1
         self.stall = 0
         if k > 1:
             # the running requests hold every used block (the first R, and the parked one)
-            self.used = self._decode(R, k, end, True) + (parked or 0)
-            self.chunks.add_run(ends, IDr[:R])  # ChunkLog copies the rows
+            self.used = self._decode(R, k, end, True, ends) + (parked or 0)
         else:
             self._decode(R, 1, end, False)
-            self.chunks.add_step(end, IDr[:R])
         self.sum_c += R * k
         if parked is None:
             self.min_left -= k
@@ -1067,9 +1064,7 @@ class ArrayEngine:
         if few is not None:
             self._give(few, end)
         elif pure:
-            self._decode(R0, 1, end, False)
-            if R0:
-                self.chunks.add_step(end, IDr[:R0])  # before anything moves
+            self._decode(R0, 1, end, False)  # its rows logged before anything moves
             self.sum_c += R0
             self.min_left -= 1
         elif sp is not None and len(sp):
@@ -1086,16 +1081,34 @@ class ArrayEngine:
         self.steady = False
         return end
 
-    def _decode_c(self, R: int, k: int, end: float, blocks: bool) -> int:
-        """:meth:`_decode_py` in one pass of the C extension (``_rows.decode``)."""
-        return _rows.decode(self._IAm, self._FAm, R, k, end, self.bs)  # type: ignore[union-attr]
+    def _decode_c(
+        self, R: int, k: int, end: float, blocks: bool, ends: Sequence[float] = ()
+    ) -> int:
+        """:meth:`_decode_py` in one pass of the C extension (``_rows.decode``: it writes the
+        rows into the chunk log's buffer itself)."""
+        log = self.chunks
+        buf, at = log.room(R * k)
+        held = _rows.decode(self._IAm, self._FAm, R, k, end, self.bs, buf, at)  # type: ignore[union-attr]
+        if k == 1:
+            log.wrote(end, R)
+        else:
+            log.wrote_run(ends, R)
+        return held
 
-    def _decode_py(self, R: int, k: int, end: float, blocks: bool) -> int:
+    def _decode_py(
+        self, R: int, k: int, end: float, blocks: bool, ends: Sequence[float] = ()
+    ) -> int:
         """Each of the first ``R`` running requests computes and emits ``k`` tokens, the last
-        at ``end``; with ``blocks``, returns the KV blocks they then hold (else 0: the
-        caller keeps ``used`` itself)."""
+        at ``end`` (``ends``: the ``k`` steps' ends when ``k > 1``), recorded in the chunk
+        log; with ``blocks``, returns the KV blocks they then hold (else 0: the caller keeps
+        ``used`` itself)."""
         self.IA[1:3, :R] += k  # outputs and computed tokens (adjacent rows: one call)
         self.cols[6][:R] = end
+        if R:
+            if k == 1:
+                self.chunks.add_step(end, self.cols[4][:R])
+            else:
+                self.chunks.add_run(ends, self.cols[4][:R])  # ChunkLog copies the rows
         if not blocks:
             return 0
         return int(((self.cols[2][:R] + (self.bs - 1)) // self.bs).sum())

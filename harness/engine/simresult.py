@@ -196,9 +196,9 @@ class ChunkLog:
 
     def room(self, n: int) -> tuple[memoryview, int]:
         """The row buffer (a memoryview of the int32 rows) and the offset at which a writer of
-        up to ``n`` rows of one step writes them itself (the C passes of
-        ``harness.engine._rows``: no list to convert); :meth:`wrote` then says how many it
-        wrote."""
+        up to ``n`` rows of one step (or run) writes them itself (the C passes of
+        ``harness.engine._rows``: no list to convert); :meth:`wrote` (or :meth:`wrote_run`)
+        then says how many it wrote."""
         b = self._n + n
         if b > self._cap:
             self._grow(b)
@@ -224,6 +224,14 @@ class ChunkLog:
         if b > self._cap:
             self._grow(b)
         self._req[a:b].reshape(k, r)[:] = rows
+        self.wrote_run(ends, r)
+
+    def wrote_run(self, ends: Sequence[float], r: int) -> None:
+        """A run's ``len(ends) * r`` rows written at :meth:`room`'s offset in
+        :meth:`add_run`'s order (the same ``r`` rows at each of ``ends``)."""
+        k = len(ends)
+        if not (k and r):
+            return  # no rows (as :meth:`wrote`)
         if k >= _LONG_RUN:  # its times as one array (the class docstring)
             self._cut()
             self._pieces.append(np.repeat(np.asarray(ends, dtype=np.float64), r))
@@ -232,6 +240,7 @@ class ChunkLog:
                 ends if type(ends) is list else np.asarray(ends, dtype=np.float64).tolist()
             )
             self._counts.extend([r] * k)
+        b = self._n + k * r
         self._n = b
         if b >= self.every:
             self.flush()

@@ -155,8 +155,9 @@ def test_finish_retires_what_the_python_pass_retires(seed: int) -> None:
 def test_decode_advances_as_the_python_pass(seed: int, k: int) -> None:
     c, py = _pair(seed)
     R = c.R
-    assert c._decode_c(R, k, 12.5, True) == py._decode_py(R, k, 12.5, True)
-    _assert_same(_state(c), _state(py))
+    ends = [12.5 - 0.01 * (k - 1 - s) for s in range(k)]  # the run's step ends (k > 1)
+    assert c._decode_c(R, k, 12.5, True, ends) == py._decode_py(R, k, 12.5, True, ends)
+    _assert_same(_state(c), _state(py))  # the chunk log's rows and times too
     # without the block count the arrays move the same way (Python then answers 0)
     c._decode_c(R, 1, 13.0, False)
     py._decode_py(R, 1, 13.0, False)
@@ -855,10 +856,17 @@ def test_bad_input_raises_and_writes_nothing() -> None:
         _rows.finish(IA, IA[:4].copy(), 0, BS, rows.state, rows.Orow, rows.first, rows.last)
     with pytest.raises(TypeError, match="int8"):
         _rows.finish(IA, FA, 0, BS, rows.state.astype(np.uint8), rows.Orow, rows.first, rows.last)
+    out = np.zeros(4 * IA.shape[1], dtype=np.int32)
     with pytest.raises(ValueError, match="block size"):
-        _rows.decode(IA, FA, 0, 1, 1.0, 0)
+        _rows.decode(IA, FA, 0, 1, 1.0, 0, out, 0)
     with pytest.raises(ValueError, match="running count"):
-        _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS)
+        _rows.decode(IA, FA, IA.shape[1] + 1, 1, 1.0, BS, out, 0)
+    with pytest.raises(ValueError, match="steps must be positive"):
+        _rows.decode(IA, FA, 0, 0, 1.0, BS, out, 0)
+    with pytest.raises(ValueError, match="room"):  # k steps of every running row past its end
+        _rows.decode(IA, FA, IA.shape[1], 5, 1.0, BS, out, 0)
+    with pytest.raises(TypeError, match="int32"):
+        _rows.decode(IA, FA, 0, 1, 1.0, BS, out.astype(np.int64), 0)
     with pytest.raises(ValueError, match="5 rows"):
         _rows.opening(IA, IA.shape[1] + 1, BS)
     with pytest.raises(ValueError, match="block size"):
@@ -889,7 +897,12 @@ def test_bad_input_raises_and_writes_nothing() -> None:
     ro = IA.copy()
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
-        _rows.decode(ro, FA, 0, 1, 1.0, BS)
+        _rows.decode(ro, FA, 0, 1, 1.0, BS, np.zeros(4, dtype=np.int32), 0)
+    out_ro = np.zeros(IA.shape[1], dtype=np.int32)
+    out_ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _rows.decode(IA, FA, 1, 1, 1.0, BS, out_ro, 0)
+    np.testing.assert_array_equal(IA, before[0])  # nothing decoded
 
 
 def _models_in_c() -> list:
