@@ -281,7 +281,11 @@ class NestedWaitPolicy(ThresholdFlushing):
             or held is False
         ):
             return False
-        if any(r.num_output_tokens for r in admits):
+        if (
+            admits[0].num_output_tokens  # the usual lone admission: no generator to make
+            if len(admits) == 1
+            else any(r.num_output_tokens for r in admits)
+        ):
             return False
         rc = cv.running
         if held is None:
