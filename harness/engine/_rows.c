@@ -11,6 +11,8 @@
  *   decode   every running request decodes k tokens (an all-decode step or run), its rows
  *            written to the chunk log (numpy's slice copy and cast: ~2.5 us a step);
  *   give     rule 5 for a few (position, tokens) items (an admission's first chunk);
+ *   few      rule 2's grants for a short run order, the step's composition with them (a
+ *            Python loop of ~1 us an item, ~3.5 us a call);
  *   opening  the running requests at a block boundary (an all-decode step's new blocks);
  *   steps_fit  how many steps of an all-decode run fit the free KV blocks (a binary search
  *            of numpy sums, core.decode_steps_that_fit);
@@ -40,8 +42,9 @@
  *            rows (RAD's: ~2 us of Python a chunk).
  *
  * Each has a Python version in ArrayEngine that does the same (the `_py` methods: _preempt_py
- * for preempt, _admit_head_py for admit; for step_time and run_ends the cost model's
- * step_time and core.decode_run_ends; for steps_fit core.decode_steps_that_fit; for
+ * for preempt, _admit_head_py for admit, _few_items_py for few; for step_time and run_ends
+ * the cost model's step_time and core.decode_run_ends; for steps_fit
+ * core.decode_steps_that_fit; for
  * drop_last _preempt_tail; for prefill_chunks _prefill_run's own loop; for each_once the
  * module function fastsim._lists_each_once_py); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
@@ -788,6 +791,97 @@ static int check_positions(const int64_t *pos, Py_ssize_t n, Py_ssize_t R, const
     return 0;
 }
 
+/* few(IA, R, order, tok, budget, block) -> (items, budget left, blocks needed, KV read,
+ * decodes, prefill tokens, attention work): rule 2's grants for a short run order in scalars
+ * (ArrayEngine._few_items_py), nothing written. In order, position p (< R) wants tok (an int,
+ * or tok[i] of an int64 array) and gets g = min(want, remaining, budget left) tokens,
+ * remaining = prompt + outputs - computed; an item granted nothing is dropped, a kept one is
+ * the tuple (p, g, computed, outputs, remaining, new blocks) and adds to the step's
+ * composition: KV read computed + g; a decode (remaining 1, with outputs) or else g prefill
+ * tokens and g * (computed + g / 2) attention work, summed left to right (as the Python
+ * loop: the same float). */
+static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (want_args(nargs, 6, "few") < 0)
+        return NULL;
+    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
+    int64_t budget = PyLong_AsLongLong(args[4]);
+    int64_t bs = PyLong_AsLongLong(args[5]);
+    int scalar = PyLong_Check(args[3]);
+    int64_t tok = scalar ? PyLong_AsLongLong(args[3]) : 0;
+    if (PyErr_Occurred())
+        return NULL;
+    if (check_block(bs, "few") < 0)
+        return NULL;
+    Py_buffer ia, ob, tb;
+    if (get_buf(args[0], &ia, 'i', "IA", 0) < 0)
+        return NULL;
+    if (get_buf(args[2], &ob, 'i', "order", 0) < 0) {
+        PyBuffer_Release(&ia);
+        return NULL;
+    }
+    if (!scalar && get_buf(args[3], &tb, 'i', "tok", 0) < 0) {
+        PyBuffer_Release(&ia);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    PyObject *ret = NULL, *items = NULL;
+    Py_ssize_t cap = ia.len / 8 / 5, n = ob.len / 8;
+    const int64_t *order = (const int64_t *)ob.buf;
+    const int64_t *want_in = scalar ? NULL : (const int64_t *)tb.buf;
+    if (ia.len != cap * 5 * 8 || R < 0 || R > cap) {
+        PyErr_SetString(PyExc_ValueError, "few(): expected IA's 5 rows and R <= columns");
+        goto done;
+    }
+    if (!scalar && tb.len != ob.len) {
+        PyErr_SetString(PyExc_ValueError, "few(): tok needs one item per position");
+        goto done;
+    }
+    if (check_positions(order, n, R, "few") < 0)
+        goto done;
+    items = PyList_New(0);
+    if (items == NULL)
+        goto done;
+    const int64_t *P = (const int64_t *)ia.buf, *O = P + cap, *C = P + 2 * cap;
+    int64_t need = 0, kv = 0, decodes = 0, prefill = 0;
+    double attn = 0.;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = order[i], c = C[p], o = O[p];
+        int64_t rem = P[p] + o - c, w = scalar ? tok : want_in[i];
+        int64_t g = w < rem ? w : rem;
+        if (budget < g)
+            g = budget;
+        if (g <= 0)
+            continue;
+        int64_t nd = (c + g + bs - 1) / bs - (c + bs - 1) / bs;
+        PyObject *it = Py_BuildValue("(LLLLLL)", (long long)p, (long long)g, (long long)c,
+                                     (long long)o, (long long)rem, (long long)nd);
+        if (it == NULL || PyList_Append(items, it) < 0) {
+            Py_XDECREF(it);
+            goto done;
+        }
+        Py_DECREF(it);
+        budget -= g;
+        need += nd;
+        kv += c + g;
+        if (rem == 1 && o > 0) {
+            decodes += 1;
+        } else {
+            prefill += g;
+            attn += (double)g * ((double)c + (double)g / 2.);
+        }
+    }
+    ret = Py_BuildValue("(OLLLLLd)", items, (long long)budget, (long long)need, (long long)kv,
+                        (long long)decodes, (long long)prefill, attn);
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&ia);
+    PyBuffer_Release(&ob);
+    if (!scalar)
+        PyBuffer_Release(&tb);
+    return ret;
+}
+
 /* grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget left,
  * scheduled, decodes, prefill tokens, attention work, KV read, new blocks, kept): rule 2 for the
  * run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
@@ -1455,6 +1549,9 @@ static PyMethodDef methods[] = {
      "give(IA, FA, items, end, out, at) -> (emitted, tokens, npf change, min left): rule 5 "
      "for (position, tokens, ...) items of a step ending at end; the emitted trace rows to "
      "out[at:]."},
+    {"few", (PyCFunction)(void (*)(void))few, METH_FASTCALL,
+     "few(IA, R, order, tok, budget, block) -> (items, budget left, blocks needed, KV read, "
+     "decodes, prefill tokens, attention work): rule 2's grants for a short run order."},
     {"grant", (PyCFunction)(void (*)(void))grant, METH_FASTCALL,
      "grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget "
      "left, scheduled, decodes, prefill, attention, KV read, new blocks, kept): rule 2 for a "
@@ -1506,8 +1603,8 @@ static struct PyModuleDef module = {
 /* The version of the passes' arguments and results (fastsim's _ROWS_ABI): bumped when one
  * changes, so an install built before is not used (the Python passes run) rather than called
  * with arguments it does not take. 2: prefill_chunks's last_ok; 3: advance and give write
- * the emitted rows into the chunk log's buffer (out, at); 4: decode too. */
-#define ROWS_ABI 4
+ * the emitted rows into the chunk log's buffer (out, at); 4: decode too; 5: few. */
+#define ROWS_ABI 5
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);

@@ -114,7 +114,7 @@ _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one
 
 # every pass of the C extension this module calls, and the version of their arguments and
 # results it calls them with (_rows.c's ROWS_ABI)
-_ROWS_ABI = 4
+_ROWS_ABI = 5
 _PASSES = (
     "finish",
     "decode",
@@ -122,6 +122,7 @@ _PASSES = (
     "opening",
     "steps_fit",
     "give",
+    "few",
     "grant",
     "drop_last",
     "preempt",
@@ -534,15 +535,13 @@ class ArrayEngine:
                 if order is None:
                     order = np.arange(R)
                 if len(order) <= _FEW and not self._evicted:  # a few items: in scalars
-                    few, budget, need = self._few_items(order, tok, budget)
+                    few, left, need, kv, dec, pre, work = self._few_items(order, tok, budget)
                     if need <= free:  # everything fits: rule 2 preempts nothing
-                        for _, g, c, o, rem, _ in few:
-                            kv_read += c + g
-                            if rem == 1 and o > 0:  # a decode
-                                n_decode += 1
-                            else:
-                                prefill += g
-                                attn += g * (c + g / 2)
+                        budget = left
+                        kv_read += kv
+                        n_decode += dec
+                        prefill += pre
+                        attn += work
                         self.used += need
                         free -= need
                         n_sched = len(few)
@@ -551,8 +550,6 @@ class ArrayEngine:
                             single_left = few[0][4] - few[0][1]  # > 0: p's row stays in place
                         granted = few
                         order = order[:0]  # done: skip the array pass
-                    else:  # the array pass preempts
-                        budget += sum(f[1] for f in few)
                 got = self._grant(order, tok, budget) if len(order) else None
                 if got is not None:  # rule 2 in one pass (preempting the tail if it must)
                     sp, sg, budget, n_sched, n_decode, prefill, attn, kv_read = got
@@ -683,18 +680,27 @@ class ArrayEngine:
         o = Om[p]
         return o > 0 and Pm[p] + o - Cm[p] == 1
 
-    def _few_items(
+    def _few_items_c(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
-    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int]:
+    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int, int, int, int, float]:
+        """:meth:`_few_items_py` in one pass of the C extension (``_rows.few``)."""
+        want = tok if isinstance(tok, np.ndarray) else int(tok)
+        return _rows.few(self._IAm, self.R, order, want, budget, self.bs)  # type: ignore[union-attr]
+
+    def _few_items_py(
+        self, order: np.ndarray, tok: np.ndarray | int, budget: int
+    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int, int, int, int, float]:
         """Rule 2's grants for a short run order, in scalars (numpy's per-call cost exceeds
         the work below :data:`_FEW` items): each item gets its tokens clipped to its remaining
         and the budget left; items granted nothing are dropped. Returns ``([(position,
-        tokens, computed, output, remaining, new blocks)], budget left, blocks needed)``;
+        tokens, computed, output, remaining, new blocks)], budget left, blocks needed, and the
+        step's composition with them: KV read, decodes, prefill tokens, attention work)``;
         nothing is allocated."""
         Pr, Or, Cr = self.mv[0], self.mv[1], self.mv[2]
         bs = self.bs
         few = []
-        need = 0
+        need = kv_read = n_decode = prefill = 0
+        attn = 0.0
         toks = tok.tolist() if isinstance(tok, np.ndarray) else [tok] * len(order)
         for p, want in zip(order.tolist(), toks, strict=True):
             c = Cr[p]
@@ -707,7 +713,13 @@ class ArrayEngine:
             few.append((p, g, c, o, rem, nd))
             budget -= g
             need += nd
-        return few, budget, need
+            kv_read += c + g
+            if rem == 1 and o > 0:  # a decode
+                n_decode += 1
+            else:
+                prefill += g
+                attn += g * (c + g / 2)
+        return few, budget, need, kv_read, n_decode, prefill, attn
 
     def _lone_prefill(self, plan: ColumnPlan, t: float, lim: float) -> float | None:
         """A ``prefill_run`` plan of one prefilling request (a running position, or one
@@ -1589,6 +1601,7 @@ class ArrayEngine:
     _finish = _finish_c if USE_C else _finish_py
     _decode = _decode_c if USE_C else _decode_py
     _give = _give_c if USE_C else _give_py
+    _few_items = _few_items_c if USE_C else _few_items_py
     _opening = _opening_c if USE_C else _opening_py
     _grant = _grant_c if USE_C else _grant_py
     _recount = _recount_c if USE_C else _recount_py

@@ -60,6 +60,7 @@ METHODS = (
     "_sample",
     "_preempt",
     "_admit_head",
+    "_few_items",
 )
 
 
@@ -212,6 +213,53 @@ def test_give_applies_rule_5_as_the_python_pass(seed: int) -> None:
     c._give_c(list(enumerate([1], start=0)), 21.0)
     py._give_py(list(enumerate([1], start=0)), 21.0)
     _assert_same(_state(c), _state(py))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_few_grants_as_the_python_pass(seed: int) -> None:
+    """Rule 2's grants for a short run order in C (``_rows.few``) against the Python loop:
+    the same items, budget left, blocks and the step's composition (the attention work the
+    same float); tokens an int or an array (some asking nothing or more than is left), the
+    budget sometimes clipping, nothing written."""
+    c, py = _pair(seed)
+    rng = np.random.default_rng(2000 + seed)
+    R = c.R
+    if R == 0:
+        return
+    for _ in range(8):
+        n = int(rng.integers(0, min(R, 6) + 1))
+        order = rng.choice(R, size=n, replace=False).astype(np.int64)
+        tok: np.ndarray | int
+        if rng.random() < 0.4:
+            tok = int(rng.integers(-1, 3))
+        else:
+            tok = rng.integers(-2, 400, n).astype(np.int64)
+        budget = int(rng.choice([0, 1, 5, 50, 400, 4096]))
+        got = c._few_items_c(order, tok, budget)
+        want = py._few_items_py(order, tok, budget)
+        assert got == want
+        assert type(got[6]) is float and all(type(x) is int for item in got[0] for x in item)
+    _assert_same(_state(c), _state(py))
+
+
+def test_few_refuses_bad_input() -> None:
+    from harness.engine import _rows
+
+    eng = _engine(np.random.default_rng(5))
+    R = eng.R
+    order = np.array([0], dtype=np.int64)
+    with pytest.raises(IndexError, match="position"):
+        _rows.few(eng.IA, R, np.array([R], dtype=np.int64), 1, 10, BS)
+    with pytest.raises(IndexError, match="position"):
+        _rows.few(eng.IA, R, np.array([-1], dtype=np.int64), 1, 10, BS)
+    with pytest.raises(ValueError, match="one item per position"):
+        _rows.few(eng.IA, R, order, np.ones(2, dtype=np.int64), 10, BS)
+    with pytest.raises(TypeError, match="int64"):
+        _rows.few(eng.IA, R, order.astype(np.int32), 1, 10, BS)
+    with pytest.raises(ValueError, match="block size"):
+        _rows.few(eng.IA, R, order, 1, 10, 0)
+    with pytest.raises(ValueError, match="R <= columns"):
+        _rows.few(eng.IA, eng.IA.shape[1] + 1, order, 1, 10, BS)
 
 
 @pytest.mark.parametrize("seed", range(30))
