@@ -110,6 +110,7 @@ _NO_LEFT = 1 << 62  # min_left of an empty batch
 _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
+_INTS = (int, np.integer)  # a plan's scalar tokens (a tuple: `int | np.integer` is built per call)
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
 
 # every pass of the C extension this module calls, and the version of their arguments and
@@ -914,7 +915,7 @@ class ArrayEngine:
         if arr:
             if tok.dtype != np.int64 or len(tok) != len(order) or not tok.flags.c_contiguous:
                 return None
-        elif not isinstance(tok, int | np.integer):
+        elif not isinstance(tok, _INTS):
             return None
         sg = np.empty(len(order), np.int64)
         got = _rows.grant(  # type: ignore[union-attr]
