@@ -684,9 +684,15 @@ class ArrayEngine:
     def _few_items_c(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
     ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int, int, int, int, float]:
-        """:meth:`_few_items_py` in one pass of the C extension (``_rows.few``)."""
+        """:meth:`_few_items_py` in one pass of the C extension (``_rows.few``); order and
+        tokens that are not contiguous int64 arrays (or an int) go to the Python pass, as
+        :meth:`_grant_c` leaves them to the array pass."""
         want = tok if isinstance(tok, np.ndarray) else int(tok)
-        return _rows.few(self._IAm, self.R, order, want, budget, self.bs)  # type: ignore[union-attr]
+        try:
+            return _rows.few(self._IAm, self.R, order, want, budget, self.bs)  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            # another dtype or a strided array (lengths that differ: the loop's own error)
+            return self._few_items_py(order, tok, budget)
 
     def _few_items_py(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int

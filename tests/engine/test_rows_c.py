@@ -242,6 +242,23 @@ def test_few_grants_as_the_python_pass(seed: int) -> None:
     _assert_same(_state(c), _state(py))
 
 
+def test_few_leaves_other_dtypes_to_the_python_pass() -> None:
+    """Order or tokens that are not contiguous int64 arrays (a policy's int32 positions, a
+    strided view, float tokens) are granted by the Python loop, not refused."""
+    c, py = _pair(7)
+    assert c.R >= 4
+    order = np.array([3, 0, 2], dtype=np.int64)
+    tok = np.array([1, 40, 2], dtype=np.int64)
+    want = py._few_items_py(order, tok, 60)
+    assert c._few_items_c(order.astype(np.int32), tok, 60) == want
+    assert c._few_items_c(order, tok.astype(np.int32), 60) == want
+    assert c._few_items_c(np.array([3, 9, 0, 9, 2])[::2], tok, 60) == want  # strided
+    assert c._few_items_c(order, np.array([1, 9, 40, 9, 2])[::2], 60) == want
+    assert c._few_items_c(order, tok.astype(np.float64), 60) == py._few_items_py(
+        order, tok.astype(np.float64), 60
+    )
+
+
 def test_few_refuses_bad_input() -> None:
     from harness.engine import _rows
 
