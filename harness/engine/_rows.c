@@ -44,9 +44,8 @@
  * Each has a Python version in ArrayEngine that does the same (the `_py` methods: _preempt_py
  * for preempt, _admit_head_py for admit, _few_items_py for few; for step_time and run_ends
  * the cost model's step_time and core.decode_run_ends; for steps_fit
- * core.decode_steps_that_fit; for
- * drop_last _preempt_tail; for prefill_chunks _prefill_run's own loop; for each_once the
- * module function fastsim._lists_each_once_py); fastsim
+ * core.decode_steps_that_fit; for drop_last _preempt_tail; for prefill_chunks _prefill_run's
+ * own loop; for each_once the module function fastsim._lists_each_once_py); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
  * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
  * protocol (no numpy headers needed to build this); each function checks their shapes and
@@ -791,15 +790,19 @@ static int check_positions(const int64_t *pos, Py_ssize_t n, Py_ssize_t R, const
     return 0;
 }
 
+/* The KV blocks a request with c computed tokens opens by computing g more (c, g >= 0). */
+static inline int64_t opened(int64_t c, int64_t g, int64_t bs) {
+    return (c + g + bs - 1) / bs - (c + bs - 1) / bs;
+}
+
 /* few(IA, R, order, tok, budget, block) -> (items, budget left, blocks needed, KV read,
  * decodes, prefill tokens, attention work): rule 2's grants for a short run order in scalars
  * (ArrayEngine._few_items_py), nothing written. In order, position p (< R) wants tok (an int,
  * or tok[i] of an int64 array) and gets g = min(want, remaining, budget left) tokens,
  * remaining = prompt + outputs - computed; an item granted nothing is dropped, a kept one is
- * the tuple (p, g, computed, outputs, remaining, new blocks) and adds to the step's
- * composition: KV read computed + g; a decode (remaining 1, with outputs) or else g prefill
- * tokens and g * (computed + g / 2) attention work, summed left to right (as the Python
- * loop: the same float). */
+ * the tuple (p, g, remaining - g) and adds to the step's composition: KV read computed + g; a
+ * decode (remaining 1, with outputs) or else g prefill tokens and g * (computed + g / 2)
+ * attention work, summed left to right (as the Python loop: the same float). */
 static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 6, "few") < 0)
@@ -813,27 +816,28 @@ static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     if (check_block(bs, "few") < 0)
         return NULL;
-    Py_buffer ia, ob, tb;
-    if (get_buf(args[0], &ia, 'i', "IA", 0) < 0)
-        return NULL;
-    if (get_buf(args[2], &ob, 'i', "order", 0) < 0) {
-        PyBuffer_Release(&ia);
-        return NULL;
-    }
-    if (!scalar && get_buf(args[3], &tb, 'i', "tok", 0) < 0) {
-        PyBuffer_Release(&ia);
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
+    Py_buffer b[3]; /* IA, order, tok (an array): released together at the end */
+    int held = 0;
     PyObject *ret = NULL, *items = NULL;
-    Py_ssize_t cap = ia.len / 8 / 5, n = ob.len / 8;
-    const int64_t *order = (const int64_t *)ob.buf;
-    const int64_t *want_in = scalar ? NULL : (const int64_t *)tb.buf;
-    if (ia.len != cap * 5 * 8 || R < 0 || R > cap) {
+    if (get_buf(args[0], &b[held], 'i', "IA", 0) < 0)
+        goto done;
+    held++;
+    if (get_buf(args[2], &b[held], 'i', "order", 0) < 0)
+        goto done;
+    held++;
+    if (!scalar) {
+        if (get_buf(args[3], &b[held], 'i', "tok", 0) < 0)
+            goto done;
+        held++;
+    }
+    Py_ssize_t cap = b[0].len / 8 / 5, n = b[1].len / 8;
+    const int64_t *order = (const int64_t *)b[1].buf;
+    const int64_t *want_in = scalar ? NULL : (const int64_t *)b[2].buf;
+    if (b[0].len != cap * 5 * 8 || R < 0 || R > cap) {
         PyErr_SetString(PyExc_ValueError, "few(): expected IA's 5 rows and R <= columns");
         goto done;
     }
-    if (!scalar && tb.len != ob.len) {
+    if (!scalar && b[2].len != b[1].len) {
         PyErr_SetString(PyExc_ValueError, "few(): tok needs one item per position");
         goto done;
     }
@@ -842,7 +846,7 @@ static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     items = PyList_New(0);
     if (items == NULL)
         goto done;
-    const int64_t *P = (const int64_t *)ia.buf, *O = P + cap, *C = P + 2 * cap;
+    const int64_t *P = (const int64_t *)b[0].buf, *O = P + cap, *C = P + 2 * cap;
     int64_t need = 0, kv = 0, decodes = 0, prefill = 0;
     double attn = 0.;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -853,16 +857,14 @@ static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             g = budget;
         if (g <= 0)
             continue;
-        int64_t nd = (c + g + bs - 1) / bs - (c + bs - 1) / bs;
-        PyObject *it = Py_BuildValue("(LLLLLL)", (long long)p, (long long)g, (long long)c,
-                                     (long long)o, (long long)rem, (long long)nd);
+        PyObject *it = Py_BuildValue("(LLL)", (long long)p, (long long)g, (long long)(rem - g));
         if (it == NULL || PyList_Append(items, it) < 0) {
             Py_XDECREF(it);
             goto done;
         }
         Py_DECREF(it);
         budget -= g;
-        need += nd;
+        need += opened(c, g, bs);
         kv += c + g;
         if (rem == 1 && o > 0) {
             decodes += 1;
@@ -875,10 +877,8 @@ static PyObject *few(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                         (long long)decodes, (long long)prefill, attn);
 done:
     Py_XDECREF(items);
-    PyBuffer_Release(&ia);
-    PyBuffer_Release(&ob);
-    if (!scalar)
-        PyBuffer_Release(&tb);
+    while (held > 0)
+        PyBuffer_Release(&b[--held]);
     return ret;
 }
 
@@ -990,7 +990,7 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     int64_t need = 0, held = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t c = C[order[i]];
-        need += (c + g[i] + bs - 1) / bs - (c + bs - 1) / bs;
+        need += opened(c, g[i], bs);
         held += (c + bs - 1) / bs;
     }
     Py_ssize_t kept = n;
@@ -1008,7 +1008,7 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             kept = k;
             need = spent;
             int64_t c = C[order[k]];
-            spent += (c + g[k] + bs - 1) / bs - (c + bs - 1) / bs;
+            spent += opened(c, g[k], bs);
             freed -= (c + bs - 1) / bs;
         }
         if (!any) { /* not even the empty prefix: the array pass decides */
@@ -1603,8 +1603,9 @@ static struct PyModuleDef module = {
 /* The version of the passes' arguments and results (fastsim's _ROWS_ABI): bumped when one
  * changes, so an install built before is not used (the Python passes run) rather than called
  * with arguments it does not take. 2: prefill_chunks's last_ok; 3: advance and give write
- * the emitted rows into the chunk log's buffer (out, at); 4: decode too; 5: few. */
-#define ROWS_ABI 5
+ * the emitted rows into the chunk log's buffer (out, at); 4: decode too; 5: few; 6: few's
+ * items are (position, tokens, remaining after them). */
+#define ROWS_ABI 6
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);

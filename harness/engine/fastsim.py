@@ -115,7 +115,7 @@ _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one
 
 # every pass of the C extension this module calls, and the version of their arguments and
 # results it calls them with (_rows.c's ROWS_ABI)
-_ROWS_ABI = 5
+_ROWS_ABI = 6
 _PASSES = (
     "finish",
     "decode",
@@ -514,7 +514,7 @@ class ArrayEngine:
         prefill = n_prefill = n_decode = kv_read = 0
         n_sched = 0
         attn = 0.0
-        granted: list[tuple[int, int, int, int, int, int]] | None = None  # a few-item step's
+        granted: list[tuple[int, int, int]] | None = None  # a few-item step's
         single_left = 0
         if R:
             if (
@@ -548,7 +548,7 @@ class ArrayEngine:
                         n_sched = len(few)
                         n_prefill = n_sched - n_decode
                         if n_sched == 1:
-                            single_left = few[0][4] - few[0][1]  # > 0: p's row stays in place
+                            single_left = few[0][2]  # > 0: p's row stays in place
                         granted = few
                         order = order[:0]  # done: skip the array pass
                 got = self._grant(order, tok, budget) if len(order) else None
@@ -683,7 +683,7 @@ class ArrayEngine:
 
     def _few_items_c(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
-    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int, int, int, int, float]:
+    ) -> tuple[list[tuple[int, int, int]], int, int, int, int, int, float]:
         """:meth:`_few_items_py` in one pass of the C extension (``_rows.few``); order and
         tokens that are not contiguous int64 arrays (or an int) go to the Python pass, as
         :meth:`_grant_c` leaves them to the array pass."""
@@ -696,13 +696,13 @@ class ArrayEngine:
 
     def _few_items_py(
         self, order: np.ndarray, tok: np.ndarray | int, budget: int
-    ) -> tuple[list[tuple[int, int, int, int, int, int]], int, int, int, int, int, float]:
+    ) -> tuple[list[tuple[int, int, int]], int, int, int, int, int, float]:
         """Rule 2's grants for a short run order, in scalars (numpy's per-call cost exceeds
         the work below :data:`_FEW` items): each item gets its tokens clipped to its remaining
         and the budget left; items granted nothing are dropped. Returns ``([(position,
-        tokens, computed, output, remaining, new blocks)], budget left, blocks needed, and the
-        step's composition with them: KV read, decodes, prefill tokens, attention work)``;
-        nothing is allocated."""
+        tokens, remaining after them)], budget left, blocks needed, and the step's
+        composition with them: KV read, decodes, prefill tokens, attention work)``; nothing
+        is allocated."""
         Pr, Or, Cr = self.mv[0], self.mv[1], self.mv[2]
         bs = self.bs
         few = []
@@ -716,10 +716,9 @@ class ArrayEngine:
             g = min(want, rem, budget)
             if g <= 0:
                 continue
-            nd = -(-(c + g) // bs) - -(-c // bs)
-            few.append((p, g, c, o, rem, nd))
+            few.append((p, g, rem - g))
             budget -= g
-            need += nd
+            need += -(-(c + g) // bs) - -(-c // bs)
             kv_read += c + g
             if rem == 1 and o > 0:  # a decode
                 n_decode += 1

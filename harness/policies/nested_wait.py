@@ -48,6 +48,7 @@ from harness.policies.registry import register
 from harness.policies.wait import (
     ThresholdFlushing,
     _age_key,
+    any_recompute,
     by_age,
     int_thresholds,
     runs_of,
@@ -281,11 +282,7 @@ class NestedWaitPolicy(ThresholdFlushing):
             or held is False
         ):
             return False
-        if (
-            admits[0].num_output_tokens  # the usual lone admission: no generator to make
-            if len(admits) == 1
-            else any(r.num_output_tokens for r in admits)
-        ):
+        if any_recompute(admits):
             return False
         rc = cv.running
         if held is None:
