@@ -767,9 +767,9 @@ def server_stats(samples: pd.DataFrame) -> dict[str, dict[str, float | None] | N
     out: dict[str, dict[str, float | None] | None] = {"server": None, "gpu": None}
     if len(samples) == 0 or "source" not in samples.columns:
         return out
-    src = samples["source"].astype(str)
+    src = samples["source"]  # compared as it is read (a categorical: the codes, rundir.py)
     for name in ("engine", "prometheus"):
-        mine = (src == name).to_numpy()
+        mine = (src == name).to_numpy(dtype=bool)
         # a simulation's rows are all the engine's, in time order: no copy of the frame
         # (two of a million rows otherwise); the same rows and order either way
         rows = samples if mine.all() else samples[mine]

@@ -65,6 +65,12 @@ _PARTS_SUFFIX = ".parts"
 # 4.7 MB instead of 4.8; zstd without the dictionary would be 15 MB.
 _COMPRESSION = "zstd"
 _CODEC: dict[str, str] = {schema.CHUNKS_FILE: "lz4"}
+# Columns read as pandas categoricals: three names over a million sample rows of a long
+# simulation (one per engine step). The summary's row filters (``source == "gpu"``, ...) then
+# compare codes: 0.5 ms instead of ~90 ms each on this machine (rad on Azure conversations, 100k
+# requests: 1.1M sample rows, seven such filters). Not ``engine``: the cluster report groups
+# by it, and a categorical's groupby would also yield the engines a filter left out.
+_CATEGORIES: dict[str, tuple[str, ...]] = {schema.SAMPLES_FILE: ("source",)}
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -587,7 +593,9 @@ def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) 
     def load(filename: str, want: bool) -> pd.DataFrame:
         if not want:
             return _empty_frame(filename)
-        return read_table(run_dir, filename).to_pandas()
+        tbl = read_table(run_dir, filename)
+        cats = [c for c in _CATEGORIES.get(filename, ()) if c in tbl.column_names]
+        return tbl.to_pandas(categories=cats or None)
 
     summary = None
     sp = run_dir / schema.SUMMARY_JSON

@@ -333,8 +333,9 @@ def tier_masks(
     """The tiers (run.json's, then any other the requests name, sorted) and which requests
     (rows of ``rm``) each holds."""
     tier_col = rm["tier"].to_numpy(dtype=object)
+    # the distinct values first (one hashing pass): a Python loop over 100k rows took 30 ms
     names = list(tiers_meta) + sorted(
-        {str(t) for t in tier_col if t is not None and str(t) not in tiers_meta}
+        {str(t) for t in pd.unique(tier_col) if t is not None and str(t) not in tiers_meta}
     )
     return names, {name: tier_col == name for name in names}
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -193,7 +195,13 @@ def test_server_and_gpu_blocks_from_samples(tmp_path):
                     "gpu_util_perc": util,
                 }
             )
-    s = compute_summary(read_run(rd), stability=False)
+    run = read_run(rd)
+    # the source is read as a categorical (its filters compare codes, rundir._CATEGORIES);
+    # a frame with plain strings (one built in memory) gives the same blocks
+    assert isinstance(run.samples["source"].dtype, pd.CategoricalDtype)
+    plain = dataclasses.replace(run, samples=run.samples.astype({"source": object}))
+    s, ref = compute_summary(run, stability=False), compute_summary(plain, stability=False)
+    assert (s["server"], s["gpu"]) == (ref["server"], ref["gpu"])
     srv = s["server"]
     assert srv["source"] == "engine"
     # each value holds until the next sample: (0.1*1 + 0.5*2) / 3
