@@ -93,6 +93,9 @@ class Trace:
         for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
             h.update(col.encode())
             values = self.df[col]
+            if values.dtype == np.int64 or _all_none(values):
+                h.update(_categorised_str_hash(values.to_numpy()))
+                continue
             if values.dtype == np.float64:  # str() of each float, as astype(str), ~3x faster
                 values = pd.Series(list(map(str, values.tolist())), dtype=object)
             else:
@@ -103,3 +106,25 @@ class Trace:
             unique = col in ("request_id", "arrival_s")
             h.update(pd.util.hash_pandas_object(values, index=False, categorize=not unique).values)
         return h.hexdigest()
+
+
+def _all_none(values: pd.Series) -> bool:
+    """An object column of None only (a trace without prompt text)."""
+    if values.dtype != object or not len(values):
+        return False
+    first = values.iat[0]
+    return first is None and bool((values.to_numpy() == first).all())
+
+
+def _categorised_str_hash(values: np.ndarray) -> np.ndarray:
+    """``hash_pandas_object(Series(values).astype(str), index=False)`` for int64 values or
+    None only, without the strings of every row: pandas categorises the strings (factorise
+    in order of first appearance, hash each category, take by code), and ``str`` is one to one
+    on these values, so the factorised values give the same categories in the same order.
+    ~3 ms instead of ~45 ms a 100k-row column here (the row strings, then their factorising)."""
+    if values.dtype == object:  # None only (_all_none): one category
+        codes, cats = np.zeros(len(values), dtype=np.intp), np.array(["None"], dtype=object)
+    else:
+        codes, uniques = pd.factorize(values, sort=False)
+        cats = np.array([str(v) for v in uniques.tolist()], dtype=object)
+    return pd.util.hash_array(cats, categorize=False).take(codes)

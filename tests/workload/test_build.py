@@ -215,9 +215,12 @@ def test_content_hash_is_the_string_hash_of_every_column() -> None:
     t = build_trace("synthetic", num_requests=50, rate=5.0, seed=3, quiet=True)
     df = t.df.copy()
     df.loc[0:6, "arrival_s"] = [np.nan, -0.0, 1e-5, 1e20, 123456789.123456789, np.inf, 0.1 + 0.2]
-    t = Trace(df, t.tiers, {})
-    h = hashlib.sha256()
-    for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
-        h.update(col.encode())
-        h.update(pd.util.hash_pandas_object(df[col].astype(str), index=False).values)
-    assert t.content_hash() == h.hexdigest()
+    assert df["prompt"].isna().all() and df["prompt_len"].dtype == np.int64  # the quick routes
+    texts = df.assign(prompt=["hi", None, np.nan, "None", "nan", *[None] * 45])
+    ints = df.assign(prompt_len=[2**62, 10, 10, 1, *range(46)])
+    for frame in (df, texts, ints):
+        h = hashlib.sha256()
+        for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
+            h.update(col.encode())
+            h.update(pd.util.hash_pandas_object(frame[col].astype(str), index=False).values)
+        assert Trace(frame, t.tiers, {}).content_hash() == h.hexdigest()
