@@ -144,19 +144,25 @@ static int tally_init(tally *t, Py_ssize_t n) {
     return 0;
 }
 
-/* The count of `k` after adding one. */
-static int64_t tally_add(tally *t, int64_t k) {
+/* Add one to the count of `k`; its slot (t->cnt[slot] its count from then on). */
+static uint64_t tally_slot(tally *t, int64_t k) {
     uint64_t h = ((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 17;
     for (;; h++) {
         uint64_t i = h & t->mask;
-        if (t->key[i] == k)
-            return ++t->cnt[i];
+        if (t->key[i] == k) {
+            ++t->cnt[i];
+            return i;
+        }
         if (t->key[i] < 0) {
             t->key[i] = k;
-            return t->cnt[i] = 1;
+            t->cnt[i] = 1;
+            return i;
         }
     }
 }
+
+/* The count of `k` after adding one. */
+static int64_t tally_add(tally *t, int64_t k) { return t->cnt[tally_slot(t, k)]; }
 
 static void tally_free(tally *t) { free(t->heap); }
 
@@ -290,9 +296,11 @@ out:
     return ret;
 }
 
-/* A member of a stage group: its stage and the tokens it has left (this step's included). */
+/* A member of a stage group: its stage, the tokens it has left (this step's included) and
+ * its stage's slot in the tally of every member (where the group's size is read). */
 typedef struct {
     int64_t k, r;
+    uint64_t slot;
 } member;
 
 /* By stage, then the most tokens left first. */
@@ -322,21 +330,38 @@ static int member_fits(const member *e, int64_t j, const quotas *q) {
     return j <= q->mn[seg_of(q, lo) * q->m + seg_of(q, hi)];
 }
 
-/* Whether the groups of `all` (N members, `t` their stages' final counts) keep within the
- * quotas of every stage they reach, all decoding together (see stage_groups_hold). A
- * singleton is checked as it is met; the members of larger groups are moved to the front of
- * `all` and sorted. Recounts into `t` (its counts are spent). */
-static int groups_hold(member *all, Py_ssize_t N, tally *t, const quotas *q) {
+/* Sorted by member_cmp: an insertion sort for the few members of the usual case (a dozen in
+ * groups of two or three: the sort costs less than qsort's calls of its comparison), else
+ * qsort. Members that compare equal are alike for groups_hold, so stability is moot. */
+static void sort_members(member *a, Py_ssize_t n) {
+    if (n > 32) {
+        qsort(a, (size_t)n, sizeof(member), member_cmp);
+        return;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        member e = a[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && member_cmp(&a[j - 1], &e) > 0; j--)
+            a[j] = a[j - 1];
+        a[j] = e;
+    }
+}
+
+/* Whether the groups of `all` (N members, `t` their stages' final counts, read at each
+ * member's slot) keep within the quotas of every stage they reach, all decoding together
+ * (see stage_groups_hold). A singleton is checked as it is met; the members of larger groups
+ * are moved to the front of `all` and sorted. */
+static int groups_hold(member *all, Py_ssize_t N, const tally *t, const quotas *q) {
     Py_ssize_t B = 0;
     for (Py_ssize_t i = 0; i < N; i++) {
-        if (tally_add(t, all[i].k) == 2) { /* counted again: the group had one member */
+        if (t->cnt[all[i].slot] == 1) { /* the group has one member */
             if (!member_fits(&all[i], 1, q))
                 return 0;
         } else {
             all[B++] = all[i];
         }
     }
-    qsort(all, (size_t)B, sizeof(member), member_cmp);
+    sort_members(all, B);
     int64_t j = 0;
     for (Py_ssize_t i = 0; i < B; i++) {
         j = (i > 0 && all[i].k == all[i - 1].k) ? j + 1 : 1;
@@ -448,14 +473,17 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (mx[p] - out_[p] < h)
             h = mx[p] - out_[p];
         if (hold)
-            all[i] = (member){out_[p], mx[p] - out_[p]};
+            all[i] = (member){out_[p], mx[p] - out_[p], 0};
     }
     if (tally_init(&t, ps.len) < 0)
         goto out;
     long ok = 1;
     for (Py_ssize_t i = 0; i < ps.len && ok; i++) {
         int64_t k = out_[AT(&ps, i)];
-        ok = tally_add(&t, k) <= lim[k < L ? k : L - 1];
+        uint64_t slot = tally_slot(&t, k);
+        ok = t.cnt[slot] <= lim[k < L ? k : L - 1];
+        if (hold)
+            all[i].slot = slot;
     }
     if (ok && ahead && ps.len && h < 1) {
         PyErr_SetString(PyExc_ValueError, "stage_groups(): a request has no token left");
@@ -511,7 +539,7 @@ static PyObject *stage_groups_hold(PyObject *self, PyObject *const *args, Py_ssi
     }
     for (Py_ssize_t i = 0; i < N; i++) {
         int64_t p = i < ps.len ? AT(&ps, i) : -1;
-        member e = p >= 0 ? (member){out_[p], mx[p] - out_[p]} : (member){0, ent[i - ps.len]};
+        member e = p >= 0 ? (member){out_[p], mx[p] - out_[p], 0} : (member){0, ent[i - ps.len], 0};
         if (e.k < 0) {
             PyErr_SetString(PyExc_ValueError, "stage_groups_hold(): negative stage");
             goto out;
@@ -525,7 +553,7 @@ static PyObject *stage_groups_hold(PyObject *self, PyObject *const *args, Py_ssi
     if (tally_init(&t, N) < 0)
         goto out;
     for (Py_ssize_t i = 0; i < N; i++)
-        tally_add(&t, all[i].k);
+        all[i].slot = tally_slot(&t, all[i].k);
     ret = PyBool_FromLong(groups_hold(all, N, &t, &q));
 out:
     free(heap);
