@@ -471,6 +471,22 @@ def kept_times(cv: ChunkView, rows: np.ndarray | None) -> Iterator[np.ndarray]:
         yield t if rows is None else t[rows[cv.grp[a : a + _SLICE]]]
 
 
+def stretch_times(cv: ChunkView, rows: np.ndarray) -> np.ndarray:
+    """The chunk times of the requests where ``rows`` is True, for views whose ``start`` /
+    ``end`` index their own rows (:func:`group_chunks`'): each request's chunks are one
+    stretch, so only those rows are read (:func:`kept_times` gathers the mask through every
+    row's request: ~0.09 s of a 15M-row LMSYS summary here for a tier of 5% of the rows). The
+    same times, in request order (for counting)."""
+    g = np.flatnonzero(rows & (cv.end > cv.start))
+    lens = cv.end[g] - cv.start[g]
+    if not lens.size:
+        return np.zeros(0)
+    # row of each kept chunk: its stretch's start, less the stretch's offset in the result,
+    # plus its place in the result
+    shift = cv.start[g] - (np.cumsum(lens) - lens)
+    return cv.t[np.repeat(shift, lens) + np.arange(int(lens.sum()))]
+
+
 def bucket_counts(
     cv: ChunkView, t0: float, rows: np.ndarray | None, times: Iterable[np.ndarray] | None = None
 ) -> np.ndarray:

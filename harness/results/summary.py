@@ -288,7 +288,7 @@ def _chunk_peaks(
         if rest is None:
             peaks[name] = _chunk_peak(rm, cv, m)
             continue
-        times = [np.concatenate([*M.kept_times(cv, m), np.zeros(0)])]
+        times = [M.stretch_times(cv, m)]  # cv: request_metrics' (group_chunks') view
         t0 = M.bucket_origin(cv, rm[m], m)
         own = np.zeros(0, dtype=np.int64) if t0 is None else M.bucket_counts(cv, t0, m, times)
         peaks[name] = float(own.max()) if own.size else 0.0

@@ -16,6 +16,7 @@ from summary_runs import RUNS, TIERS
 from harness.results import metrics as M
 from harness.results import schema
 from harness.results.chunklog import (
+    ChunkArrays,
     group_order,
     per_bin_chunks,
     positions,
@@ -284,6 +285,28 @@ def test_masked_copy_into_a_buffer_is_boolean_indexing(n):
     got = masked_into(values, mask, out)
     assert np.array_equal(got, values[mask]) and got.base is out
     assert np.all(out[got.size :] == -1.0)
+
+
+@pytest.mark.parametrize("layout", ["time_sorted", "per_engine_logs"])
+def test_stretch_times_are_the_kept_times_of_a_grouped_view(layout):
+    """A tier's chunk times read from its requests' stretches (the summary's chunk peaks) are
+    the times the mask gather keeps, as a multiset: on group_chunks' views, whose groups need
+    not ascend (per-engine logs), with requests without chunks, dropped or absent."""
+    rng = np.random.default_rng(3)
+    n = 60
+    pos = rng.integers(0, n - 5, 20_000)  # the last five requests have no chunk
+    t = np.sort(rng.random(pos.size).round(4))
+    if layout == "per_engine_logs":  # 4 engines' logs one after another
+        order = np.argsort(pos % 4, kind="stable")
+        pos, t = pos[order], t[order]
+    ca = ChunkArrays(pos.astype(np.int32), t, None)
+    keep = rng.random(n) < 0.8
+    cv = M.group_chunks(ca, np.arange(n, dtype=np.int64), keep)
+    for share in (0.0, 0.1, 0.5, 1.0):
+        rows = rng.random(n) < share
+        want = np.concatenate([*M.kept_times(cv, rows), np.zeros(0)])
+        got = M.stretch_times(cv, rows)
+        assert np.array_equal(np.sort(got), np.sort(want))
 
 
 def test_a_summary_of_a_loaded_run_leaves_its_chunks_as_they_were(make_run):
