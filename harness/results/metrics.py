@@ -481,10 +481,9 @@ def stretch_times(cv: ChunkView, rows: np.ndarray) -> np.ndarray:
     lens = cv.end[g] - cv.start[g]
     if not lens.size:
         return np.zeros(0)
-    # row of each kept chunk: its stretch's start, less the stretch's offset in the result,
-    # plus its place in the result
-    shift = cv.start[g] - (np.cumsum(lens) - lens)
-    return cv.t[np.repeat(shift, lens) + np.arange(int(lens.sum()))]
+    # row of each kept chunk: its stretch's start, less the stretch's offset in the result
+    # (_heads), plus its place in the result
+    return cv.t[np.repeat(cv.start[g] - _heads(lens), lens) + np.arange(int(lens.sum()))]
 
 
 def bucket_counts(
