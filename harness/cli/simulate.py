@@ -351,7 +351,7 @@ def simulate(
     write_index(out, "simulate", runs)
     dirs = [d for d, _, _ in runs]
     for d in dirs if repeats == 1 else []:
-        run = read_run(d, chunks=False, samples=False)
+        run = read_run(d, requests=False, chunks=False, samples=False)
         typer.echo(f"\n== {run.meta.get('policy')} ==")
         if run.summary is not None:
             print_summary(run.summary)

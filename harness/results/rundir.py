@@ -56,15 +56,14 @@ from harness.results import schema
 
 SCHEMA_VERSION = 1
 _PARTS_SUFFIX = ".parts"
-# Codec per table (zstd unless named) and no dictionary pages. Measured on the tables of a
-# 100k-request simulation (one-token chunks): without dictionaries the requests table is
-# written in 0.04 s instead of 0.10 (4.1 MB instead of 5.2) and the samples in 0.035 instead
-# of 0.058 (2.5 MB instead of 2.8). The chunk log (~15M rows) is LZ4 without them (Arrow
-# writes Parquet's LZ4_RAW codec, not the deprecated Hadoop-framed LZ4): 0.12 s to write
-# instead of 0.30 (zstd with its request ids as a dictionary), a third of the read time,
-# 4.7 MB instead of 4.8; zstd without the dictionary would be 15 MB.
-_COMPRESSION = "zstd"
-_CODEC: dict[str, str] = {schema.CHUNKS_FILE: "lz4"}
+# Every table is LZ4 (Arrow writes Parquet's LZ4_RAW codec, not the deprecated Hadoop-framed
+# LZ4) without dictionary pages. Measured on the tables of a 100k-request simulation: the
+# chunk log (~15M rows) in 0.12 s instead of 0.30 (zstd with its request ids as a
+# dictionary), a third of the read time, 4.7 MB instead of 4.8 (zstd without the dictionary:
+# 15 MB). RAD on Azure-conversation lengths (1.1M sample rows): the samples in 0.28 s instead
+# of zstd's 0.44 and read in 0.07 instead of 0.13 (22 MB instead of 16), the requests in 0.038
+# instead of 0.056 (6.3 MB instead of 4.5). Dictionaries cost time and size on every table.
+_COMPRESSION = "lz4"
 # Columns read as pandas categoricals: three names over a million sample rows of a long
 # simulation (one per engine step). The summary's row filters (``source == "gpu"``, ...) then
 # compare codes: 0.5 ms instead of ~90 ms each on this machine (rad on Azure conversations, 100k
@@ -126,7 +125,7 @@ class _TableSink:
         stream: bool = False,
     ) -> None:
         self.final = run_dir / filename
-        self.compression = _CODEC.get(filename, _COMPRESSION)
+        self.compression = _COMPRESSION
         # stream: flushes append row groups to one open file instead of closed parts
         self.stream = stream
         self._writer: pq.ParquetWriter | None = None
@@ -580,10 +579,13 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON ({e}); the file is damaged") from None
 
 
-def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) -> Run:
+def read_run(
+    run_dir: Path | str, *, requests: bool = True, chunks: bool = True, samples: bool = True
+) -> Run:
     """Load a run directory (complete, partial, or killed mid-way). ``chunks=False`` /
     ``samples=False`` skip those tables (empty frames) when only request-level data is
-    needed; the summary needs the chunks (ITL, token buckets)."""
+    needed; the summary needs the chunks (ITL, token buckets). ``requests=False`` too reads
+    only run.json and summary.json (a 100k-request table is ~60 ms to read and convert)."""
     run_dir = Path(run_dir)
     meta_path = run_dir / schema.RUN_JSON
     if not meta_path.is_file():
@@ -604,7 +606,7 @@ def read_run(run_dir: Path | str, *, chunks: bool = True, samples: bool = True) 
     return Run(
         dir=run_dir,
         meta=meta,
-        requests=load(schema.REQUESTS_FILE, True),
+        requests=load(schema.REQUESTS_FILE, requests),
         chunks=load(schema.CHUNKS_FILE, chunks),
         samples=load(schema.SAMPLES_FILE, samples),
         summary=summary,

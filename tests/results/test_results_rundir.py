@@ -68,6 +68,13 @@ def test_tables_round_trip_and_final_layout(tmp_path):
     assert run.samples["kv_usage"].iloc[0] == 0.25 and np.isnan(run.samples["kv_usage"].iloc[1])
     assert run.meta["rows"] == {"requests": 7, "chunks": 14, "samples": 2}
     assert list(run.requests.columns) == schema.REQUESTS.names
+    # meta and summary only (what the CLI prints after a run): empty frames, the same meta
+    (rd / schema.SUMMARY_JSON).write_text(json.dumps({"n": 7}), encoding="utf-8")
+    light = read_run(rd, requests=False, chunks=False, samples=False)
+    assert light.meta == run.meta and light.summary == {"n": 7}
+    assert len(light.requests) == 0 and list(light.requests.columns) == schema.REQUESTS.names
+    assert len(light.chunks) == 0 and len(light.samples) == 0
+    assert light.files == run.files
 
 
 def test_empty_run_has_readable_empty_tables(tmp_path):
