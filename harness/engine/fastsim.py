@@ -317,6 +317,7 @@ class ArrayEngine:
         self._finished_rows: list[int] = []  # this step's, kept only for hooks
         self._evicted: list[int] = []  # rows preempted this step (planner engines)
         self._promised = False  # the last plan's then_steady held after its step
+        self._again: ColumnPlan | None = None  # the last plan, while it repeats (.repeats)
         self.rows = rows
         self.chunks = chunks
         self.error_prefix = error_prefix
@@ -483,7 +484,14 @@ class ArrayEngine:
                 opening = self._opening(R)
                 if opening > total - self.used:  # they would preempt: the policy decides
                     opening = -1
-        plan = EVERY_DECODE if opening >= 0 else self.planner(self._view(t, R))
+        again, self._again = self._again, None
+        if opening >= 0:
+            plan = EVERY_DECODE
+        elif again is not None:  # the last plan repeats (ColumnPlan.repeats, set below)
+            plan = again
+        else:
+            plan = self.planner(self._view(t, R))
+        finished_before = self.finished_total
         if plan.prefill_run and self.fast_forward:  # a lone prefill: its run, from chunk 1
             end = self._lone_prefill(plan, t, hold_until if plan.hold else until)
             if end is not None:
@@ -665,6 +673,19 @@ class ArrayEngine:
             self._report(t, end, k, prefill, n_decode * k, n_prefill, n_decode, adm_rows)
         # the next step's conditions (nothing waits, all decode, blocks fit) are checked then
         self._promised = plan.then_steady and not preempted and self.fast_forward
+        if (
+            plan.repeats
+            and self.fast_forward
+            and not preempted
+            and not adm_g
+            and self.finished_total == finished_before
+            and end < (hold_until if plan.hold else until)
+        ):
+            # ColumnPlan.repeats: nothing came that ends the promise (an arrival unless the
+            # plan holds, a finish, a preemption, an admission), so the next step's plan is
+            # this one: usually the step a decode run stopped short of for its KV, where
+            # rule 2 preempts from the tail of this order. It runs without asking.
+            self._again = plan
         if plan.prefill_run and n_prefill and self.fast_forward:
             lim = hold_until if plan.hold else until  # a holding run goes past arrivals
             if single_left and not adm_g:  # a running request's chunk: its next ones

@@ -161,7 +161,13 @@ class ColumnPlan:
     plan exactly that again until the next finish or preemption (or arrival, unless
     ``hold``): a host may fast-forward those steps as a ``steady`` plan's, over the decoding
     requests (the kernel does when one request waits, the newest). The engine core ignores
-    it (it fast-forwards only steps that run every running request).
+    it (it fast-forwards only steps that run every running request). ``repeats`` (a speed
+    hint for the vectorised kernel): the policy would return this very plan (the same order,
+    tokens and flags) for every later step until an arrival (unless ``hold``), a finish, a
+    preemption or an admission, and planning changes nothing the policy keeps. A host may
+    then run those steps by it without asking: chiefly the step a ``steady`` (or
+    ``steady_decodes``) run stops short of for its KV, where rule 2 preempts from the tail of
+    this order, which a ``steady`` plan alone does not fix (its order may move with time).
     """
 
     order: np.ndarray | None = None
@@ -174,6 +180,7 @@ class ColumnPlan:
     prefill_run: bool = False
     then_steady: bool = False
     steady_decodes: bool = False
+    repeats: bool = False
 
     def items(self, n_running: int) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, tokens)`` as arrays."""

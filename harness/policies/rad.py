@@ -171,16 +171,23 @@ class RADPolicy(ColumnPolicy):
         then, and that branch of :meth:`plan_columns` reads no waiting request: it holds)."""
         steady = not n_prefilling and n_decoding <= budget
         # with a request already queued, an arrival (younger) changes neither the head nor
-        # this decision: the host may run the batch on past arrivals (Plan.hold)
+        # this decision: the host may run the batch on past arrivals (Plan.hold). Every
+        # decode batch repeats (ColumnPlan.repeats): until an arrival, finish, preemption or
+        # admission, D's order stays (arrival order) and every reason for this batch stands
+        # (the free KV only shrinks as D decodes; the cycle count moves only on admissions)
         if steady and (n_decoding < 2 or planops.ascending(rc.arrival)):  # oldest first
-            return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True)
+            return ColumnPlan(None, 1, steady=True, hold=queued, then_steady=True, repeats=True)
         # oldest first (a stable sort: equal arrivals keep the running order)
         out = np.empty(len(rc.prompt), np.int64)
         m = planops.oldest_decoding(rc.prompt, rc.output, rc.computed, rc.arrival, out)
         if n_prefilling:
             parked = n_decoding <= budget
-            return ColumnPlan(out[:m], 1, hold=parked, then_steady=True, steady_decodes=parked)
-        return ColumnPlan(out[:m], 1, steady=steady, hold=steady and queued, then_steady=True)
+            return ColumnPlan(
+                out[:m], 1, hold=parked, then_steady=True, steady_decodes=parked, repeats=True
+            )
+        return ColumnPlan(
+            out[:m], 1, steady=steady, hold=steady and queued, then_steady=True, repeats=True
+        )
 
     def on_arrival(self, request: RequestView, now: float) -> None:
         rid = request.request_id

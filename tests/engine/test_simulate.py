@@ -19,7 +19,7 @@ from harness.engine.simulate import (
 )
 from harness.policies import make_policy
 from harness.policies.base import BasePolicy, Plan
-from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView
+from harness.policies.columns import ColumnPlan, ColumnPolicy, ColumnView, admit_head
 from harness.policies.registry import available
 from harness.results import schema
 from harness.results.rundir import read_run
@@ -168,9 +168,10 @@ _VARIANTS = {
 }
 
 
-def _counting(policy: str, promise: bool):
+def _counting(policy: str, promise: bool, repeats: bool = False):
     """``policy`` (a name or a ``_VARIANTS`` key) counting the plans it is asked for, with or
-    without its ``then_steady`` promises (its own plan_columns, wrapped on the instance)."""
+    without its ``then_steady`` promises, and its ``repeats`` hints only if ``repeats`` (its
+    own plan_columns, wrapped on the instance)."""
     name, params = _VARIANTS.get(policy, (policy, {}))
     pol = make_policy(name, **params)
     inner = pol.plan_columns
@@ -181,6 +182,8 @@ def _counting(policy: str, promise: bool):
         plan = inner(cv)
         if not promise:
             plan.then_steady = False
+        if not repeats:
+            plan.repeats = False
         return plan
 
     pol.plan_columns = plan_columns
@@ -233,6 +236,79 @@ def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> 
     assert state is None or getattr(pf, state) == getattr(pc, state)
     if load == "tight-kv" and policy == "slai":  # SLAI preempts here (MC-SF's check does not)
         assert fast.counters["preemptions_total"] > 0
+
+
+class _NewestFirst(ColumnPolicy):
+    """A toy column policy: every running request gets what it has left, newest first (so
+    the oldest is rule 2's KV victim), and the waiting head is admitted whole while a seat is
+    free. With nobody to admit and every request decoding, that plan reads nothing but the
+    running count: it repeats until an arrival, a finish or a preemption (``repeats``)."""
+
+    name = "newest-first"
+
+    def __init__(self, repeats: bool) -> None:
+        self.repeats = repeats
+        self.plans = 0
+
+    def plan_columns(self, cv: ColumnView) -> ColumnPlan:
+        self.plans += 1
+        rc = cv.running
+        order = np.arange(len(rc))[::-1].copy()
+        left = rc.remaining()[order]
+        admit = admit_head(cv, cv.token_budget - int(left.sum()), whole=True, full_kv=True)
+        quiet = not admit and rc.num_prefilling == 0
+        if quiet:
+            return ColumnPlan(order, 1, steady=len(order) > 0, repeats=self.repeats)
+        return ColumnPlan(order, left, admit)
+
+
+def test_the_kernel_repeats_a_plan_only_while_its_promise_stands() -> None:
+    # Tight KV: decode runs stop short of a block boundary (the next step preempts the oldest,
+    # whose slot shifts every position after it), arrivals land during runs (the toy would
+    # admit them at once) and requests finish. A host that reused the plan past any of these
+    # would run stale positions or skip an admission: the runs would differ.
+    tk, (kv, budget, seqs) = _FF_LOADS["tight-kv"]
+    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    hinted, plain = _NewestFirst(True), _NewestFirst(False)
+    a = simulate(tr, hinted, cost, cfg)
+    b = simulate(tr, plain, cost, cfg)
+    core = simulate(tr, _NewestFirst(True), cost, cfg, kernel="core")
+    assert a.counters["kernel"] == b.counters["kernel"] == "fast"
+    _same_runs(a, b)
+    _same_runs(a, core)
+    assert a.counters["preemptions_total"] > 0
+    assert hinted.plans < plain.plans
+
+
+@pytest.mark.parametrize("load", sorted(_FF_LOADS))
+def test_repeating_plans_skip_plans_and_change_no_step(load: str) -> None:
+    # ColumnPlan.repeats (RAD's decode batches): the kernel runs the next step by the same
+    # plan until an arrival (unless it holds), a finish, a preemption or an admission. The
+    # steps, the tokens and RAD's cycle state are those of the kernel without the hint and of
+    # the engine core (which ignores it); under tight KV fewer plans are asked for (the step a
+    # decode run stops short of for its KV, which preempts, runs by the plan already made).
+    tk, (kv, budget, seqs) = _FF_LOADS[load]
+    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    cost = get_cost_model("a100-llama2-7b")
+    runs = {}
+    for kernel, repeats in (("auto", True), ("auto", False), ("core", True)):
+        pol = _counting("rad", True, repeats)
+        runs[kernel, repeats] = (simulate(tr, pol, cost, cfg, kernel=kernel), pol)
+    (fast, pf), (plain, pp), (core, pc) = runs.values()
+    assert fast.counters["kernel"] == plain.counters["kernel"] == "fast"
+    _same_runs(fast, plain)
+    _same_runs(fast, core)
+    assert fast.num_calls == plain.num_calls  # each step is still one host call
+    for a in ("cycles", "requests_in_cycle"):
+        assert getattr(pf, a) == getattr(pp, a) == getattr(pc, a)
+    if load == "tight-kv":
+        assert fast.counters["preemptions_total"] > 0
+        assert pf.plans < pp.plans
+    else:
+        assert pf.plans <= pp.plans
 
 
 def test_every_request_gets_exactly_output_len_tokens() -> None:
