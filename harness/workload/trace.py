@@ -96,8 +96,8 @@ class Trace:
             if values.dtype == np.int64 or _all_none(values):
                 h.update(_categorised_str_hash(values.to_numpy()))
                 continue
-            if values.dtype == np.float64:  # str() of each float, as astype(str), ~3x faster
-                values = pd.Series(list(map(str, values.tolist())), dtype=object)
+            if values.dtype == np.float64:  # str() of each float, as astype(str)
+                values = pd.Series(_float_strs(values.to_numpy()), dtype=object)
             else:
                 values = values.astype(str)
             # the unique columns skip pandas' categorising pass (the same hashes, ~4x faster;
@@ -106,6 +106,32 @@ class Trace:
             unique = col in ("request_id", "arrival_s")
             h.update(pd.util.hash_pandas_object(values, index=False, categorize=not unique).values)
         return h.hexdigest()
+
+
+# Where Arrow's float-to-string cast writes what Python's repr does: the shortest round-trip
+# digits both, in fixed notation both, for non-integer magnitudes in [1e-4, 1e10) (below,
+# Python writes an exponent and Arrow does not; from 1e10 the reverse; integers: "5" / "5.0").
+_ARROW_REPR = (1e-4, 1e10)
+
+
+def _float_strs(v: np.ndarray) -> np.ndarray:
+    """``str`` of each float (an object array), as ``astype(str)`` writes them: Arrow's cast
+    where it writes the same text (:data:`_ARROW_REPR`; ~5x faster than a Python call per
+    value: 100k arrival times in 0.027 s instead of 0.125 here), Python's elsewhere, and
+    Python's for all if a sample of Arrow's texts is not Python's (another Arrow release)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lo, hi = _ARROW_REPR
+    a = np.abs(v)
+    arrow = (a >= lo) & (a < hi) & (v != np.floor(v))
+    out = pc.cast(pa.array(v), pa.string()).to_numpy(zero_copy_only=False)
+    check = np.flatnonzero(arrow)[::997]
+    if any(out[i] != repr(float(v[i])) for i in check.tolist()):
+        return np.array(list(map(str, v.tolist())), dtype=object)
+    for i in np.flatnonzero(~arrow).tolist():
+        out[i] = repr(float(v[i]))
+    return out
 
 
 def _all_none(values: pd.Series) -> bool:

@@ -218,7 +218,15 @@ def test_content_hash_is_the_string_hash_of_every_column() -> None:
     assert df["prompt"].isna().all() and df["prompt_len"].dtype == np.int64  # the quick routes
     texts = df.assign(prompt=["hi", None, np.nan, "None", "nan", *[None] * 45])
     ints = df.assign(prompt_len=[2**62, 10, 10, 1, *range(46)])
-    for frame in (df, texts, ints):
+    # Arrow's route (non-integer magnitudes 1e-4 .. 1e10) and Python's either side of it
+    rng = np.random.default_rng(5)
+    mags = 10.0 ** rng.uniform(-6, 17, 20_000) * rng.choice([-1.0, 1.0], 20_000)
+    mags[::3] = np.round(mags[::3], 3)
+    mags[::7] = np.round(mags[::7])
+    edges = [1e-4, np.nextafter(1e-4, 0), 1e10, np.nextafter(1e10, 0), 9999999999.5, 5e-5]
+    wide = pd.concat([df] * 401, ignore_index=True).iloc[: len(mags) + len(edges)].copy()
+    wide["arrival_s"] = np.concatenate([mags, edges])
+    for frame in (df, texts, ints, wide):
         h = hashlib.sha256()
         for col in ("request_id", "arrival_s", "prompt_len", "output_len", "tier", "prompt"):
             h.update(col.encode())
