@@ -492,8 +492,9 @@ class ArrayEngine:
         else:
             plan = self.planner(self._view(t, R))
         finished_before = self.finished_total
+        lim = hold_until if plan.hold else until  # a holding plan runs past arrivals
         if plan.prefill_run and self.fast_forward:  # a lone prefill: its run, from chunk 1
-            end = self._lone_prefill(plan, t, hold_until if plan.hold else until)
+            end = self._lone_prefill(plan, t, lim)
             if end is not None:
                 return end
         tok = plan.tokens
@@ -641,7 +642,6 @@ class ArrayEngine:
         if (
             plan.steady and self.fast_forward and n_prefill == 0 and not preempted and n_sched == R
         ):  # EngineCore._fast_forward_len; step 1's blocks are allocated
-            lim = hold_until if plan.hold else until
             ends = self._decoding_run_ends(t, R, free, n_decode, kv_read, lim)
             if not len(ends):
                 ends = [t + dur]
@@ -656,12 +656,7 @@ class ArrayEngine:
             and self.npf == 1
             and n_sched == R - 1
             and not self._decoding_at(R - 1)  # the newest waits to prefill
-            and len(
-                ends := self._decoding_run_ends(
-                    t, R - 1, free, n_decode, kv_read, hold_until if plan.hold else until
-                )
-            )
-            > 1
+            and len(ends := self._decoding_run_ends(t, R - 1, free, n_decode, kv_read, lim)) > 1
         ):  # the same over the decoding requests: the one waiting to prefill is the newest
             k = len(ends)
             end = self._finish_run(t, ends, k, R - 1, -(-self.mv[2][R - 1] // bs))
@@ -679,7 +674,7 @@ class ArrayEngine:
             and not preempted
             and not adm_g
             and self.finished_total == finished_before
-            and end < (hold_until if plan.hold else until)
+            and end < lim
         ):
             # ColumnPlan.repeats: nothing came that ends the promise (an arrival unless the
             # plan holds, a finish, a preemption, an admission), so the next step's plan is
@@ -687,7 +682,6 @@ class ArrayEngine:
             # rule 2 preempts from the tail of this order. It runs without asking.
             self._again = plan
         if plan.prefill_run and n_prefill and self.fast_forward:
-            lim = hold_until if plan.hold else until  # a holding run goes past arrivals
             if single_left and not adm_g:  # a running request's chunk: its next ones
                 return self._prefill_run(end, *granted[0][:2], lim)  # type: ignore[index]
             if not n_sched and len(adm_g) == 1 and adm_more:  # an admission ran alone, and

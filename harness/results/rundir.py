@@ -125,7 +125,6 @@ class _TableSink:
         stream: bool = False,
     ) -> None:
         self.final = run_dir / filename
-        self.compression = _COMPRESSION
         # stream: flushes append row groups to one open file instead of closed parts
         self.stream = stream
         self._writer: pq.ParquetWriter | None = None
@@ -223,7 +222,7 @@ class _TableSink:
             pq.write_table(
                 tbl,
                 tmp,
-                compression=self.compression,
+                compression=_COMPRESSION,
                 use_dictionary=False,
                 row_group_size=1 << 20,
             )
@@ -244,7 +243,7 @@ class _TableSink:
             self._writer = pq.ParquetWriter(
                 self._stream_tmp,
                 self.schema,
-                compression=self.compression,
+                compression=_COMPRESSION,
                 use_dictionary=False,
             )
         self._writer.write_table(tbl, row_group_size=1 << 20)
@@ -292,7 +291,7 @@ class _TableSink:
         else:
             tmp = self.final.with_name(self.final.name + ".tmp")
             with pq.ParquetWriter(
-                tmp, self.schema, compression=self.compression, use_dictionary=False
+                tmp, self.schema, compression=_COMPRESSION, use_dictionary=False
             ) as w:
                 for p in parts:  # stream part by part: memory stays at one part
                     w.write_table(pq.read_table(p, schema=self.schema))

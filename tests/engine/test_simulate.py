@@ -53,15 +53,20 @@ _FF_LOADS = {
 }
 
 
+def _ff_case(load: str):
+    """The trace, engine config and cost model of one of :data:`_FF_LOADS`."""
+    tk, (kv, budget, seqs) = _FF_LOADS[load]
+    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
+    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
+    return tr, cfg, get_cost_model("a100-llama2-7b")
+
+
 @pytest.mark.parametrize("load", sorted(_FF_LOADS))
 @pytest.mark.parametrize("kernel", ["auto", "reference"])
 @pytest.mark.parametrize("policy", available())
 def test_fast_forward_is_exact(policy: str, kernel: str, load: str) -> None:
     # Plan.steady is only a speed hint: every policy's results are identical without it.
-    tk, (kv, budget, seqs) = _FF_LOADS[load]
-    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
-    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
+    tr, cfg, cost = _ff_case(load)
     a = simulate(tr, make_policy(policy), cost, cfg, fast_forward=True, kernel=kernel)
     b = simulate(tr, make_policy(policy), cost, cfg, fast_forward=False, kernel=kernel)
     assert a.num_calls <= b.num_calls
@@ -203,10 +208,7 @@ def test_kept_promises_skip_plans_and_change_no_step(policy: str, load: str) -> 
     # it. The steps, the tokens, what the policy hears (SLAI's mean step time, MC-SF's
     # estimates) and the promises taken are the same on the kernel and on the engine core;
     # only the plans asked for are fewer.
-    tk, (kv, budget, seqs) = _FF_LOADS[load]
-    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
-    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
+    tr, cfg, cost = _ff_case(load)
     # what the policy keeps that the promise must not change (WAIT's flush tallies count the
     # plans made, like SLAI's critical / non-critical ones: its runs are compared)
     state = {"slai": "mean_batch_s", "mcsf": "_est"}.get(policy)
@@ -267,10 +269,7 @@ def test_the_kernel_repeats_a_plan_only_while_its_promise_stands() -> None:
     # whose slot shifts every position after it), arrivals land during runs (the toy would
     # admit them at once) and requests finish. A host that reused the plan past any of these
     # would run stale positions or skip an admission: the runs would differ.
-    tk, (kv, budget, seqs) = _FF_LOADS["tight-kv"]
-    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
-    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
+    tr, cfg, cost = _ff_case("tight-kv")
     hinted, plain = _NewestFirst(True), _NewestFirst(False)
     a = simulate(tr, hinted, cost, cfg)
     b = simulate(tr, plain, cost, cfg)
@@ -289,10 +288,7 @@ def test_repeating_plans_skip_plans_and_change_no_step(load: str) -> None:
     # steps, the tokens and RAD's cycle state are those of the kernel without the hint and of
     # the engine core (which ignores it); under tight KV fewer plans are asked for (the step a
     # decode run stops short of for its KV, which preempts, runs by the plan already made).
-    tk, (kv, budget, seqs) = _FF_LOADS[load]
-    tr = poisson_trace(tk["n"], tk["rate"], seed=tk["seed"], pmax=tk["pmax"], omax=tk["omax"])
-    cfg = EngineConfig(kv_tokens=kv, token_budget=budget, max_num_seqs=seqs, block_size=16)
-    cost = get_cost_model("a100-llama2-7b")
+    tr, cfg, cost = _ff_case(load)
     runs = {}
     for kernel, repeats in (("auto", True), ("auto", False), ("core", True)):
         pol = _counting("rad", True, repeats)
