@@ -109,6 +109,7 @@ _ALL_LEFT = 1 << 62
 _NO_LEFT = 1 << 62  # min_left of an empty batch
 _row_of = attrgetter("index")  # a RowRequest's key (ColumnView.key_of): its trace row
 _tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its keyword call (_view)
+_VIEW_CACHE = 4096  # running-column views ArrayEngine._view keeps (~1 KB each)
 _FEW = 4  # run orders up to this long are granted and advanced in scalars
 _INTS = (int, np.integer)  # a plan's scalar tokens (a tuple: `int | np.integer` is built per call)
 _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one, in scalars
@@ -356,8 +357,10 @@ class ArrayEngine:
             deque() if planner is None else WaitingQueue()
         )
         self._objects: dict[int, RowRequest] = {}  # request objects made so far, by row
-        # ColumnView parts (_view): running-column views by running count, fixed fields
-        self._col_views: dict[int, tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] = {}
+        # ColumnView parts (_view): the running columns by (prefilling, running) counts as
+        # one int key (npf * (cap + 1) + R), fixed fields
+        self._col_views: dict[int, RunningColumns] = {}
+        self._view_key = cap + 1
         self._view_fixed: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
         if planner is not None:
             self._view_fixed = (
@@ -437,17 +440,22 @@ class ArrayEngine:
 
     def _view(self, t: float, R: int) -> ColumnView:
         """The plan's :class:`ColumnView` of this engine's arrays. Built every plan, so from
-        parts made once: the running columns' views per running count (the arrays never move,
-        so a view of the first R slots stays current) and the fields that never change; the
-        tuples are made directly (a NamedTuple's keyword call costs ~1 µs more a plan)."""
-        cols = self._col_views.get(R)
-        if cols is None:
+        parts made once: the running columns per running count and count of prefilling
+        requests (the arrays never move, so a view of the first R slots stays current; the
+        entries are ~1 KB, at most :data:`_VIEW_CACHE` of them) and the fields that never
+        change; the tuples are made directly (a NamedTuple's keyword call costs ~1 µs more a
+        plan)."""
+        npf = self.npf
+        key = npf * self._view_key + R
+        running = self._col_views.get(key)
+        if running is None:
+            if len(self._col_views) >= _VIEW_CACHE:
+                self._col_views.clear()
             Pr, Or, Cr, Mr, IDr, _, Lr = self.cols
-            cols = self._col_views[R] = (
-                (Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R]),
-                (IDr[:R], Lr[:R], self.TB[:R]),
+            running = self._col_views[key] = _tuple_new(
+                _COLUMNS,
+                (Pr[:R], Or[:R], Cr[:R], Mr[:R], self.AR[:R], npf, IDr[:R], Lr[:R], self.TB[:R]),
             )
-        running = _tuple_new(_COLUMNS, cols[0] + (self.npf,) + cols[1])
         fixed_a, fixed_b = self._view_fixed
         kv = _tuple_new(KVView, (self.bs, self.total, self.used))
         return _tuple_new(ColumnView, (t, running, len(self.waiting), *fixed_a, kv, *fixed_b))
@@ -470,9 +478,6 @@ class ArrayEngine:
         ``on_step`` hears of it as from the engine core, a run in one report (but not of a
         quiet step when it hears only changes, :meth:`_report`). Returns as :meth:`execute`."""
         assert self.planner is not None
-        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
-        bs = self.bs
-        total = self.total
         R = self.R
         waiting = self.waiting
         self._evicted.clear()
@@ -482,7 +487,7 @@ class ArrayEngine:
             self._promised = False
             if R and not waiting and self.npf == 0 and self.budget_cap >= R:
                 opening = self._opening(R)
-                if opening > total - self.used:  # they would preempt: the policy decides
+                if opening > self.total - self.used:  # they would preempt: the policy decides
                     opening = -1
         again, self._again = self._again, None
         if opening >= 0:
@@ -497,6 +502,9 @@ class ArrayEngine:
             end = self._lone_prefill(plan, t, lim)
             if end is not None:
                 return end
+        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
+        bs = self.bs
+        total = self.total
         tok = plan.tokens
         order = plan.order
         if plan.preempt is not None and len(plan.preempt):  # rule 1, in order
@@ -823,7 +831,7 @@ class ArrayEngine:
         bs, cap, total = self.bs, self.budget_cap, self.total
         c = Cm[p]
         nb = -(-c // bs)
-        step_time, sample, chunks = self._step_time, self._sample, self._chunks
+        chunks = self._chunks
         self._evicted.clear()
         self._finished_rows.clear()
         t0 = t
@@ -866,7 +874,7 @@ class ArrayEngine:
             self.used += nd
             k += 1
             tokens += g
-            end = t + step_time(g, 0, c + g, g * (c + g / 2))
+            end = t + self._step_time(g, 0, c + g, g * (c + g / 2))
             if g == rem:  # the prompt is done (p decodes now, or finishes and leaves its slot)
                 Cm[p] = c
                 t = self._advance(t, end, self.R, False, None, None, [], g, 0, [(p, g)])
@@ -878,7 +886,7 @@ class ArrayEngine:
             self.sum_c += g
             self.calls += 1
             self.steps_total += 1
-            sample(end, t, 1, g, 0)
+            self._sample(end, t, 1, g, 0)
             t = end
         if not done:
             Cm[p] = c

@@ -97,7 +97,8 @@ class RowRequest:
 
     @property
     def num_computed_tokens(self) -> int:
-        self._waiting_row()
+        if self._rows.state_mv[self.index] == RUNNING:  # (inline: read with the outputs)
+            self._running()
         return 0  # no KV while waiting (the kernel has no prefix cache)
 
     @property

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from harness.workload.arrivals import (
     PROCESSES,
@@ -62,6 +64,13 @@ def sampling_rng(seed: int | None) -> np.random.Generator:
 DEFAULT_NUM_REQUESTS = 1000
 """Requests drawn from a generated source when neither a count nor a duration is given
 (``vllm bench serve --num-prompts`` defaults to the same)."""
+
+
+def _sequential_ids(n: int) -> np.ndarray:
+    """``"req-%06d" % i`` for i in 0 .. n-1 (Python strings), in Arrow's string kernels: a
+    third of the Python loop's time at 100k rows."""
+    digits = pc.utf8_lpad(pa.array(np.arange(n)).cast(pa.string()), width=6, padding="0")
+    return pc.binary_join_element_wise("req-", digits, "").to_numpy(zero_copy_only=False)
 
 
 def build_trace(
@@ -180,9 +189,7 @@ def build_trace(
             )
     ids_kept = "request_id" in rows.columns and not rows["request_id"].duplicated().any()
     df["request_id"] = (
-        rows["request_id"].astype(str).to_numpy()
-        if ids_kept
-        else ["req-%06d" % i for i in range(len(df))]  # noqa: UP031 (25% quicker than format)
+        rows["request_id"].astype(str).to_numpy() if ids_kept else _sequential_ids(len(df))
     )
     keep_tags = (
         "tier" in rows.columns
