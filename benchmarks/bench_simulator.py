@@ -22,7 +22,10 @@ Per row: *whole process* = ``harness simulate --no-report`` in a child process (
 build, simulate, run-directory and summary.json writing), its wall time and peak RSS (from
 ``wait4``); *kernel* = :func:`~harness.engine.simulate.simulate` alone in this process on the
 same trace (token times kept in memory). Requests/s = requests / seconds. The header line gives
-the load average: figures from a busy machine are not comparable.
+the load average and an interpreter probe (the seconds 10M additions take in a CPython loop,
+before the table and after it): figures from a busy or slower machine are not comparable, and
+the probe tells a slower sitting apart where the load average does not (a shared host's
+neighbours are not in it).
 
 ``--repeat N``: each workload's whole-process runs go round the policies N times (policy A, B,
 ..., then A, B, ... again) and each row gives the median wall time (its largest peak RSS), so
@@ -161,6 +164,16 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def interpreter_probe(n: int = 10_000_000) -> float:
+    """Seconds a CPython loop of ``n`` additions takes here (the module docstring: how fast
+    the machine runs the interpreter in this sitting)."""
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i
+    return time.perf_counter() - t0
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -202,7 +215,8 @@ def main() -> None:
         f"{args.load} x = {rates['lmsys'][1]:.1f} req/s; azure {args.azure_rate} req/s; "
         f"overload {args.overload} x own capacity; whole process: median of {args.repeat}; "
         "load average "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+        f"interpreter probe {interpreter_probe():.2f} s",
         flush=True,
     )
     head = (
@@ -268,6 +282,7 @@ def main() -> None:
                     }
                 row.update(kernel_only(traces[rate], src, pol, cm))
             emit(row)
+    print(f"# interpreter probe after the table {interpreter_probe():.2f} s", flush=True)
 
 
 if __name__ == "__main__":
