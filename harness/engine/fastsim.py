@@ -357,10 +357,10 @@ class ArrayEngine:
             deque() if planner is None else WaitingQueue()
         )
         self._objects: dict[int, RowRequest] = {}  # request objects made so far, by row
-        # ColumnView parts (_view): the running columns by (prefilling, running) counts as
-        # one int key (npf * (cap + 1) + R), fixed fields
+        # ColumnView parts (_view): the running columns by (prefilling, running) counts, keyed
+        # npf * (cap + 1) + R; the fields that never change
         self._col_views: dict[int, RunningColumns] = {}
-        self._view_key = cap + 1
+        self._npf_stride = cap + 1  # R <= cap: one key per pair
         self._view_fixed: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
         if planner is not None:
             self._view_fixed = (
@@ -446,7 +446,7 @@ class ArrayEngine:
         change; the tuples are made directly (a NamedTuple's keyword call costs ~1 µs more a
         plan)."""
         npf = self.npf
-        key = npf * self._view_key + R
+        key = npf * self._npf_stride + R
         running = self._col_views.get(key)
         if running is None:
             if len(self._col_views) >= _VIEW_CACHE:
@@ -502,7 +502,7 @@ class ArrayEngine:
             end = self._lone_prefill(plan, t, lim)
             if end is not None:
                 return end
-        Pr, Or, Cr, Mr, IDr, Fr, Lr = self.cols
+        Pr, Or, Cr = self.cols[:3]
         bs = self.bs
         total = self.total
         tok = plan.tokens

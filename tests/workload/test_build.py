@@ -247,3 +247,20 @@ def test_float_strings_fall_back_to_python_when_arrow_writes_otherwise(monkeypat
     assert trace_mod._float_strs(v).tolist() == want
     monkeypatch.setattr(trace_mod.pc, "cast", lambda a, t: pa.array(["x"] * len(a)))
     assert trace_mod._float_strs(v).tolist() == want
+
+
+def test_generated_request_ids_are_the_zero_padded_row_numbers() -> None:
+    """Ids a trace gets when its source has none: ``req-%06d`` of the row, wider past 999,999."""
+    from harness.workload.build import _sequential_ids
+
+    t = build_trace("synthetic", num_requests=50, rate=10.0, seed=0)
+    assert t.df["request_id"].tolist() == ["req-%06d" % i for i in range(50)]  # noqa: UP031
+    ids = _sequential_ids(1_000_002)
+    assert ids[[0, 7, 999_999, 1_000_000, 1_000_001]].tolist() == [
+        "req-000000",
+        "req-000007",
+        "req-999999",
+        "req-1000000",
+        "req-1000001",
+    ]
+    assert all(type(x) is str for x in ids[:3]) and len(_sequential_ids(0)) == 0
