@@ -20,14 +20,13 @@
  *            (a policy's RunningColumns.block_counts on the kernel's columns);
  *   grant    rule 2 for a run order (the grants, the prefix kept when the KV runs short,
  *            and the step's composition: ~20 numpy calls on a few dozen items, the steps
- *            mixing prefill and decodes);
- *   drop_last  the kept items when rule 2 preempts only the last of a run order (~8 numpy
- *            calls);
+ *            mixing prefill and decodes), preempting a lone last item itself (the usual
+ *            shortage: ~8 numpy calls and a preempt call);
  *   preempt  recompute-preempt one running request, its slot closed (ten scalar stores and
  *            two 2-D numpy slice copies);
  *   admit    a waiting request into the next running slot (a dozen scalar stores);
  *   each_once  whether a run order lists every running position once (a bincount);
- *   advance  rule 5 for those grants (the step's emitted tokens);
+ *   advance  rule 5 for those grants (the step's emitted tokens), then recount's counts;
  *   (decode, give and advance write the emitted trace rows straight into the chunk log's
  *   int32 row buffer, ChunkLog.room: a list of Python ints converted by numpy cost ~2 us a
  *   step);
@@ -44,7 +43,7 @@
  * Each has a Python version in ArrayEngine that does the same (the `_py` methods: _preempt_py
  * for preempt, _admit_head_py for admit, _few_items_py for few; for step_time and run_ends
  * the cost model's step_time and core.decode_run_ends; for steps_fit
- * core.decode_steps_that_fit; for drop_last _preempt_tail; for prefill_chunks _prefill_run's
+ * core.decode_steps_that_fit; for grant's lone victim _preempt_tail; for prefill_chunks _prefill_run's
  * own loop; for each_once the module function fastsim._lists_each_once_py); fastsim
  * uses this module where it is built unless HARNESS_PURE_KERNEL=1, and
  * tests/engine/test_rows_c.py compares the two. The arrays are read through the buffer
@@ -281,6 +280,25 @@ out:
     return ret;
 }
 
+/* Recompute-preempt running position p < R (its trace row j = ID[p] checked in range by the
+ * caller): state[j] = WAITING, Orow[j] = outputs, first[j] and last[j] its token times,
+ * npre[j] + 1; the columns after p shift left over it (running order kept). */
+static void close_preempted(cols *c, rowbufs *rb, int64_t *npre, Py_ssize_t R, Py_ssize_t p) {
+    int64_t j = c->ID[p];
+    rb->state[j] = WAITING;
+    rb->Orow[j] = c->O[p];
+    rb->first[j] = c->F[p];
+    rb->last[j] = c->L[p];
+    npre[j] += 1;
+    Py_ssize_t cap = c->cap, tail = R - 1 - p;
+    if (tail > 0) {
+        for (int r = 0; r < 5; r++)
+            memmove(c->P + r * cap + p, c->P + r * cap + p + 1, (size_t)tail * 8);
+        for (int r = 0; r < 4; r++)
+            memmove(c->F + r * cap + p, c->F + r * cap + p + 1, (size_t)tail * 8);
+    }
+}
+
 /* preempt(IA, FA, R, p, block, state, Orow, first, last, npre) -> (blocks, computed, row):
  * recompute-preempt running position p < R (ArrayEngine._evict, then _close): its trace row
  * j = IA[4, p] gets state[j] = WAITING, Orow[j] = outputs, first[j] and last[j] its token
@@ -327,18 +345,7 @@ static PyObject *preempt(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto out;
     }
     int64_t comp = c.C[p];
-    rb.state[j] = WAITING;
-    rb.Orow[j] = c.O[p];
-    rb.first[j] = c.F[p];
-    rb.last[j] = c.L[p];
-    ((int64_t *)nb.buf)[j] += 1;
-    Py_ssize_t cap = c.cap, tail = R - 1 - p;
-    if (tail > 0) {
-        for (int r = 0; r < 5; r++)
-            memmove(c.P + r * cap + p, c.P + r * cap + p + 1, (size_t)tail * 8);
-        for (int r = 0; r < 4; r++)
-            memmove(c.F + r * cap + p, c.F + r * cap + p + 1, (size_t)tail * 8);
-    }
+    close_preempted(&c, &rb, (int64_t *)nb.buf, R, p);
     ret = Py_BuildValue("(LLL)", (long long)((comp + bs - 1) / bs), (long long)comp, (long long)j);
 out:
     PyBuffer_Release(&nb);
@@ -882,49 +889,126 @@ done:
     return ret;
 }
 
-/* grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget left,
- * scheduled, decodes, prefill tokens, attention work, KV read, new blocks, kept): rule 2 for the
- * run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
+/* grant(IA, FA, R, order, tokens, tok, budget, block, free, attn, out, kept_out, state, Orow,
+ * first, last, npre) -> None | (budget left, scheduled, decodes, prefill tokens, attention
+ * work, KV read, new blocks, kept, m, victim blocks, victim computed, victim row): rule 2 for
+ * the run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
  * `tok` for all), as ArrayEngine._run_items, _run_preempting and _composition: each item's
  * want is clipped to [0, its remaining], then to the budget left before it (the budget minus
  * the earlier items' wants, when they exceed it); its new KV blocks are counted. When they do
  * not fit in `free`, only the longest prefix that rule 2's sequential pass keeps is granted
- * (`kept` items: the caller preempts the others, from the tail). None when a position is
- * listed twice (its fancy-index updates apply it once; the array pass decides), nothing
- * written. Else the grants go to `out` (int64, one per item) and the step's composition over
- * the kept items comes back: items granted anything, decodes among them (a decode: has
- * output and one token remaining), prefill tokens and attention work (sum of g * (computed
- * + g / 2), numpy's float) over the other items, KV tokens read (computed + granted, over
- * the items granted anything), their new blocks, and `kept` (the item count: nothing to
- * preempt). */
+ * (`kept` items: the others are preempted, from the tail). None when a position is listed
+ * twice (its fancy-index updates apply it once; the array pass decides), nothing written.
+ * Else the grants go to `out` (int64, one per item) and the step's composition over the kept
+ * items comes back: items granted anything, decodes among them (a decode: has output and one
+ * token remaining), prefill tokens and attention work (sum of g * (computed + g / 2), numpy's
+ * float) over the other items, KV tokens read (computed + granted, over the items granted
+ * anything), their new blocks, and `kept` (the item count: nothing to preempt).
+ *
+ * When only the last item is to be preempted (kept = len(order) - 1, the usual shortage),
+ * it is preempted here, as `preempt` does (the trace row arrays state .. npre, fastsim.Rows),
+ * and the kept items granted anything are written as positions after its slot closed (the
+ * later ones shift down by one) to kept_out[:m], their grants moved to out[:m]
+ * (ArrayEngine._preempt_tail's one-victim path); the victim's KV blocks, computed tokens and
+ * trace row come back for the caller to free and queue. Otherwise m = -1 and the victim
+ * fields are 0, 0, -1: nothing preempted here (the caller preempts a longer tail). */
+/* grant's lone victim, order[kept] (kept = len(order) - 1): the kept items granted anything
+ * as positions past its slot to kept_out[:m] (args[11]), their grants to g[:m]; then the
+ * victim preempted as `preempt` does (FA args[1], the trace row arrays args[12..16]), its
+ * blocks, computed tokens and trace row out. The buffers are only taken here (the usual
+ * step preempts nobody); everything is checked before anything is written. 0, or -1 with an
+ * exception set. */
+static int grant_victim(PyObject *const *args, Py_buffer *ia, Py_ssize_t R, const int64_t *order,
+                        Py_ssize_t kept, int64_t *g, int64_t bs, Py_ssize_t *m, int64_t *blocks,
+                        int64_t *comp, int64_t *row) {
+    cols c;
+    rowbufs rb;
+    Py_buffer kb, nb;
+    int rc = -1;
+    if (get_buf(args[1], &c.fa, 'f', "FA", PyBUF_WRITABLE) < 0)
+        return -1;
+    c.cap = ia->len / 8 / 5;
+    if (get_buf(args[11], &kb, 'i', "kept_out", PyBUF_WRITABLE) < 0)
+        goto release_fa;
+    if (get_rows(args + 12, &rb) < 0)
+        goto release_kept;
+    if (get_buf(args[16], &nb, 'i', "npre", PyBUF_WRITABLE) < 0)
+        goto release_rows;
+    if (c.fa.len != c.cap * 4 * 8) {
+        PyErr_SetString(PyExc_ValueError, "grant(): expected FA's 4 rows as long as IA's");
+        goto done;
+    }
+    if (kb.len < kept * 8 || nb.len != rb.n * 8) {
+        PyErr_SetString(PyExc_ValueError,
+                        "grant(): kept_out needs room for the kept items, npre one item per "
+                        "trace row");
+        goto done;
+    }
+    c.P = (int64_t *)ia->buf;
+    c.O = c.P + c.cap;
+    c.C = c.P + 2 * c.cap;
+    c.M = c.P + 3 * c.cap;
+    c.ID = c.P + 4 * c.cap;
+    c.F = (double *)c.fa.buf;
+    c.L = c.F + c.cap;
+    int64_t v = order[kept];
+    if (c.ID[v] < 0 || c.ID[v] >= rb.n) {
+        PyErr_SetString(PyExc_IndexError, "grant(): trace row out of range");
+        goto done;
+    }
+    int64_t *kp = (int64_t *)kb.buf;
+    Py_ssize_t w = 0;
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        if (g[i] > 0) {
+            kp[w] = order[i] - (order[i] > v);
+            g[w++] = g[i];
+        }
+    }
+    *m = w;
+    *comp = c.C[v];
+    *blocks = (*comp + bs - 1) / bs;
+    *row = c.ID[v];
+    close_preempted(&c, &rb, (int64_t *)nb.buf, R, v);
+    rc = 0;
+done:
+    PyBuffer_Release(&nb);
+release_rows:
+    release_rows(&rb);
+release_kept:
+    PyBuffer_Release(&kb);
+release_fa:
+    PyBuffer_Release(&c.fa);
+    return rc;
+}
+
 static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (want_args(nargs, 10, "grant") < 0)
+    if (want_args(nargs, 17, "grant") < 0)
         return NULL;
-    Py_ssize_t R = PyLong_AsSsize_t(args[1]);
-    int64_t tok = PyLong_AsLongLong(args[4]);
-    int64_t budget = PyLong_AsLongLong(args[5]);
-    int64_t bs = PyLong_AsLongLong(args[6]);
-    int64_t free_blocks = PyLong_AsLongLong(args[7]);
-    int use_attn = PyObject_IsTrue(args[8]);
+    Py_ssize_t R = PyLong_AsSsize_t(args[2]);
+    int64_t tok = PyLong_AsLongLong(args[5]);
+    int64_t budget = PyLong_AsLongLong(args[6]);
+    int64_t bs = PyLong_AsLongLong(args[7]);
+    int64_t free_blocks = PyLong_AsLongLong(args[8]);
+    int use_attn = PyObject_IsTrue(args[9]);
     if (PyErr_Occurred() || use_attn < 0)
         return NULL;
     if (check_block(bs, "grant") < 0)
         return NULL;
     Py_buffer ia, ob, tb, out;
-    int have_tok = args[3] != Py_None;
-    if (get_buf(args[0], &ia, 'i', "IA", 0) < 0)
+    int have_tok = args[4] != Py_None;
+    if (get_buf(args[0], &ia, 'i', "IA", PyBUF_WRITABLE) < 0)
         return NULL;
-    if (get_buf(args[2], &ob, 'i', "order", 0) < 0) {
+    if (get_buf(args[3], &ob, 'i', "order", 0) < 0) {
         PyBuffer_Release(&ia);
         return NULL;
     }
-    if (have_tok && get_buf(args[3], &tb, 'i', "tokens", 0) < 0) {
+    if (have_tok && get_buf(args[4], &tb, 'i', "tokens", 0) < 0) {
         PyBuffer_Release(&ia);
         PyBuffer_Release(&ob);
         return NULL;
     }
-    if (get_buf(args[9], &out, 'i', "out", PyBUF_WRITABLE) < 0) {
+    if (get_buf(args[10], &out, 'i', "out", PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&ia);
         PyBuffer_Release(&ob);
         if (have_tok)
@@ -989,15 +1073,15 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     int64_t need = 0, held = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t c = C[order[i]];
-        need += opened(c, g[i], bs);
-        held += (c + bs - 1) / bs;
+        int64_t cc = C[order[i]];
+        need += opened(cc, g[i], bs);
+        held += (cc + bs - 1) / bs;
     }
     Py_ssize_t kept = n;
     if (need > free_blocks) {
         /* rule 2's sequential pass in closed form (ArrayEngine._run_preempting): victims come
          * from the tail, so it keeps the longest prefix k whose new blocks fit in the free
-         * ones plus all the blocks the items from k on hold; the caller preempts the rest.
+         * ones plus all the blocks the items from k on hold; the rest are preempted.
          * The condition holds on a prefix of k = 0..n (what is spent only grows, what is
          * freed only shrinks), so the walk stops at the first k where it fails; what the
          * kept prefix spent is its new blocks. (k = n never holds: need > free.) */
@@ -1007,9 +1091,9 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             any = 1;
             kept = k;
             need = spent;
-            int64_t c = C[order[k]];
-            spent += opened(c, g[k], bs);
-            freed -= (c + bs - 1) / bs;
+            int64_t cc = C[order[k]];
+            spent += opened(cc, g[k], bs);
+            freed -= (cc + bs - 1) / bs;
         }
         if (!any) { /* not even the empty prefix: the array pass decides */
             ret = Py_None;
@@ -1027,26 +1111,32 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         }
     }
     for (Py_ssize_t i = 0; i < kept; i++) {
-        int64_t p = order[i], gi = g[i], c = C[p];
-        int decode = O[p] > 0 && P[p] + O[p] - c == 1;
+        int64_t p = order[i], gi = g[i], cc = C[p];
+        int decode = O[p] > 0 && P[p] + O[p] - cc == 1;
         granted += gi;
         if (gi > 0) {
             sched++;
             decodes += decode;
-            kv_read += c + gi;
+            kv_read += cc + gi;
         }
         /* the array pass's composition reads every item when nothing is preempted, only
          * the granted ones after a preemption: the same terms in the same places */
         if (!decode && (gi > 0 || kept == n)) {
             prefill += gi;
             if (use_attn)
-                work[nw++] = (double)gi * ((double)c + (double)gi / 2.0);
+                work[nw++] = (double)gi * ((double)cc + (double)gi / 2.0);
         }
     }
     double attn = use_attn ? pairwise_sum(work, nw) : 0.0;
-    ret = Py_BuildValue("(LLLLdLLn)", (long long)(budget - granted), (long long)sched,
+    Py_ssize_t m = -1;
+    int64_t v_blocks = 0, v_comp = 0, v_row = -1;
+    if (kept == n - 1 &&
+        grant_victim(args, &ia, R, order, kept, g, bs, &m, &v_blocks, &v_comp, &v_row) < 0)
+        goto done;
+    ret = Py_BuildValue("(LLLLdLLnnLLL)", (long long)(budget - granted), (long long)sched,
                         (long long)decodes, (long long)prefill, attn, (long long)kv_read,
-                        (long long)need, kept);
+                        (long long)need, kept, m, (long long)v_blocks, (long long)v_comp,
+                        (long long)v_row);
 done:
     PyMem_Free(work);
     PyMem_Free(seen);
@@ -1058,13 +1148,28 @@ done:
     return ret;
 }
 
-/* advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for the
- * grants of `grant` (positions < R, in run order), as ArrayEngine._advance's array branch:
- * each one's computed tokens grow by its grant; one whose KV then covers its prompt and
- * outputs emits a token at `end` (outputs + 1, last token time `end`, the first too if it had
- * none). The emitted trace rows are written, in run order, to the int32 buffer `out` from
- * offset `at` (room for every position: ChunkLog.room); returns how many, and the tokens
- * computed. */
+/* Over the first R running requests: the fewest tokens left (max_tokens - outputs; NO_LEFT
+ * for none) and how many are not decoding (a decode: has output and one token remaining). */
+static void count_left(const cols *c, Py_ssize_t R, int64_t *min_left, int64_t *npf) {
+    int64_t lo = NO_LEFT, n = 0;
+    for (Py_ssize_t p = 0; p < R; p++) {
+        int64_t m = c->M[p] - c->O[p];
+        if (m < lo)
+            lo = m;
+        n += !(c->O[p] > 0 && c->P[p] + c->O[p] - c->C[p] == 1);
+    }
+    *min_left = lo;
+    *npf = n;
+}
+
+/* advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens, min_left,
+ * not_decoding): rule 5 for the grants of `grant` (positions < R, in run order), as
+ * ArrayEngine._advance's array branch: each one's computed tokens grow by its grant; one
+ * whose KV then covers its prompt and outputs emits a token at `end` (outputs + 1, last token
+ * time `end`, the first too if it had none). The emitted trace rows are written, in run
+ * order, to the int32 buffer `out` from offset `at` (room for every position:
+ * ChunkLog.room); returns how many, the tokens computed, and then `recount`'s two counts over
+ * the running set (the step's rule 5 changes both). */
 static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 8, "advance") < 0)
@@ -1111,61 +1216,14 @@ static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (cc == c.P[p] + c.O[p])
             emit(&c, p, end, out + k++);
     }
-    ret = Py_BuildValue("(nL)", k, (long long)tokens);
+    int64_t min_left, npf;
+    count_left(&c, R, &min_left, &npf);
+    ret = Py_BuildValue("(nLLL)", k, (long long)tokens, (long long)min_left, (long long)npf);
 done:
     release_cols(&c);
     PyBuffer_Release(&ob);
     PyBuffer_Release(&gb);
     PyBuffer_Release(&rb);
-    return ret;
-}
-
-/* drop_last(order, grants, k, out) -> m: the run items that rule 2 keeps when it preempts
- * only the last item of `order` (k = len(order) - 1, positions distinct, as grant checked):
- * of the first k items, those granted anything, as positions after the victim's slot
- * (order[k]) is closed (the later ones shift down by one) into out[:m], their grants moved
- * to grants[:m] (ArrayEngine._preempt_tail's one-victim path, ~8 numpy calls). */
-static PyObject *drop_last(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (want_args(nargs, 4, "drop_last") < 0)
-        return NULL;
-    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    Py_buffer ob, gb, outb;
-    if (get_buf(args[0], &ob, 'i', "order", 0) < 0)
-        return NULL;
-    if (get_buf(args[1], &gb, 'i', "grants", PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
-    if (get_buf(args[3], &outb, 'i', "out", PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&ob);
-        PyBuffer_Release(&gb);
-        return NULL;
-    }
-    PyObject *ret = NULL;
-    Py_ssize_t n = ob.len / 8;
-    if (k < 0 || n != k + 1 || gb.len != ob.len || outb.len < k * 8) {
-        PyErr_SetString(PyExc_ValueError,
-                         "drop_last(): expected k = len(order) - 1, grants as long as order and "
-                         "out of k items");
-        goto done;
-    }
-    const int64_t *order = (const int64_t *)ob.buf;
-    int64_t *g = (int64_t *)gb.buf, *out = (int64_t *)outb.buf, v = order[k];
-    Py_ssize_t m = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (g[i] > 0) {
-            out[m] = order[i] - (order[i] > v);
-            g[m++] = g[i];
-        }
-    }
-    ret = PyLong_FromSsize_t(m);
-done:
-    PyBuffer_Release(&ob);
-    PyBuffer_Release(&gb);
-    PyBuffer_Release(&outb);
     return ret;
 }
 
@@ -1188,14 +1246,11 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "recount(): expected IA's 5 rows and R <= columns");
         return NULL;
     }
-    const int64_t *P = (const int64_t *)b.buf, *O = P + cap, *C = P + 2 * cap, *M = P + 3 * cap;
-    int64_t min_left = NO_LEFT, npf = 0;
-    for (Py_ssize_t p = 0; p < R; p++) {
-        int64_t m = M[p] - O[p];
-        if (m < min_left)
-            min_left = m;
-        npf += !(O[p] > 0 && P[p] + O[p] - C[p] == 1);
-    }
+    const int64_t *P = (const int64_t *)b.buf;
+    cols c = {.cap = cap, .P = (int64_t *)P, .O = (int64_t *)P + cap, .C = (int64_t *)P + 2 * cap,
+              .M = (int64_t *)P + 3 * cap};
+    int64_t min_left, npf;
+    count_left(&c, R, &min_left, &npf);
     PyBuffer_Release(&b);
     return Py_BuildValue("(LL)", (long long)min_left, (long long)npf);
 }
@@ -1553,12 +1608,15 @@ static PyMethodDef methods[] = {
      "few(IA, R, order, tok, budget, block) -> (items, budget left, blocks needed, KV read, "
      "decodes, prefill tokens, attention work): rule 2's grants for a short run order."},
     {"grant", (PyCFunction)(void (*)(void))grant, METH_FASTCALL,
-     "grant(IA, R, order, tokens, tok, budget, block, free, attn, out) -> None | (budget "
-     "left, scheduled, decodes, prefill, attention, KV read, new blocks, kept): rule 2 for a "
-     "run order (the items past kept are to be preempted)."},
+     "grant(IA, FA, R, order, tokens, tok, budget, block, free, attn, out, kept_out, state, "
+     "Orow, first, last, npre) -> None | (budget left, scheduled, decodes, prefill, "
+     "attention, KV read, new blocks, kept, m, victim blocks, victim computed, victim row): "
+     "rule 2 for a run order (the items past kept are to be preempted; a lone last one is, "
+     "here, the kept positions then in kept_out[:m])."},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
-     "advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens): rule 5 for "
-     "grant's grants; the emitted trace rows to out[at:]."},
+     "advance(IA, FA, R, order, grants, end, out, at) -> (emitted, tokens, min_left, "
+     "not_decoding): rule 5 for grant's grants; the emitted trace rows to out[at:]; then "
+     "recount's counts."},
     {"admit", (PyCFunction)(void (*)(void))admit, METH_FASTCALL,
      "admit(IA, FA, R, j, g, block, state, Orow, first, last, PM, AT) -> blocks: trace row j "
      "into running slot R, a first chunk of g tokens."},
@@ -1567,9 +1625,6 @@ static PyMethodDef methods[] = {
     {"preempt", (PyCFunction)(void (*)(void))preempt, METH_FASTCALL,
      "preempt(IA, FA, R, p, block, state, Orow, first, last, npre) -> (blocks, computed, "
      "row): recompute-preempt running position p (its slot closed)."},
-    {"drop_last", (PyCFunction)(void (*)(void))drop_last, METH_FASTCALL,
-     "drop_last(order, grants, k, out) -> m: the kept items granted anything, as positions "
-     "after the last item's slot is closed, into out[:m] (their grants to grants[:m])."},
     {"recount", (PyCFunction)(void (*)(void))recount, METH_FASTCALL,
      "recount(IA, R) -> (min_left, not_decoding) over the running set."},
     {"finish", (PyCFunction)(void (*)(void))finish, METH_FASTCALL,
@@ -1604,8 +1659,9 @@ static struct PyModuleDef module = {
  * changes, so an install built before is not used (the Python passes run) rather than called
  * with arguments it does not take. 2: prefill_chunks's last_ok; 3: advance and give write
  * the emitted rows into the chunk log's buffer (out, at); 4: decode too; 5: few; 6: few's
- * items are (position, tokens, remaining after them). */
-#define ROWS_ABI 6
+ * items are (position, tokens, remaining after them); 7: grant preempts a lone last item
+ * (drop_last gone), advance recounts. */
+#define ROWS_ABI 7
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);

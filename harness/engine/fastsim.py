@@ -116,7 +116,7 @@ _FEW_GONE = 8  # up to this many slots closed at once are shifted out one by one
 
 # every pass of the C extension this module calls, and the version of their arguments and
 # results it calls them with (_rows.c's ROWS_ABI)
-_ROWS_ABI = 6
+_ROWS_ABI = 7
 _PASSES = (
     "finish",
     "decode",
@@ -126,7 +126,6 @@ _PASSES = (
     "give",
     "few",
     "grant",
-    "drop_last",
     "preempt",
     "admit",
     "each_once",
@@ -347,6 +346,10 @@ class ArrayEngine:
         # (Rows.state_mv and c_rows say why)
         self.mv = tuple(memoryview(a) for a in self.cols)
         self._IAm, self._FAm = memoryview(self.IA), memoryview(self.FA)
+        # _grant_c's outputs (the grants, the kept positions after a lone victim), reused each
+        # step (read within it): slices of these instead of a new array or two a step
+        self._grants, self._kept = np.empty(cap, np.int64), np.empty(cap, np.int64)
+        self._grants_m, self._kept_m = memoryview(self._grants), memoryview(self._kept)
         self.AR = self.FA[2]  # arrival times (column policies read them)
         self.TB = self.FA[3]  # TBT SLOs, NaN: none (column policies read them)
         self.R = 0  # running requests: the first R slots, in running (admission) order
@@ -390,6 +393,7 @@ class ArrayEngine:
         # as it is and a larger one follows (_sample_room: nothing copied)
         self._S = np.empty((len(SAMPLE_COLS), 4096))
         self._Sm = memoryview(self._S)  # for the C passes (Rows.c_rows says why)
+        self._S_cols = 4096  # the block's columns (its shape[1], read every step)
         self._ns = 0  # rows in _S
         self._full_blocks: list[np.ndarray] = []
 
@@ -839,7 +843,7 @@ class ArrayEngine:
         done = False
         while t < until:
             if chunks is not None:  # the chunks in C (same rows; the completing one if last_ok)
-                if self._ns == self._S.shape[1]:
+                if self._ns == self._S_cols:
                     self._sample_room()
                 t, c2, self.used, kk, last = chunks(
                     self._Sm, self._ns, t, until, c, whole, o, tok, cap, bs, self.used, total,
@@ -930,13 +934,15 @@ class ArrayEngine:
         """Rule 2 for run order ``order`` and the step's composition, in one pass of the C
         extension (``_rows.grant``: what :meth:`_run_items`, :meth:`_run_preempting` and
         :meth:`_composition` compute), the KV allocated; when it runs short, the items past the
-        kept prefix are preempted here (tail first) and the running arrays compacted, as the
-        array pass does. Returns ``(scheduled positions, their grants, budget left, scheduled,
-        decodes, prefill tokens, attention work, KV read)``: ``order`` itself with every
-        item's grant when nothing was preempted. None when the plan's order and tokens are not
-        contiguous int64 arrays and integers, or name a position twice: the array pass then
-        does it all, as it did before (nothing was written). A position outside the running
-        set raises IndexError (the array pass read a stale column there)."""
+        kept prefix are preempted (tail first: a lone last one by the pass itself, a longer
+        tail here) and the running arrays compacted, as the array pass does. Returns
+        ``(scheduled positions, their grants, budget left, scheduled, decodes, prefill tokens,
+        attention work, KV read)``: ``order`` itself with every item's grant when nothing was
+        preempted (the grants a view of a buffer the next step reuses). None when the plan's
+        order and tokens are not contiguous int64 arrays and integers, or name a position
+        twice: the array pass then does it all, as it did before (nothing was written). A
+        position outside the running set raises IndexError (the array pass read a stale
+        column there)."""
         arr = isinstance(tok, np.ndarray)
         if order.dtype != np.int64 or not order.flags.c_contiguous:
             return None
@@ -945,9 +951,11 @@ class ArrayEngine:
                 return None
         elif not isinstance(tok, _INTS):
             return None
-        sg = np.empty(len(order), np.int64)
+        rows = self.rows
+        state, orow, first, last = rows.c_rows  # (each an argument: a * call costs ~0.2 us)
         got = _rows.grant(  # type: ignore[union-attr]
             self._IAm,
+            self._FAm,
             self.R,
             order,
             tok if arr else None,
@@ -956,19 +964,24 @@ class ArrayEngine:
             self.bs,
             self.total - self.used,
             self.use_attn,
-            sg,
+            self._grants_m,
+            self._kept_m,
+            state,
+            orow,
+            first,
+            last,
+            rows.c_npre,
         )
         if got is None:
             return None
-        left, n_sched, n_decode, prefill, attn, kv_read, need, kept = got
+        left, n_sched, n_decode, prefill, attn, kv_read, need, kept, m, blocks, comp, row = got
         self.used += need
-        if kept == len(order) - 1:  # one victim (the usual; positions distinct: grant checked)
-            v = order.item(kept)
-            out = np.empty(kept, np.int64)
-            m = _rows.drop_last(order, sg, kept, out)  # type: ignore[union-attr]
-            self._preempt(v)
-            order, sg = out[:m], sg[:m]
-        elif kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
+        if m >= 0:  # the pass preempted the one victim (the usual shortage)
+            self._requeue(row, blocks, comp)
+            self.R -= 1
+            return self._kept[:m], self._grants[:m], left, n_sched, n_decode, prefill, attn, kv_read
+        sg = self._grants[: len(order)]
+        if kept < len(order):  # the KV ran short: the tail is preempted (_run_preempting)
             order, sg = self._preempt_tail(order, sg, kept)
         return order, sg, left, n_sched, n_decode, prefill, attn, kv_read
 
@@ -987,7 +1000,9 @@ class ArrayEngine:
         if one_pass:
             log = self.chunks
             buf, at = log.room(len(sp))
-            k, g = _rows.advance(self._IAm, self._FAm, self.R, sp, sg, end, buf, at)  # type: ignore[union-attr]
+            k, g, self.min_left, self.npf = _rows.advance(  # type: ignore[union-attr]
+                self._IAm, self._FAm, self.R, sp, sg, end, buf, at
+            )
             self.sum_c += g
             log.wrote(end, k)
             return
@@ -1113,7 +1128,9 @@ class ArrayEngine:
         if adm_g:  # they join not decoding (no KV yet), then get their first chunks
             self.npf += len(adm_g)
             self._give(list(enumerate(adm_g, start=R0)), end)
-        if sp is not None:  # the array pass ran (pure, few and admissions keep them exactly)
+        if sp is not None and not (one_pass and len(sp) and not adm_g):
+            # the array pass ran (pure, few and admissions keep them exactly; a one-pass
+            # _apply recounted, unless admissions joined after it)
             self._recount()  # (finishing below removes decoding requests only: npf holds)
         if self.min_left <= 0:
             self._finish()
@@ -1205,8 +1222,9 @@ class ArrayEngine:
     def _finish_c(self) -> bool:
         """:meth:`_finish_py` in one pass of the C extension (``_rows.finish``)."""
         rows = self.rows
+        state, orow, first, last = rows.c_rows  # (arguments each: _grant_c says why)
         got = _rows.finish(  # type: ignore[union-attr]
-            self._IAm, self._FAm, self.R, self.bs, *rows.c_rows
+            self._IAm, self._FAm, self.R, self.bs, state, orow, first, last
         )
         if got is None:
             return False
@@ -1392,14 +1410,9 @@ class ArrayEngine:
     def _preempt_c(self, v: int) -> None:
         """:meth:`_preempt_py` in one pass of the C extension (``_rows.preempt``)."""
         rows = self.rows
+        state, orow, first, last = rows.c_rows  # (arguments each: _grant_c says why)
         blocks, comp, row = _rows.preempt(  # type: ignore[union-attr]
-            self._IAm,
-            self._FAm,
-            self.R,
-            v,
-            self.bs,
-            *rows.c_rows,
-            rows.c_npre,
+            self._IAm, self._FAm, self.R, v, self.bs, state, orow, first, last, rows.c_npre
         )
         self._requeue(row, blocks, comp)
         self.R -= 1
@@ -1410,8 +1423,10 @@ class ArrayEngine:
         head = j is None
         if head:
             j = self.waiting[0]
+        state, orow, first, last = rows.c_rows  # (arguments each: _grant_c says why)
         nd = _rows.admit(  # type: ignore[union-attr]
-            self._IAm, self._FAm, self.R, j, g, self.bs, *rows.c_rows, rows.c_PM, rows.c_AT,
+            self._IAm, self._FAm, self.R, j, g, self.bs, state, orow, first, last, rows.c_PM,
+            rows.c_AT,
         )  # fmt: skip
         if head:  # off the queue once admitted (an error above leaves it queued)
             self.waiting.popleft()
@@ -1460,13 +1475,14 @@ class ArrayEngine:
         it into the larger block cost ~0.2 s a million steps and twice its pages; blocks of
         a fixed 64k rows fragmented the heap: +35 MiB at the summary's peak)."""
         self._full_blocks.append(self._S[:, : self._ns])
-        self._S = np.empty((len(SAMPLE_COLS), 2 * self._S.shape[1]))
+        self._S_cols *= 2
+        self._S = np.empty((len(SAMPLE_COLS), self._S_cols))
         self._Sm = memoryview(self._S)
         self._ns = 0
 
     def _sample_c(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """:meth:`_sample_py` in one call of the C extension (``_rows.sample``)."""
-        if self._ns == self._S.shape[1]:
+        if self._ns == self._S_cols:
             self._sample_room()
         n = self._ns
         _rows.sample(  # type: ignore[union-attr]
@@ -1488,7 +1504,7 @@ class ArrayEngine:
 
     def _sample_py(self, end: float, t: float, k: int, prefill: int, decode: int) -> None:
         """One telemetry row (SAMPLE_COLS) for the step(s) from ``t`` to ``end``."""
-        if self._ns == self._S.shape[1]:
+        if self._ns == self._S_cols:
             self._sample_room()
         n = self._ns
         used = self.used

@@ -10,7 +10,7 @@ policy's block count of the columns (``KernelColumns.block_counts``); and an aff
 cost model's step time and a fast-forwarded run's step ends (``_rows.step_time``,
 ``_rows.run_ends``: against the model's ``step_time`` and ``core.decode_run_ends``, bit for
 bit); a lone prefill run's chunks (``_rows.prefill_chunks`` against ``_prefill_run``'s own
-loop), rule 2's kept items when it preempts only the last run item (``_rows.drop_last``), a
+loop), rule 2's lone victim preempted by the grant pass itself (``_grant``), a
 steady run's KV bound (``_rows.steps_fit`` against ``core.decode_steps_that_fit``), a
 recompute preemption (``_preempt``), an admission (``_admit_head``), the every-position test
 of a run order (``_rows.each_once`` against ``_lists_each_once_py``) and rule 5's rows written
@@ -449,10 +449,13 @@ def test_grant_and_its_rule_5_do_what_the_array_pass_does(seed: int, attn: bool)
         _assert_same(_state(c), _state(py))
         before_out = c.IA[1].copy()  # outputs before rule 5: who emits is who gains one
         n_logged = c.chunks._n
-        c._apply(got[0], got[1], 30.0 + seed, True)  # its emitted rows: into the chunk log
-        py._apply(want[0], want[1], 30.0 + seed, False)
-        emitted = c.IA[4, got[0]][c.IA[1, got[0]] > before_out[got[0]]] if len(got[0]) else []
-        assert c.chunks._req[n_logged : c.chunks._n].tolist() == list(emitted)
+        if len(got[0]):
+            c._apply(got[0], got[1], 30.0 + seed, True)  # its emitted rows: into the chunk log
+            py._apply(want[0], want[1], 30.0 + seed, False)
+            emitted = c.IA[4, got[0]][c.IA[1, got[0]] > before_out[got[0]]]
+            assert c.chunks._req[n_logged : c.chunks._n].tolist() == list(emitted)
+            py._recount_py()  # the one pass recounted after its rule 5
+            assert (c.min_left, c.npf) == (py.min_left, py.npf)
         c._recount_c()
         py._recount_py()
         _assert_same(_state(c), _state(py))
@@ -504,25 +507,59 @@ def test_steps_fit_refuses_bad_input() -> None:
         _rows.steps_fit(comp, 4, 16)
 
 
-def test_drop_last_refuses_bad_input() -> None:
-    from harness.engine import _rows
+def _one_block_short(seed: int) -> tuple[ArrayEngine, ArrayEngine, np.ndarray, np.ndarray] | None:
+    """Two engines in the same state and a run order of every running position whose KV
+    need is one block more than the free blocks (rule 2 then preempts from its tail: often
+    its last item alone); None when the state has fewer than two running or the run opens
+    no block."""
+    c, py = _pair(seed)
+    if c.R < 2:
+        return None
+    rng = np.random.default_rng(5000 + seed)
+    order = rng.permutation(c.R).astype(np.int64)
+    tok = rng.integers(1, 40, len(order)).astype(np.int64)
+    Cr = c.IA[2]
+    want = np.minimum(tok, c.IA[0][order] + c.IA[1][order] - Cr[order])
+    need = int(((Cr[order] + want + BS - 1) // BS - (Cr[order] + BS - 1) // BS).sum())
+    if need == 0:
+        return None
+    c.used = py.used = c.total - (need - 1)
+    return c, py, order, tok
 
-    order, g, out = (
-        np.array([4, 0, 2], np.int64),
-        np.array([1, 0, 3], np.int64),
-        np.empty(2, np.int64),
-    )
-    assert _rows.drop_last(order, g, 2, out) == 1 and out[0] == 3 and g[0] == 1
-    with pytest.raises(ValueError, match="len\\(order\\) - 1"):
-        _rows.drop_last(order, g, 1, out)
-    with pytest.raises(ValueError, match="out of k items"):
-        _rows.drop_last(order, g, 2, np.empty(1, np.int64))
-    with pytest.raises(ValueError, match="as long as order"):
-        _rows.drop_last(order, g[:2], 2, out)
-    with pytest.raises(TypeError, match="int64"):
-        _rows.drop_last(order.astype(np.int32), g, 2, out)
-    with pytest.raises(TypeError, match="4 arguments"):
-        _rows.drop_last(order, g, 2)
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_lone_victim_is_preempted_by_the_grant_pass_as_the_array_pass_does(seed: int) -> None:
+    """KV one block short for the whole run order: rule 2 preempts from its tail; when its
+    last item alone is enough, ``_rows.grant`` preempts it itself (the kept positions then
+    shifted past its slot, written to the engine's buffer). State, queue and results are the
+    array pass's."""
+    case = _one_block_short(seed)
+    if case is None:
+        return
+    c, py, order, tok = case
+    got = c._grant_c(order, tok, 1 << 20)
+    ref = _array_pass(py, order, tok, 1 << 20)
+    assert got is not None
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert got[2:] == ref[2:]
+    assert _queue(c) == _queue(py)
+    _assert_same(_state(c), _state(py))
+    assert (c.used, c.R) == (py.used, py.R)
+    if py.preempt_total == 1:  # the lone victim (its blocks freed the one missing)
+        assert got[0].base is c._kept and c.rows.npre.sum() == py.rows.npre.sum()
+
+
+def test_the_grant_pass_preempts_a_lone_victim_in_some_states() -> None:
+    """The lone-victim path of the test above is reached (not only longer tails or none)."""
+    lone = 0
+    for seed in range(40):
+        case = _one_block_short(seed)
+        if case is not None:
+            c, _, order, tok = case
+            c._grant_c(order, tok, 1 << 20)
+            lone += c.preempt_total == 1
+    assert lone >= 5
 
 
 def test_grant_declines_a_run_order_that_names_a_position_twice() -> None:
@@ -540,23 +577,59 @@ def test_the_grant_passes_reject_bad_input_and_write_nothing() -> None:
 
     eng = next(e for e in map(_engine, map(np.random.default_rng, range(50))) if e.R >= 2)
     IA, FA, R = eng.IA, eng.FA, eng.R
+    rows = (*eng.rows.c_rows, eng.rows.c_npre)
     before = _state(eng)
-    out = np.empty(2, np.int64)
+    out, kept = np.empty(2, np.int64), np.empty(2, np.int64)
     two = np.array([0, 1], np.int64)
+
+    def grant(*args: object, out: np.ndarray = out, kept: np.ndarray = kept, rows=rows):
+        return _rows.grant(IA, FA, *args, out, kept, *rows)
+
     with pytest.raises(IndexError, match="position"):
-        _rows.grant(IA, R, np.array([0, R], np.int64), None, 1, 99, BS, 99, False, out)
+        grant(R, np.array([0, R], np.int64), None, 1, 99, BS, 99, False)
     with pytest.raises(ValueError, match="R <= columns"):
-        _rows.grant(IA, IA.shape[1] + 1, two, None, 1, 99, BS, 99, False, out)
+        grant(IA.shape[1] + 1, two, None, 1, 99, BS, 99, False)
     with pytest.raises(ValueError, match="one item per position"):
-        _rows.grant(IA, R, two, np.ones(1, np.int64), 0, 99, BS, 99, False, out)
+        grant(R, two, np.ones(1, np.int64), 0, 99, BS, 99, False)
     with pytest.raises(ValueError, match="one item per position"):
-        _rows.grant(IA, R, two, None, 1, 99, BS, 99, False, out[:1])
+        grant(R, two, None, 1, 99, BS, 99, False, out=out[:1])
     with pytest.raises(ValueError, match="block size"):
-        _rows.grant(IA, R, two, None, 1, 99, 0, 99, False, out)
+        grant(R, two, None, 1, 99, 0, 99, False)
     read_only = np.ones(2, np.int64)
     read_only.flags.writeable = False
     with pytest.raises((TypeError, BufferError, ValueError)):
-        _rows.grant(IA, R, two, None, 1, 99, BS, 99, False, read_only)
+        grant(R, two, None, 1, 99, BS, 99, False, out=read_only)
+    with pytest.raises(TypeError, match="17 arguments"):
+        _rows.grant(IA, FA, R, two, None, 1, 99, BS, 99, False, out, kept)
+    # no KV free: the first of two prefills needs a block that only the second's three
+    # free, so the second is the lone victim; its trace row out of range raises before
+    # anything is written
+    bad = IA.copy()
+    bad[:, 0] = (10, 0, 0, 50, 0)  # prompt, outputs, computed, max_tokens, trace row
+    bad[:, 1] = (3 * BS + 10, 0, 3 * BS, 50, len(eng.rows.P))
+    written = bad.copy()
+    with pytest.raises(IndexError, match="trace row"):
+        _rows.grant(bad, FA, R, two, None, 1, 99, BS, 0, False, out, kept, *rows)
+    # the buffers the preemption writes (taken only when there is one)
+    victim = partial(_rows.grant, bad, FA, R, two, None, 1, 99, BS, 0, False, out)
+    with pytest.raises(ValueError, match="kept_out"):
+        victim(kept[:0], *rows)
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        victim(read_only, *rows)
+    with pytest.raises(ValueError, match="npre"):
+        victim(kept, *rows[:4], eng.rows.npre[:-1])
+    with pytest.raises(TypeError, match="int8"):
+        victim(kept, eng.rows.Orow, *rows[1:])
+    with pytest.raises(ValueError, match="FA's 4 rows"):
+        _rows.grant(bad, FA[:3], R, two, None, 1, 99, BS, 0, False, out, kept, *rows)
+    np.testing.assert_array_equal(bad, written)
+    bad[4, 1] = 0  # in range (of rows of its own): the lone victim, preempted by the pass
+    own = Rows([1], [1])
+    got = _rows.grant(
+        bad, FA.copy(), R, two, None, 1, 99, BS, 0, False, out, kept, *own.c_rows, own.c_npre
+    )
+    assert got[7:] == (1, 1, 3, 3 * BS, 0)  # kept 1 (granted: 1), its blocks, computed, row
+    assert own.npre[0] == 1 and own.state[0] == fastsim._WAITING
     grants = np.ones(2, np.int64)
     log = np.zeros(4, np.int32)
     with pytest.raises(IndexError, match="position"):
@@ -594,7 +667,11 @@ def test_grant_sums_the_attention_work_as_numpy_does(n: int) -> None:
     order = rng.permutation(n).astype(np.int64)
     tok = rng.integers(1, 5000, n).astype(np.int64)
     out = np.empty(n, np.int64)
-    got = _rows.grant(IA, n, order, tok, 0, 1 << 40, 16, 1 << 60, True, out)
+    rows = Rows([1] * n, [1] * n)
+    got = _rows.grant(
+        IA, np.zeros((4, n)), n, order, tok, 0, 1 << 40, 16, 1 << 60, True, out,
+        np.empty(n, np.int64), *rows.c_rows, rows.c_npre,
+    )  # fmt: skip
     Co = IA[2][order]
     pg = np.minimum(tok, IA[0][order] - Co)
     np.testing.assert_array_equal(out, pg)
