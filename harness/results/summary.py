@@ -672,6 +672,27 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+# The samples' columns the summary reads (metrics.server_stats, the stability's engine queue,
+# energy.run_energy): a simulation's table has one row a step (1.1M for RAD on 100k Azure
+# conversations), and its other columns cost ~90 MB of the summary's peak as a frame; the
+# GPU columns (all null in a simulation) only when the run has NVML rows.
+_SERVER_COLUMNS = (
+    "t_s",
+    "source",
+    "kv_usage",
+    "num_waiting",
+    "num_running",
+    "preemptions_total",
+)
+_GPU_COLUMNS = (
+    "gpu_index",
+    "gpu_mem_used_mib",
+    "gpu_mem_total_mib",
+    "gpu_util_perc",
+    "gpu_energy_j",
+)
+
+
 def write_summary(
     run_dir: Path | str,
     goodput: Mapping[str, float] | None = None,
@@ -682,7 +703,10 @@ def write_summary(
     is read as compact columns (:mod:`harness.results.chunklog`), not as a frame: a 100k-request
     simulation has ~15-20M chunk rows."""
     release_freed_memory()
-    run = read_run(run_dir, chunks=False, samples=True)
+    run = read_run(run_dir, chunks=False, samples=_SERVER_COLUMNS)
+    if (run.samples["source"] == "gpu").any():  # NVML's rows: their columns too
+        gpu = read_run(run_dir, requests=False, chunks=False, samples=_GPU_COLUMNS).samples
+        run = dataclasses.replace(run, samples=pd.concat([run.samples, gpu], axis=1))
     summary = compute_summary(
         run,
         goodput,

@@ -10,7 +10,7 @@ import pytest
 from harness.report.synthetic import write_synthetic_run
 from harness.results.energy import per_token, run_energy
 from harness.results.rundir import read_run
-from harness.results.summary import compute_summary
+from harness.results.summary import compute_summary, write_summary
 
 
 def _gpu(t: np.ndarray, idx: int, watts: float, start: float) -> pd.DataFrame:
@@ -76,8 +76,13 @@ def test_summary_has_energy_only_with_a_gpu_counter(tmp_path) -> None:
         s["energy"]["energy_j"] / s["total_output_tokens"]
     )
     assert set(s["energy"]["tiers"]) == {"paid", "free"}
-    plain = compute_summary(read_run(write_synthetic_run(tmp_path / "cpu", num_requests=50)))
-    assert "energy" not in plain
+    # write_summary reads the samples' GPU columns only for a run with NVML rows (here):
+    # the same energy, and the same stability verdict from the engine's queue gauges
+    written = write_summary(d)
+    assert (written["energy"], written["stability"]) == (s["energy"], s["stability"])
+    cpu = write_synthetic_run(tmp_path / "cpu", num_requests=50)
+    plain = compute_summary(read_run(cpu))
+    assert "energy" not in plain and "energy" not in write_summary(cpu)
 
 
 def test_energy_in_report_and_terminal(tmp_path) -> None:

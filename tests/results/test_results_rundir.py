@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -75,6 +76,11 @@ def test_tables_round_trip_and_final_layout(tmp_path):
     assert len(light.requests) == 0 and list(light.requests.columns) == schema.REQUESTS.names
     assert len(light.chunks) == 0 and len(light.samples) == 0
     assert light.files == run.files
+    # the samples' named columns only (write_summary's read), the source still categorical
+    some = read_run(rd, requests=False, chunks=False, samples=("t_s", "source", "kv_usage"))
+    assert list(some.samples.columns) == ["t_s", "source", "kv_usage"]
+    assert isinstance(some.samples["source"].dtype, pd.CategoricalDtype)
+    pd.testing.assert_frame_equal(some.samples, run.samples[["t_s", "source", "kv_usage"]])
 
 
 def test_empty_run_has_readable_empty_tables(tmp_path):

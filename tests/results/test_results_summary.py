@@ -217,6 +217,10 @@ def test_server_and_gpu_blocks_from_samples(tmp_path):
     gpu = s["gpu"]["0"]
     assert gpu["mem_used_max_mib"] == 300.0 and gpu["mem_used_mean_mib"] == 100.0
     assert gpu["mem_total_mib"] == 1000.0 and gpu["util_mean_perc"] == 10.0
+    # write_summary reads only the samples' columns these blocks read (the GPU ones only
+    # when there are NVML rows, as here): the same blocks
+    written = write_summary(rd)
+    assert (written["server"], written["gpu"]) == (s["server"], s["gpu"])
 
 
 def test_no_samples_no_server_block(make_run):
