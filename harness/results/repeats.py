@@ -32,12 +32,20 @@ def seeds_for(seed: int, repeats: int) -> list[int]:
 def mark_run(
     run_dir: Path, *, group: str, seed: int, index: int, of: int, label: str | None = None
 ) -> None:
-    """Record the run's place in its repeat group in run.json (and a readable label)."""
+    """Record the run's place in its repeat group in run.json (and a readable label). A
+    summary.json already written echoes run.json's label (``summary._ECHO``): it gets the new
+    one too, so the two files agree."""
     path = Path(run_dir) / schema.RUN_JSON
     meta = json.loads(path.read_text(encoding="utf-8"))
     meta["repeat"] = {"group": group, "seed": seed, "index": index, "of": of}
     meta["label"] = label or (group if of == 1 else f"{group} (seed {seed})")
     write_json(path, meta)
+    sp = Path(run_dir) / schema.SUMMARY_JSON
+    if sp.is_file():
+        summary = json.loads(sp.read_text(encoding="utf-8"))
+        if summary.get("label") != meta["label"]:
+            summary["label"] = meta["label"]
+            write_json(sp, summary)
 
 
 def write_index(folder: Path, command: str, runs: Sequence[tuple[Path, str, int]]) -> Path:

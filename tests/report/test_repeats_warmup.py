@@ -52,8 +52,19 @@ def test_simulate_repeats_groups_seeds_and_gives_verdicts(tmp_path: Path) -> Non
         ("sarathi", 8),
         ("slai", 8),
     ]
-    metas = [read_run(out / r["dir"], chunks=False, samples=False).meta for r in index["runs"]]
+    runs = [
+        read_run(out / r["dir"], requests=False, chunks=False, samples=False) for r in index["runs"]
+    ]
+    metas = [run.meta for run in runs]
     assert [m["seed"] for m in metas] == [7, 7, 8, 8]
+    # the labels the runs were given after their summaries, in summary.json too
+    assert [m["label"] for m in metas] == [
+        "sarathi (seed 7)",
+        "slai (seed 7)",
+        "sarathi (seed 8)",
+        "slai (seed 8)",
+    ]
+    assert [run.summary["label"] for run in runs] == [m["label"] for m in metas]
     assert metas[2]["repeat"] == {"group": "sarathi", "seed": 8, "index": 1, "of": 2}
     # each seed's two policies replayed the same trace: paired
     assert metas[0]["trace_meta"] == metas[1]["trace_meta"]
@@ -76,6 +87,7 @@ def test_warmup_excludes_first_requests_but_keeps_them(tmp_path: Path) -> None:
     run = read_run(run_dir)
     assert len(run.requests) == 80  # kept in the run directory
     assert run.meta["warmup"] == {"requests": 20}
+    assert run.meta["label"] == run.summary["label"] == "vllm"  # one run: the policy
     s = run.summary
     assert s["warmup"]["excluded"] == 20 and s["completed"] == 60
     first = warmup_mask(run.requests, {"requests": 20})
