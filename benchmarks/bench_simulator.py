@@ -5,6 +5,7 @@ Usage (any part alone, so the table can be re-measured piece by piece on a quiet
     python benchmarks/bench_simulator.py [--requests 100000] [--policies all|vllm,rad]
         [--workloads lmsys,azure,overload] [--repeat 3] [--no-kernel] [--timeout 600]
         [--json OUT.json]
+    python benchmarks/bench_simulator.py --readme-table LMSYS_AZURE.json OVERLOAD.json
 
 Workloads (issue 13):
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -178,6 +180,66 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+# issue 13's bars: whole-process requests/s on each workload, peak RSS (1 GB, read as 10**9
+# bytes: the stricter reading), the overload run's wall time
+TARGETS = {"lmsys": 20_000.0, "azure": 10_000.0}
+RSS_LIMIT_MIB = 1e9 / 2**20
+OVERLOAD_LIMIT_S = 60.0
+
+
+def readme_table(rows: list[dict[str, Any]], n: int) -> list[str]:
+    """The README's table (one line a policy: both workloads, their ``x vllm``, kernels, peak
+    RSS and the overload run), from the rows of one or more ``--json`` files of ``n``
+    requests, fastest on LMSYS first; then a line per bar a policy misses (``TARGETS``,
+    ``RSS_LIMIT_MIB``, the overload check), or one saying none does. A row's ``requests``
+    (written since) overrides ``n``."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        wl = "overload" if r["workload"].startswith("lmsys ") else r["workload"]
+        by.setdefault(r["policy"], {})[wl] = r
+
+    def rate(r: dict[str, Any] | None, key: str) -> float | None:
+        s = None if r is None else r.get(key)
+        return r.get("requests", n) / s if s else None  # type: ignore[union-attr]
+
+    def whole(r: dict[str, Any] | None) -> str:
+        q = rate(r, "wall_s")
+        return "-" if q is None else f"{r['wall_s']:.1f} s ({q / 1000:.1f}k)"  # type: ignore[index]
+
+    def kernel(r: dict[str, Any] | None) -> str:
+        q = rate(r, "kernel_s")
+        return "-" if q is None else f"{q / 1000:.1f}k"
+
+    out = [
+        "| policy | step | LMSYS whole (req/s) | x `vllm` | LMSYS kernel | Azure whole | x `vllm` "
+        "| Azure kernel | peak RSS MiB (LMSYS / Azure) | 1.5 x own capacity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    misses: list[str] = []
+    order = sorted(by, key=lambda p: by[p].get("lmsys", {}).get("wall_s") or math.inf)
+    for pol in order:
+        wl = by[pol]
+        lm, az, ov = wl.get("lmsys"), wl.get("azure"), wl.get("overload")
+        step = next((w["kernel"] for w in (lm, az) if w and w.get("kernel")), "-")
+        rss = " / ".join(_fmt(w and w.get("rss_mib"), ".0f") for w in (lm, az))
+        over = "-" if ov is None else f"{_fmt(ov.get('wall_s'), '.1f')} s, {ov.get('verdict')}"
+        out.append(
+            f"| `{pol}` | {step} | {whole(lm)} | {_fmt(lm and lm.get('x_vllm'), '.2f')} | "
+            f"{kernel(lm)} | {whole(az)} | {_fmt(az and az.get('x_vllm'), '.2f')} | "
+            f"{kernel(az)} | {rss} | {over} |"
+        )
+        for name, w in (("lmsys", lm), ("azure", az)):
+            q = rate(w, "wall_s")
+            if w is not None and (q is None or q < TARGETS[name]):
+                misses.append(f"{pol} {name}: {_fmt(q, ',.0f')} req/s < {TARGETS[name]:,.0f}")
+            if w is not None and (w.get("rss_mib") or math.inf) >= RSS_LIMIT_MIB:
+                misses.append(f"{pol} {name}: peak RSS {_fmt(w.get('rss_mib'), '.0f')} MiB")
+        if ov is not None and ov.get("check", "ok") != "ok":
+            misses.append(f"{pol} overload: {ov.get('check')}")
+    out += [f"# misses: {m}" for m in misses] or ["# every row meets issue 13's bars"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", "--num-requests", dest="requests", type=int, default=100_000)
@@ -193,7 +255,18 @@ def main() -> None:
     ap.add_argument("--no-kernel", action="store_true", help="skip the kernel-only timing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument(
+        "--readme-table",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: print the README's table from these --json files (and the bars missed)",
+    )
     args = ap.parse_args()
+    if args.readme_table:
+        rows = [r for f in args.readme_table for r in json.loads(f.read_text())]
+        print("\n".join(readme_table(rows, args.requests)))
+        return
 
     known = available()
     policies = known if args.policies == "all" else args.policies.split(",")
@@ -262,7 +335,7 @@ def main() -> None:
         base = medians.get("vllm", {}).get("wall_s")
         for pol in policies:
             src, rate, label = setups[pol]
-            row: dict[str, Any] = {"policy": pol, "workload": label, "rate": rate}
+            row: dict[str, Any] = {"policy": pol, "workload": label, "rate": rate, "requests": n}
             row.update(medians[pol])
             if base and row.get("wall_s"):
                 row["x_vllm"] = row["wall_s"] / base
