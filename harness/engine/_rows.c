@@ -889,29 +889,6 @@ done:
     return ret;
 }
 
-/* grant(IA, FA, R, order, tokens, tok, budget, block, free, attn, out, kept_out, state, Orow,
- * first, last, npre) -> None | (budget left, scheduled, decodes, prefill tokens, attention
- * work, KV read, new blocks, kept, m, victim blocks, victim computed, victim row): rule 2 for
- * the run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
- * `tok` for all), as ArrayEngine._run_items, _run_preempting and _composition: each item's
- * want is clipped to [0, its remaining], then to the budget left before it (the budget minus
- * the earlier items' wants, when they exceed it); its new KV blocks are counted. When they do
- * not fit in `free`, only the longest prefix that rule 2's sequential pass keeps is granted
- * (`kept` items: the others are preempted, from the tail). None when a position is listed
- * twice (its fancy-index updates apply it once; the array pass decides), nothing written.
- * Else the grants go to `out` (int64, one per item) and the step's composition over the kept
- * items comes back: items granted anything, decodes among them (a decode: has output and one
- * token remaining), prefill tokens and attention work (sum of g * (computed + g / 2), numpy's
- * float) over the other items, KV tokens read (computed + granted, over the items granted
- * anything), their new blocks, and `kept` (the item count: nothing to preempt).
- *
- * When only the last item is to be preempted (kept = len(order) - 1, the usual shortage),
- * it is preempted here, as `preempt` does (the trace row arrays state .. npre, fastsim.Rows),
- * and the kept items granted anything are written as positions after its slot closed (the
- * later ones shift down by one) to kept_out[:m], their grants moved to out[:m]
- * (ArrayEngine._preempt_tail's one-victim path); the victim's KV blocks, computed tokens and
- * trace row come back for the caller to free and queue. Otherwise m = -1 and the victim
- * fields are 0, 0, -1: nothing preempted here (the caller preempts a longer tail). */
 /* grant's lone victim, order[kept] (kept = len(order) - 1): the kept items granted anything
  * as positions past its slot to kept_out[:m] (args[11]), their grants to g[:m]; then the
  * victim preempted as `preempt` does (FA args[1], the trace row arrays args[12..16]), its
@@ -981,6 +958,29 @@ release_fa:
     return rc;
 }
 
+/* grant(IA, FA, R, order, tokens, tok, budget, block, free, attn, out, kept_out, state, Orow,
+ * first, last, npre) -> None | (budget left, scheduled, decodes, prefill tokens, attention
+ * work, KV read, new blocks, kept, m, victim blocks, victim computed, victim row): rule 2 for
+ * the run order `order` (positions < R) wanting `tokens[i]` each (an int64 array, or None and
+ * `tok` for all), as ArrayEngine._run_items, _run_preempting and _composition: each item's
+ * want is clipped to [0, its remaining], then to the budget left before it (the budget minus
+ * the earlier items' wants, when they exceed it); its new KV blocks are counted. When they do
+ * not fit in `free`, only the longest prefix that rule 2's sequential pass keeps is granted
+ * (`kept` items: the others are preempted, from the tail). None when a position is listed
+ * twice (its fancy-index updates apply it once; the array pass decides), nothing written.
+ * Else the grants go to `out` (int64, one per item) and the step's composition over the kept
+ * items comes back: items granted anything, decodes among them (a decode: has output and one
+ * token remaining), prefill tokens and attention work (sum of g * (computed + g / 2), numpy's
+ * float) over the other items, KV tokens read (computed + granted, over the items granted
+ * anything), their new blocks, and `kept` (the item count: nothing to preempt).
+ *
+ * When only the last item is to be preempted (kept = len(order) - 1, the usual shortage),
+ * it is preempted here, as `preempt` does (the trace row arrays state .. npre, fastsim.Rows),
+ * and the kept items granted anything are written as positions after its slot closed (the
+ * later ones shift down by one) to kept_out[:m], their grants moved to out[:m]
+ * (ArrayEngine._preempt_tail's one-victim path); the victim's KV blocks, computed tokens and
+ * trace row come back for the caller to free and queue. Otherwise m = -1 and the victim
+ * fields are 0, 0, -1: nothing preempted here (the caller preempts a longer tail). */
 static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (want_args(nargs, 17, "grant") < 0)
@@ -1026,14 +1026,15 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_ValueError, "grant(): expected IA's 5 rows and R <= columns");
         goto done;
     }
-    if ((have_tok && tb.len != ob.len) || out.len < ob.len) {
+    if (have_tok && tb.len != ob.len) {
         PyErr_SetString(PyExc_ValueError, "grant(): tokens and out need one item per position");
         goto done;
     }
     if (check_positions(order, n, R, "grant") < 0)
         goto done;
     /* a position listed twice: numpy's fancy-index updates (the array pass) apply it once;
-     * leave that case to it (nothing written) */
+     * leave that case to it (nothing written; such an order may be longer than `out`, which
+     * holds one item per running slot) */
     seen = PyMem_Calloc((size_t)(R ? R : 1), 1);
     if (seen == NULL) {
         PyErr_NoMemory();
@@ -1046,6 +1047,10 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
         seen[order[i]] = 1;
+    }
+    if (out.len < ob.len) {
+        PyErr_SetString(PyExc_ValueError, "grant(): tokens and out need one item per position");
+        goto done;
     }
     const int64_t *P = (const int64_t *)ia.buf, *O = P + cap, *C = P + 2 * cap;
     /* the wants, clipped to [0, remaining]; their sum decides the budget's clip */

@@ -566,6 +566,8 @@ def test_grant_declines_a_run_order_that_names_a_position_twice() -> None:
     eng = next(e for e in map(_engine, map(np.random.default_rng, range(50))) if e.R >= 2)
     before = _state(eng)
     assert eng._grant_c(np.array([0, 1, 0], np.int64), 1, 1 << 20) is None
+    # longer than the grants buffer (one item per running slot): only repeats make it so
+    assert eng._grant_c(np.zeros(len(eng._grants) + 1, np.int64), 1, 1 << 20) is None
     assert eng._grant_c(np.array([0, 1], np.int32), 1, 1 << 20) is None  # not int64
     assert eng._grant_c(np.arange(4, dtype=np.int64)[::-1][:2], 1, 1 << 20) is None  # strided
     assert eng._grant_c(np.array([0, 1], np.int64), 1.0, 1 << 20) is None  # a float want
