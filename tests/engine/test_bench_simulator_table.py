@@ -4,23 +4,16 @@ row misses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_modules import ROOT, load_benchmark
 
 
 def _bench():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "bench_simulator", ROOT / "benchmarks" / "bench_simulator.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_simulator")
 
 
 def _row(policy: str, workload: str, wall: float, rss: float, **more: object) -> dict:

@@ -4,27 +4,18 @@ project does not install: the benchmark is run by hand.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from benchmark_modules import ROOT, load_benchmark
 
 from harness.shared_data import shared_data_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "kernel_instructions", ROOT / "benchmarks" / "kernel_instructions.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("kernel_instructions")
 
 
 def test_parse_ir_reads_cachegrind_summary() -> None:
