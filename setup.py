@@ -6,7 +6,12 @@
 - ``harness.policies._planops``: the column policies' per-decode passes (issue 13);
 - ``harness.results._chunkgroup``: the summary's grouping of the chunk log by request
   (issue 13);
-- ``harness.results._orderstats``: the summary's percentiles by radix selection (issue 13).
+- ``harness.results._orderstats``: the summary's percentiles by radix selection (issue 13);
+- the pure-Python modules :data:`harness.compiled.MODULES` (the simulator kernel, the
+  policies, the summary's passes), compiled from their ``.py`` by Cython where it is present
+  (a build requirement in pyproject.toml), with a record of the sources built
+  (:data:`harness.compiled.RECORD`) so that an edited ``.py`` runs from source until the next
+  build (issue 13).
 
 ``optional=True``: where an extension cannot be compiled (no compiler, no Python headers)
 the install still succeeds and its module uses the pure-Python code that does the same
@@ -15,16 +20,92 @@ the install still succeeds and its module uses the pure-Python code that does th
 :mod:`harness.results.metrics`).
 """
 
+import importlib.util
+import json
+import os
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # The kernel's and the policies' C passes repeat Python's float arithmetic operation by
 # operation (step times, attention work, deadlines): a fused multiply-add would round once
 # where Python rounds twice (aarch64 compilers fuse by default), so none is allowed.
 _EXACT = [] if sys.platform == "win32" else ["-ffp-contract=off"]
 
+
+def _load_compiled_py():  # harness/compiled.py is stdlib only: readable before any install
+    spec = importlib.util.spec_from_file_location("_harness_compiled", "harness/compiled.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_COMPILED = _load_compiled_py()
+
+
+def _cython_extensions() -> list[Extension]:
+    """The listed modules as Cython extensions; none without Cython or with
+    ``HARNESS_COMPILE=0`` (the engine tiers' installs: they need the package importable, and
+    a second build into the same folders at once would only race the first)."""
+    if os.environ.get("HARNESS_COMPILE") == "0":
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        return []
+    exts = [
+        Extension(m, [m.replace(".", "/") + ".py"], extra_compile_args=_EXACT, optional=True)
+        for m in _COMPILED.MODULES
+    ]
+    return cythonize(
+        exts,
+        build_dir="build/cython",  # generated C stays out of the source folders
+        compiler_directives={
+            "language_level": 3,
+            "binding": True,  # functions keep their signatures and attributes
+            "annotation_typing": False,  # annotations stay hints: Python's semantics
+        },
+        quiet=True,
+    )
+
+
+class BuildRecordingSources(build_ext):
+    """build_ext on every core, then the record of the sources the compiled modules were
+    built from (:data:`harness.compiled.RECORD`: module -> SHA-256) beside them."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+        self._built: set[str] = set()
+
+    def build_extension(self, ext: Extension) -> None:
+        super().build_extension(ext)  # raises where it failed (an optional one: skipped)
+        self._built.add(ext.name)  # built now, or up to date with its C, itself regenerated
+        # from the .py by cythonize whenever the .py is newer
+
+    def run(self) -> None:
+        super().run()
+        built = {m: m.replace(".", "/") + ".py" for m in _COMPILED.MODULES if m in self._built}
+        if not built:
+            return  # nothing compiled here: a record from an earlier build stays as true as it was
+        path = os.path.join(
+            os.path.dirname(self.get_ext_fullpath("harness.compiled")), _COMPILED.RECORD
+        )
+        record = _COMPILED.read_record(path)  # entries of modules not built now stay: each
+        # names the source its extension was built from, which a changed source no longer matches
+        record.update({m: _COMPILED.source_digest(src) for m, src in built.items()})
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
 setup(
+    cmdclass={"build_ext": BuildRecordingSources},
     ext_modules=[
         Extension(
             "harness.loadgen._sse_scan",
@@ -53,5 +134,6 @@ setup(
             sources=["harness/results/_orderstats.c"],
             optional=True,
         ),
-    ]
+        *_cython_extensions(),
+    ],
 )

@@ -26,7 +26,11 @@ same trace (token times kept in memory). Requests/s = requests / seconds. The he
 the load average and an interpreter probe (the seconds 10M additions take in a CPython loop,
 before the table and after it): figures from a busy or slower machine are not comparable, and
 the probe tells a slower sitting apart where the load average does not (a shared host's
-neighbours are not in it).
+neighbours are not in it). It reads only the interpreter's own loop, though: a sitting with
+the fastest probe seen (0.29 s, 2026-12-02) ran one and the same commit of the simulator 1.4x
+slower than the sitting of an earlier table; only the same code timed in both sittings
+compares them. The header also says how many of the modules the install compiles
+(harness/compiled.py) run compiled; ``HARNESS_INTERPRETED=1`` runs them all from source.
 
 ``--repeat N``: each workload's whole-process runs go round the policies N times (policy A, B,
 ..., then A, B, ... again) and each row gives the median wall time (its largest peak RSS), so
@@ -52,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from harness import compiled
 from harness.engine.costmodel import get_cost_model
 from harness.engine.simulate import SimulateConfig, SimulationStalled, simulate
 from harness.policies import make_policy
@@ -289,7 +294,8 @@ def main() -> None:
         f"overload {args.overload} x own capacity; whole process: median of {args.repeat}; "
         "load average "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-        f"interpreter probe {interpreter_probe():.2f} s",
+        f"interpreter probe {interpreter_probe():.2f} s; "
+        f"compiled modules {len(compiled.runs_compiled())} of {len(compiled.MODULES)}",
         flush=True,
     )
     head = (

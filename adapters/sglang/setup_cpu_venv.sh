@@ -45,7 +45,7 @@ else
   # The harness (policies, tiers) imports inside SGLang's scheduler process: editable, no
   # deps, then its own deps constrained to what SGLang just got (nothing SGLang needs moves).
   "$VENV/bin/pip" freeze --exclude-editable | grep -v '^-e' > "$VENV/sglang-frozen.txt"
-  "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
+  HARNESS_COMPILE=0 "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
   "$VENV/bin/python" - "$ROOT/pyproject.toml" > "$VENV/harness-requirements.txt" <<'PY'
 import sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]

@@ -65,7 +65,7 @@ for line in open(sys.argv[1]):
 PY
   # (--no-deps, then the runtime deps by name: vLLM's rich 15 is outside the harness's range
   # but harmless for what the engine process imports.)
-  "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
+  HARNESS_COMPILE=0 "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
   "$VENV/bin/python" - "$ROOT/pyproject.toml" > "$VENV/harness-requirements.txt" <<'PY'
 import sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
