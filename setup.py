@@ -55,8 +55,12 @@ def _cython_extensions() -> list[Extension]:
         from Cython.Build import cythonize
     except ImportError:
         return []
+    # no debug info: it does not change the code, and it was ~40% of the compile time (the
+    # kernel's generated C: 42 s against 25 s at -O3); -O1 instead would cost ~4% more
+    # kernel instructions
+    flags = _EXACT if sys.platform == "win32" else [*_EXACT, "-g0"]
     exts = [
-        Extension(m, [m.replace(".", "/") + ".py"], extra_compile_args=_EXACT, optional=True)
+        Extension(m, [m.replace(".", "/") + ".py"], extra_compile_args=flags, optional=True)
         for m in _COMPILED.MODULES
     ]
     return cythonize(
