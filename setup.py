@@ -45,10 +45,24 @@ def _load_compiled_py():  # harness/compiled.py is stdlib only: readable before 
 _COMPILED = _load_compiled_py()
 
 
+def _source(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+# Each compiled module's source digest as this build read it, before Cython did: the record
+# names these, never a digest taken after the compile (an edit saved meanwhile would be
+# recorded as built).
+_BUILT_FROM: dict[str, str] = {}
+
+
 def _cython_extensions() -> list[Extension]:
     """The listed modules as Cython extensions; none without Cython or with
     ``HARNESS_COMPILE=0`` (the engine tiers' installs: they need the package importable, and
-    a second build into the same folders at once would only race the first)."""
+    a second build into the same folders at once would only race the first).
+
+    Cython regenerates a module's C when the ``.py`` is newer; file times can say "fresh" for
+    other content (a copy that keeps times, a second builder), so a module whose generated C
+    was not made from this very source (its digest beside the C) is regenerated."""
     if os.environ.get("HARNESS_COMPILE") == "0":
         return []
     try:
@@ -59,48 +73,82 @@ def _cython_extensions() -> list[Extension]:
     # kernel's generated C: 42 s against 25 s at -O3); -O1 instead would cost ~4% more
     # kernel instructions
     flags = _EXACT if sys.platform == "win32" else [*_EXACT, "-g0"]
-    exts = [
-        Extension(m, [m.replace(".", "/") + ".py"], extra_compile_args=flags, optional=True)
-        for m in _COMPILED.MODULES
-    ]
-    return cythonize(
-        exts,
-        build_dir="build/cython",  # generated C stays out of the source folders
-        compiler_directives={
-            "language_level": 3,
-            "binding": True,  # functions keep their signatures and attributes
-            "annotation_typing": False,  # annotations stay hints: Python's semantics
-        },
-        quiet=True,
-    )
+    build_dir = "build/cython"
+    exts, stale = [], []
+    for m in _COMPILED.MODULES:
+        digest = _COMPILED.source_digest(_source(m))
+        _BUILT_FROM[m] = digest
+        ext = Extension(m, [_source(m)], extra_compile_args=flags, optional=True)
+        exts.append(ext)
+        made_from = os.path.join(build_dir, _source(m)[: -len(".py")] + ".c.source-sha256")
+        try:
+            with open(made_from) as f:
+                fresh = f.read().strip() == digest
+        except OSError:
+            fresh = False
+        if not fresh:
+            stale.append((ext, made_from, digest))
+    directives = {
+        "language_level": 3,
+        "binding": True,  # functions keep their signatures and attributes
+        "annotation_typing": False,  # annotations stay hints: Python's semantics
+    }
+    out = []
+    # a module Cython rejects is left out (exclude_failures): it runs from its source
+    for group, force in (
+        ([e for e, _, _ in stale], True),
+        ([e for e in exts if all(e is not x for x, _, _ in stale)], False),
+    ):
+        if group:
+            out += cythonize(
+                group,
+                build_dir=build_dir,  # generated C stays out of the source folders
+                compiler_directives=directives,
+                force=force,
+                exclude_failures=True,
+                quiet=True,
+            )
+    made = {e.name for e in out}
+    for ext, made_from, digest in stale:
+        if ext.name in made:  # its C was just generated from this source
+            with open(made_from, "w") as f:
+                f.write(digest)
+    return out
 
 
 class BuildRecordingSources(build_ext):
-    """build_ext on every core, then the record of the sources the compiled modules were
-    built from (:data:`harness.compiled.RECORD`: module -> SHA-256) beside them."""
+    """build_ext on every core, every extension compiled afresh (a built module newer than
+    its C says nothing of which C: the editable install builds in a fresh folder anyway),
+    then the record of the sources the compiled modules were built from
+    (:data:`harness.compiled.RECORD`: module -> SHA-256) beside them."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
+        self.force = True
         self._built: set[str] = set()
 
     def build_extension(self, ext: Extension) -> None:
         super().build_extension(ext)  # raises where it failed (an optional one: skipped)
-        self._built.add(ext.name)  # built now, or up to date with its C, itself regenerated
-        # from the .py by cythonize whenever the .py is newer
+        self._built.add(ext.name)
 
     def run(self) -> None:
         super().run()
-        built = {m: m.replace(".", "/") + ".py" for m in _COMPILED.MODULES if m in self._built}
+        built = {m: d for m, d in _BUILT_FROM.items() if m in self._built}
         if not built:
             return  # nothing compiled here: a record from an earlier build stays as true as it was
         path = os.path.join(
             os.path.dirname(self.get_ext_fullpath("harness.compiled")), _COMPILED.RECORD
         )
-        record = _COMPILED.read_record(path)  # entries of modules not built now stay: each
-        # names the source its extension was built from, which a changed source no longer matches
-        record.update({m: _COMPILED.source_digest(src) for m, src in built.items()})
+        # entries of modules not built now stay: each names the source its extension was
+        # built from, which a changed source no longer matches
+        record = _COMPILED.read_record(path)
+        for m, digest in built.items():
+            if _COMPILED.source_digest(_source(m)) == digest:
+                record[m] = digest
+            else:  # edited while it compiled: the build is of the earlier text
+                record.pop(m, None)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w") as f:

@@ -58,8 +58,10 @@ MODULES: tuple[str, ...] = (
     "harness.results.summary",
 )
 
-#: The build's record, in the ``harness`` package folder: ``{module: sha256 of its source}``.
-RECORD = "compiled.json"
+#: The build's record, in the ``harness`` package folder: ``{module: sha256 of its source}``,
+#: one per interpreter ABI (the extensions' own suffix), so that a build for another Python in
+#: the same checkout never vouches for this one's extensions.
+RECORD = f"compiled{os.path.splitext(importlib.machinery.EXTENSION_SUFFIXES[0])[0]}.json"
 #: Set to ``1`` to run every listed module from its ``.py``.
 ENV = "HARNESS_INTERPRETED"
 
@@ -101,6 +103,11 @@ class FreshBuilds:
         if self._digests is None:
             self._digests = read_record(self.record)
         return self._digests
+
+    def invalidate_caches(self) -> None:
+        """importlib.invalidate_caches(): read the record again (a rebuild in this process's
+        lifetime)."""
+        self._digests = None
 
     def find_spec(
         self,

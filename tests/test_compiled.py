@@ -23,7 +23,7 @@ def _package(tmp_path: Path, record: dict[str, str] | None) -> tuple[Path, Path]
     (pkg / "__init__.py").write_text("")
     src = pkg / "hot.py"
     src.write_text("VALUE = 1\n")
-    rec = tmp_path / "compiled.json"
+    rec = tmp_path / compiled.RECORD
     if record is not None:
         rec.write_text(json.dumps(record))
     return src, rec
