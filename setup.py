@@ -45,10 +45,6 @@ def _load_compiled_py():  # harness/compiled.py is stdlib only: readable before 
 _COMPILED = _load_compiled_py()
 
 
-def _source(module: str) -> str:
-    return module.replace(".", "/") + ".py"
-
-
 # Each compiled module's source digest as this build read it, before Cython did: the record
 # names these, never a digest taken after the compile (an edit saved meanwhile would be
 # recorded as built).
@@ -74,19 +70,20 @@ def _cython_extensions() -> list[Extension]:
     # kernel instructions
     flags = _EXACT if sys.platform == "win32" else [*_EXACT, "-g0"]
     build_dir = "build/cython"
-    exts, stale = [], []
+    fresh, stale = [], []
     for m in _COMPILED.MODULES:
-        digest = _COMPILED.source_digest(_source(m))
-        _BUILT_FROM[m] = digest
-        ext = Extension(m, [_source(m)], extra_compile_args=flags, optional=True)
-        exts.append(ext)
-        made_from = os.path.join(build_dir, _source(m)[: -len(".py")] + ".c.source-sha256")
+        src = _COMPILED.source_of(m)
+        digest = _BUILT_FROM[m] = _COMPILED.source_digest(src)
+        ext = Extension(m, [str(src)], extra_compile_args=flags, optional=True)
+        made_from = os.path.join(build_dir, src.with_suffix(".c.source-sha256"))
         try:
             with open(made_from) as f:
-                fresh = f.read().strip() == digest
+                made_fresh = f.read().strip() == digest
         except OSError:
-            fresh = False
-        if not fresh:
+            made_fresh = False
+        if made_fresh:
+            fresh.append(ext)
+        else:
             stale.append((ext, made_from, digest))
     directives = {
         "language_level": 3,
@@ -95,10 +92,7 @@ def _cython_extensions() -> list[Extension]:
     }
     out = []
     # a module Cython rejects is left out (exclude_failures): it runs from its source
-    for group, force in (
-        ([e for e, _, _ in stale], True),
-        ([e for e in exts if all(e is not x for x, _, _ in stale)], False),
-    ):
+    for group, force in (([e for e, _, _ in stale], True), (fresh, False)):
         if group:
             out += cythonize(
                 group,
@@ -145,7 +139,7 @@ class BuildRecordingSources(build_ext):
         # built from, which a changed source no longer matches
         record = _COMPILED.read_record(path)
         for m, digest in built.items():
-            if _COMPILED.source_digest(_source(m)) == digest:
+            if _COMPILED.source_digest(_COMPILED.source_of(m)) == digest:
                 record[m] = digest
             else:  # edited while it compiled: the build is of the earlier text
                 record.pop(m, None)

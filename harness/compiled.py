@@ -66,6 +66,11 @@ RECORD = f"compiled{os.path.splitext(importlib.machinery.EXTENSION_SUFFIXES[0])[
 ENV = "HARNESS_INTERPRETED"
 
 
+def source_of(module: str, root: str | os.PathLike[str] = ".") -> Path:
+    """A listed module's ``.py`` under ``root`` (the folder holding ``harness/``)."""
+    return Path(root, *module.split(".")).with_suffix(".py")
+
+
 def source_digest(path: str | os.PathLike[str]) -> str:
     """SHA-256 of a source file's bytes: what a build is checked against."""
     import hashlib
@@ -140,17 +145,15 @@ def install() -> FreshBuilds:
 
 def runs_compiled() -> list[str]:
     """The listed modules that run compiled in this process, imported or not (the benchmark's
-    header): built, from their current source, and not ``HARNESS_INTERPRETED``."""
+    header): an extension is built and :class:`FreshBuilds` leaves it to the path finder."""
     finder = install()
-    if finder.interpreted:
-        return []
     root = Path(__file__).resolve().parent.parent
     out = []
     for name in MODULES:
-        src = root / (name.replace(".", "/") + ".py")
+        src = source_of(name, root)
         built = any(
             src.with_suffix(suffix).exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES
         )
-        if built and src.is_file() and finder.digests().get(name) == source_digest(src):
+        if built and src.is_file() and finder.find_spec(name, [str(src.parent)]) is None:
             out.append(name)
     return out

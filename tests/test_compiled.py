@@ -77,7 +77,7 @@ def test_an_unreadable_record_counts_as_no_build(tmp_path: Path) -> None:
 
 def test_the_list_names_modules_of_this_package() -> None:
     for name in compiled.MODULES:
-        assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name
+        assert compiled.source_of(name, ROOT).is_file(), name
     assert len(set(compiled.MODULES)) == len(compiled.MODULES)
 
 
@@ -110,7 +110,7 @@ def test_this_install_runs_each_module_compiled_exactly_when_its_build_is_fresh(
     origins = _origins(env)
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for name, origin in origins.items():
-        src = ROOT / (name.replace(".", "/") + ".py")
+        src = compiled.source_of(name, ROOT)
         fresh = record.get(name) == compiled.source_digest(src)
         assert origin.endswith(suffixes) == fresh, (name, origin)
     compiled_ones = {n for n, o in origins.items() if o.endswith(suffixes)}
