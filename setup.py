@@ -45,6 +45,21 @@ def _load_compiled_py():  # harness/compiled.py is stdlib only: readable before 
 _COMPILED = _load_compiled_py()
 
 
+def _numpy_api() -> dict:
+    """Build options for reading numpy arrays directly (numpy's headers, a build requirement in
+    pyproject.toml), where numpy is importable: ``_planops`` then skips numpy's buffer export,
+    which formats a dtype string on every call, for the arrays it can read as they are. Without
+    it the extension reads every array through the buffer protocol."""
+    try:
+        import numpy
+    except ImportError:
+        return {}
+    return {
+        "include_dirs": [numpy.get_include()],
+        "define_macros": [("HARNESS_NUMPY_API", "1")],
+    }
+
+
 # Each compiled module's source digest as this build read it, before Cython did: the record
 # names these, never a digest taken after the compile (an edit saved meanwhile would be
 # recorded as built).
@@ -169,6 +184,7 @@ setup(
             sources=["harness/policies/_planops.c"],
             extra_compile_args=_EXACT,
             optional=True,
+            **_numpy_api(),
         ),
         Extension(
             "harness.results._chunkgroup",

@@ -32,14 +32,20 @@
  * Each has a numpy version in harness/policies/planops.py that defines the answer; that
  * module uses these where the install built them, unless HARNESS_PURE_PLANS=1, and
  * tests/policies/test_planops.py compares the two. Arrays come through the buffer protocol
- * (int64 or float64, C-contiguous); every index is checked before it is read or written
- * through, and a function that raises has written nothing.
+ * (int64 or float64, C-contiguous), or, for a plain ndarray of that kind where the build had
+ * numpy's headers, straight from the array (HARNESS_NUMPY_API: numpy's buffer export costs
+ * more than most passes); every index is checked before it is read or written through, and a
+ * function that raises has written nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef HARNESS_NUMPY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#endif
 
 /* `nargs` is `n`, else a TypeError naming `fn`. */
 static int want_args(Py_ssize_t nargs, Py_ssize_t n, const char *fn) {
@@ -49,8 +55,40 @@ static int want_args(Py_ssize_t nargs, Py_ssize_t n, const char *fn) {
     return -1;
 }
 
+#ifdef HARNESS_NUMPY_API
+/* get_buf's answer for a plain ndarray of the kind asked, read straight from the array: 1 when
+ * `o` is one (b filled, b->obj NULL: nothing to release; the caller's argument keeps the array
+ * alive for the call), 0 when it is not (the buffer protocol decides). Why: numpy's buffer
+ * export formats the dtype's format string on every call (~600 instructions), and a plan
+ * passes 4-6 arrays to each pass (issue 13). */
+static int array_buf(PyObject *o, Py_buffer *b, char kind, int flags) {
+    if (!PyArray_CheckExact(o))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)o;
+    int t = PyArray_TYPE(a);
+    int typed = PyArray_ITEMSIZE(a) == 8 &&
+                (kind == 'i' ? (t == NPY_LONG || t == NPY_LONGLONG) : t == NPY_DOUBLE);
+    if (!typed || !PyArray_ISNOTSWAPPED(a) || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
+        return 0;
+    if ((flags & PyBUF_WRITABLE) && !PyArray_ISWRITEABLE(a))
+        return 0; /* the buffer protocol's error */
+    memset(b, 0, sizeof(*b));
+    b->buf = PyArray_DATA(a);
+    b->len = PyArray_NBYTES(a);
+    b->itemsize = 8;
+    b->readonly = !PyArray_ISWRITEABLE(a);
+    b->ndim = PyArray_NDIM(a);
+    b->shape = PyArray_DIMS(a);
+    return 1;
+}
+#endif
+
 /* A C-contiguous buffer of int64 ('i') or float64 ('f') items, writable if `flags` says so. */
 static int get_buf(PyObject *o, Py_buffer *b, char kind, const char *what, int flags) {
+#ifdef HARNESS_NUMPY_API
+    if (array_buf(o, b, kind, flags))
+        return 0;
+#endif
     if (PyObject_GetBuffer(o, b, flags | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
     const char *f = b->format ? b->format : "B";
@@ -311,22 +349,37 @@ static int member_cmp(const void *a, const void *b) {
     return x->r > y->r ? -1 : (x->r < y->r ? 1 : 0);
 }
 
-/* The segments' quotas: seg (S stages, each one's segment in [0, m)) and min_n (m x m). */
+/* The segments' quotas: seg (S stages, each one's segment, in [0, m) to be read) and min_n
+ * (m x m). A segment is checked where it is read, not the whole table on every call (its
+ * hundreds of stages cost more than the pass): `*bad` is set when one is out of range, and the
+ * pass then raises instead of answering. */
 typedef struct {
     const int64_t *seg, *mn;
     Py_ssize_t S, m;
+    int *bad;
 } quotas;
 
-/* s(x) = seg[min(x, S - 1)] */
-static int64_t seg_of(const quotas *q, int64_t x) { return q->seg[x < q->S ? x : q->S - 1]; }
+/* s(x) = seg[min(x, S - 1)]; 0, with *bad set, when that is not a segment */
+static int64_t seg_of(const quotas *q, int64_t x) {
+    int64_t s = q->seg[x < q->S ? x : q->S - 1];
+    if ((uint64_t)s < (uint64_t)q->m)
+        return s;
+    *q->bad = 1;
+    return 0;
+}
 
-/* Does a group's j-th longest member fit the quotas of the stages it reaches after this
- * step, k+1 .. k+r-1 (min_n[s(k+1), s(k+r-1)] >= j)? */
-static int member_fits(const member *e, int64_t j, const quotas *q) {
-    if (e->r < 2)
+static int seg_error(const char *fn) {
+    PyErr_Format(PyExc_ValueError, "%s(): segment out of range", fn);
+    return -1;
+}
+
+/* Does a member at stage k with r tokens left, its group's j-th longest, fit the quotas of
+ * the stages it reaches after this step, k+1 .. k+r-1 (min_n[s(k+1), s(k+r-1)] >= j)? */
+static inline int fits_at(int64_t k, int64_t r, int64_t j, const quotas *q) {
+    if (r < 2)
         return 1; /* finishes this step */
-    int64_t lo = e->k < q->S ? e->k + 1 : q->S; /* saturates past the last stage */
-    int64_t hi = e->r - 1 > INT64_MAX - e->k ? INT64_MAX : e->k + e->r - 1;
+    int64_t lo = k < q->S ? k + 1 : q->S; /* saturates past the last stage */
+    int64_t hi = r - 1 > INT64_MAX - k ? INT64_MAX : k + r - 1;
     return j <= q->mn[seg_of(q, lo) * q->m + seg_of(q, hi)];
 }
 
@@ -347,45 +400,108 @@ static void sort_members(member *a, Py_ssize_t n) {
     }
 }
 
+/* Keys sorted on the stack up to this many (and as many of scratch), else on the heap. */
+#define STACK_KEYS 256
+
+/* A member as one key in member_cmp's order: the stage in the high half, the tokens left
+ * (1 .. 2^32 - 1, the most first) in the low half. */
+#define PACKABLE(e) ((e).k >= 0 && (e).k <= (int64_t)UINT32_MAX && (e).r >= 0 && \
+                     (e).r <= (int64_t)UINT32_MAX)
+#define PACK(e) (((uint64_t)(e).k << 32) | (uint64_t)(UINT32_MAX - (uint64_t)(e).r))
+#define KEY_K(x) ((int64_t)((x) >> 32))
+#define KEY_R(x) ((int64_t)(UINT32_MAX - ((x) & UINT32_MAX)))
+
+/* `a` ascending (tmp: as many items of scratch): insertion sort of runs of 16, then merges.
+ * Why not qsort: its call of the comparison per step was most of groups_hold (issue 13). */
+static void sort_keys(uint64_t *a, uint64_t *tmp, Py_ssize_t n) {
+    const Py_ssize_t run = 16;
+    for (Py_ssize_t lo = 0; lo < n; lo += run) {
+        Py_ssize_t hi = lo + run < n ? lo + run : n;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            uint64_t x = a[i];
+            Py_ssize_t j = i;
+            for (; j > lo && a[j - 1] > x; j--)
+                a[j] = a[j - 1];
+            a[j] = x;
+        }
+    }
+    uint64_t *src = a, *dst = tmp;
+    for (Py_ssize_t w = run; w < n; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            Py_ssize_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi)
+                dst[o++] = src[j] < src[i] ? src[j++] : src[i++];
+            while (i < mid)
+                dst[o++] = src[i++];
+            while (j < hi)
+                dst[o++] = src[j++];
+        }
+        uint64_t *x = src;
+        src = dst;
+        dst = x;
+    }
+    if (src != a)
+        memcpy(a, src, (size_t)n * sizeof(uint64_t));
+}
+
 /* Whether the groups of `all` (N members, `t` their stages' final counts, read at each
  * member's slot) keep within the quotas of every stage they reach, all decoding together
- * (see stage_groups_hold). A singleton is checked as it is met; the members of larger groups
- * are moved to the front of `all` and sorted. */
+ * (see stage_groups_hold): each group's j-th longest member fits (fits_at). A singleton is
+ * checked as it is met; the members of larger groups are sorted by stage, the longest first
+ * (as keys when they pack into 64 bits, the usual case; else as members); -1: no memory. */
 static int groups_hold(member *all, Py_ssize_t N, const tally *t, const quotas *q) {
     Py_ssize_t B = 0;
+    int packable = 1;
     for (Py_ssize_t i = 0; i < N; i++) {
         if (t->cnt[all[i].slot] == 1) { /* the group has one member */
-            if (!member_fits(&all[i], 1, q))
+            if (!fits_at(all[i].k, all[i].r, 1, q))
                 return 0;
         } else {
+            packable &= PACKABLE(all[i]);
             all[B++] = all[i];
         }
     }
-    sort_members(all, B);
-    int64_t j = 0;
-    for (Py_ssize_t i = 0; i < B; i++) {
-        j = (i > 0 && all[i].k == all[i - 1].k) ? j + 1 : 1;
-        if (!member_fits(&all[i], j, q))
-            return 0;
+    if (!packable) {
+        sort_members(all, B);
+        int64_t j = 0;
+        for (Py_ssize_t i = 0; i < B; i++) {
+            j = (i > 0 && all[i].k == all[i - 1].k) ? j + 1 : 1;
+            if (!fits_at(all[i].k, all[i].r, j, q))
+                return 0;
+        }
+        return 1;
     }
-    return 1;
+    uint64_t stack[2 * STACK_KEYS], *keys = stack, *heap = NULL;
+    if (B > STACK_KEYS && (keys = heap = (uint64_t *)malloc(2 * (size_t)B * sizeof(uint64_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < B; i++)
+        keys[i] = PACK(all[i]);
+    sort_keys(keys, keys + B, B);
+    int ok = 1;
+    int64_t j = 0;
+    for (Py_ssize_t i = 0; i < B && ok; i++) {
+        int64_t k = KEY_K(keys[i]);
+        j = (i > 0 && k == KEY_K(keys[i - 1])) ? j + 1 : 1;
+        ok = fits_at(k, KEY_R(keys[i]), j, q);
+    }
+    free(heap);
+    return ok;
 }
 
-/* The segment table and min_n of `bs`, `bn` (checked: every segment in [0, m)). */
-static int get_quotas(Py_buffer *bs, Py_buffer *bn, quotas *q, const char *fn) {
+/* The segment table and min_n of `bs`, `bn` (each segment is checked where it is read). */
+static int get_quotas(Py_buffer *bs, Py_buffer *bn, quotas *q, int *bad, const char *fn) {
     q->seg = (const int64_t *)bs->buf;
     q->mn = (const int64_t *)bn->buf;
     q->S = bs->len / 8;
     q->m = bn->ndim == 2 ? bn->shape[0] : 0;
-    if (q->S == 0 || q->m * q->m != bn->len / 8) {
+    q->bad = bad;
+    *bad = 0;
+    if (q->S == 0 || q->m == 0 || q->m * q->m != bn->len / 8) {
         PyErr_Format(PyExc_ValueError, "%s(): array shapes do not match", fn);
         return -1;
-    }
-    for (Py_ssize_t i = 0; i < q->S; i++) {
-        if (q->seg[i] < 0 || q->seg[i] >= q->m) {
-            PyErr_Format(PyExc_ValueError, "%s(): segment out of range", fn);
-            return -1;
-        }
     }
     return 0;
 }
@@ -397,6 +513,7 @@ typedef struct {
     Py_buffer *third;
     positions ps;
     quotas q;
+    int bad; /* q.bad points here */
 } stage_args;
 
 static int take_stage_args(bufs *s, PyObject *const *args, const char *third, stage_args *a,
@@ -412,7 +529,7 @@ static int take_stage_args(bufs *s, PyObject *const *args, const char *third, st
         PyErr_Format(PyExc_ValueError, "%s(): array shapes do not match", fn);
         return -1;
     }
-    if (get_quotas(bs, bn, &a->q, fn) < 0)
+    if (get_quotas(bs, bn, &a->q, &a->bad, fn) < 0)
         return -1;
     if (get_positions(s, args[2], bo->len / 8, &a->ps, fn) < 0)
         return -1;
@@ -500,8 +617,16 @@ static PyObject *stage_groups(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         ok |= fits ? 2 : 0;
     }
-    if (ok && hold && groups_hold(all, ps.len, &t, &q))
-        ok |= 4;
+    if (ok && hold) {
+        int holds = groups_hold(all, ps.len, &t, &q);
+        if (holds < 0)
+            goto out;
+        ok |= holds ? 4 : 0;
+    }
+    if (a.bad) {
+        seg_error("stage_groups");
+        goto out;
+    }
     ret = PyLong_FromLong(ok);
 out:
     free(heap);
@@ -554,7 +679,14 @@ static PyObject *stage_groups_hold(PyObject *self, PyObject *const *args, Py_ssi
         goto out;
     for (Py_ssize_t i = 0; i < N; i++)
         all[i].slot = tally_slot(&t, all[i].k);
-    ret = PyBool_FromLong(groups_hold(all, N, &t, &q));
+    int holds = groups_hold(all, N, &t, &q);
+    if (holds < 0)
+        goto out;
+    if (a.bad) {
+        seg_error("stage_groups_hold");
+        goto out;
+    }
+    ret = PyBool_FromLong(holds);
 out:
     free(heap);
     tally_free(&t);
@@ -590,19 +722,18 @@ static PyObject *segment_blocks(PyObject *self, PyObject *const *args, Py_ssize_
     }
     const int64_t *pr = (const int64_t *)bp->buf, *o = (const int64_t *)bo->buf;
     const int64_t *seg = (const int64_t *)bs->buf, *edge = (const int64_t *)be->buf;
-    for (Py_ssize_t i = 0; i < S; i++) {
-        if (seg[i] < 0 || seg[i] >= E) {
-            PyErr_SetString(PyExc_ValueError, "segment_blocks(): segment out of range");
-            goto out;
-        }
-    }
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < R; i++) {
         if (o[i] < 0) {
             PyErr_SetString(PyExc_ValueError, "segment_blocks(): negative stage");
             goto out;
         }
-        int64_t x = pr[i] + edge[seg[o[i] < S ? o[i] : S - 1]];
+        int64_t sg = seg[o[i] < S ? o[i] : S - 1]; /* checked where read (see quotas) */
+        if ((uint64_t)sg >= (uint64_t)E) {
+            seg_error("segment_blocks");
+            goto out;
+        }
+        int64_t x = pr[i] + edge[sg];
         int64_t q = x / block, r = x % block; /* ceil division, exact for negatives too */
         total += q + (r > 0);
     }
@@ -956,4 +1087,9 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__planops(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__planops(void) {
+#ifdef HARNESS_NUMPY_API
+    import_array();
+#endif
+    return PyModule_Create(&module);
+}
