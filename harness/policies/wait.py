@@ -397,12 +397,14 @@ class WaitPolicy(ThresholdFlushing):
     # -- planning ---------------------------------------------------------------------
     def _strict_empty(self, partial: np.ndarray) -> bool:
         # Algorithm 1's strict plan with no partial prefill and no type at its threshold
-        # runs and admits nothing (what _plan_type would compute)
-        return (
-            self.gating == "type"
-            and not len(partial)
-            and not any(map(ge, map(len, self._wq.queues), self.thresholds))
-        )
+        # runs and admits nothing (what _plan_type would compute); a plain loop: it runs on
+        # every plan, and map/any chains cost several times more compiled (issue 13)
+        if self.gating != "type" or len(partial):
+            return False
+        for q, n in zip(self._wq.queues, self.thresholds, strict=True):  # noqa: SIM110
+            if len(q) >= n:
+                return False
+        return True
 
     def _plan(
         self, cv: ColumnView, decoding: np.ndarray, partial: np.ndarray, *, flush: bool
