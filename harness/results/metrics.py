@@ -22,7 +22,7 @@ row per step that emitted tokens.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +46,7 @@ DEFAULT_SEND_LAG_THRESHOLD_MS = 10.0
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 _SLICE = 1 << 20  # rows per slice of the chunked passes (bounded temporaries at 30M rows)
 _SELECT_MIN = 1 << 16  # samples from which the C selection beats numpy's partition
+_PAIRWISE_PIECE = 1 << 15  # values a piece of mean_std's deviations (256 KB: in cache)
 
 
 def percentile_key(p: float, metric: str) -> str:
@@ -57,25 +58,45 @@ def percentile_key(p: float, metric: str) -> str:
 def mean_std(v: np.ndarray, scratch: np.ndarray | None = None) -> tuple[float, float]:
     """``(np.mean(v), np.std(v))`` of a 1-D float64 array, bit for bit: numpy 2's ``_mean``
     and ``_var`` steps (one pairwise sum for the mean, the squared deviations' pairwise sum
-    over n, its square root), the mean summed once and the deviations written into
-    ``scratch`` (at least ``v.size`` long) when given. Why: a fresh 8-byte-a-sample
-    temporary per block costs page faults at 15M ITL samples; one scratch serves all."""
+    over n, its square root), the mean summed once. The deviations are made and summed a
+    piece at a time (:func:`_pairwise_sum`: numpy's own halving, so the same sum) in the
+    front of ``scratch`` when it is long enough, else a fresh piece. Why: at 15M ITL samples
+    an N-row temporary costs page faults and three trips through memory; a cache-sized
+    piece costs one read of ``v``."""
     n = np.intp(v.size)
     total = np.add.reduce(v, keepdims=True)
     mean = total[0].dtype.type(total[0] / n)  # np.mean's scalar path
     arrmean = np.true_divide(total, n, out=total, casting="unsafe", subok=False)
-    x = np.subtract(v, arrmean, out=None if scratch is None else scratch[: v.size])
-    x = np.square(x, out=x)
-    ss = np.add.reduce(x)
+    piece = min(v.size, _PAIRWISE_PIECE)
+    buf = scratch if scratch is not None and scratch.size >= piece else np.empty(piece)
+
+    def squares(a: int, b: int) -> np.floating:
+        x = np.subtract(v[a:b], arrmean, out=buf[: b - a])
+        return np.add.reduce(np.square(x, out=x))
+
+    ss = _pairwise_sum(squares, 0, v.size)
     var = ss.dtype.type(ss / n)
     return mean, var.dtype.type(np.sqrt(var))
+
+
+def _pairwise_sum(piece_sum: Callable[[int, int], np.floating], a: int, b: int) -> np.floating:
+    """``np.add.reduce`` of the values ``[a, b)`` whose pieces ``piece_sum`` reduces: numpy's
+    pairwise sum of a contiguous float64 array (``pairwise_sum_DOUBLE``) halves it at a
+    multiple of 8 until a block of 128, so each half down to a piece is reduced by the same
+    tree as a reduce of that half alone, and the halves' sums add in the same order."""
+    n = b - a
+    if n <= _PAIRWISE_PIECE:
+        return piece_sum(a, b)
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(piece_sum, a, a + half) + _pairwise_sum(piece_sum, a + half, b)
 
 
 def percentiles(v: np.ndarray, pcts: Sequence[float], overwrite: bool = False) -> np.ndarray:
     """``np.percentile(v, pcts)`` (its default linear method) of a 1-D float64 array, bit for
     bit. numpy's own steps (``_quantile``: virtual index ``(n-1)q``, its floor and the next
     index, the last one past the end, ``_lerp``) over order statistics that the C radix
-    selection (:mod:`harness.results._orderstats`) finds in three passes that only read
+    selection (:mod:`harness.results._orderstats`) finds in two or three passes that only read
     ``v``, where it is built and ``v`` is large: ~3.5x quicker than numpy's partition at 15M
     ITL samples. Else, or when it declines (a NaN or a negative zero; more equal values than a
     copy of an eighth of ``v`` holds), numpy's percentile (``overwrite``: in place, as its

@@ -197,10 +197,11 @@ def _itl_stats(
     Each tier's samples are copied in the pooled order (its mean and std sum in it) and
     partitioned in place for its percentiles. A tier holding every sample shares the run's
     figures (the same samples, same order). Memory: one buffer beside ``itl`` holds, in turn,
-    the pool's deviations, then each tier's copy: its deviations written over it, copied
-    again, partitioned; the largest tier last, its partition beside the pool's (on a thread:
-    numpy sorts without the GIL). ``spare``: a float64 buffer the caller no longer reads (the
-    chunk times), that buffer when it is long enough (no fresh pages to fault in)."""
+    each tier's copy (:func:`metrics.mean_std` makes the deviations a cache-sized piece at a
+    time, so the copy is read, not overwritten, and made once), partitioned; the largest
+    tier last, its partition beside the pool's (on a thread: numpy sorts without the GIL).
+    ``spare``: a float64 buffer the caller no longer reads (the chunk times), that buffer
+    when it is long enough (no fresh pages to fault in)."""
     m_all = [itl_tier == code for code in range(len(names))]
     counts = [int(np.count_nonzero(m)) for m in m_all]
     whole_tiers = {names[j] for j, k in enumerate(counts) if itl.size and k == itl.size}
@@ -215,7 +216,7 @@ def _itl_stats(
         )
         big = spare if usable else np.empty(itl.size)
     del spare
-    whole_mean_std = M.mean_std(itl, big) if itl.size else None
+    whole_mean_std = M.mean_std(itl) if itl.size else None
     top = itl.max() if itl.size else None
 
     def pooled() -> dict[str, float]:
@@ -234,8 +235,7 @@ def _itl_stats(
             stats = M.latency_stats(sub, "itl")
         else:
             sub = M.masked_into(itl, mask, big)
-            moments = M.mean_std(sub, sub)  # the deviations over the copy ...
-            sub = M.masked_into(itl, mask, big)  # ... and the samples again
+            moments = M.mean_std(sub)
             if not last:
                 stats = M.latency_stats(sub, "itl", overwrite=True, moments=moments)
             else:  # the pool is read for the last time: its partition beside this one

@@ -197,6 +197,16 @@ def test_the_cap_bounds_the_copy():
     assert _orderstats.select_ranks(v, rank, 999) is None
 
 
+def test_two_levels_when_the_wide_buckets_overflow_the_cap():
+    """Samples crowded into one bucket of the top 20 bits (more than the cap: the one-level
+    pass gives up) but spread over the 32-bit ones: the two-level selection answers, the
+    order statistics of a sorted copy."""
+    rng = np.random.default_rng(12)
+    v = 1.0 + rng.random(100_000) * 3e-3
+    ranks = np.array([0, 5_000, 50_000, 99_000, 99_999], dtype=np.int64)
+    assert _orderstats.select_ranks(v, ranks, 1000) == tuple(np.sort(v)[ranks])
+
+
 @pytest.mark.parametrize(
     ("args", "error", "match"),
     [
