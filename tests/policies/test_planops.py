@@ -185,6 +185,35 @@ def test_segment_blocks_match_the_numpy_pass(seed: int) -> None:
     assert _c("segment_blocks")(*args) == _py("segment_blocks")(*args)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_arrays_and_other_buffers_read_alike(seed: int) -> None:
+    """A plain ndarray is read directly where the build had numpy's headers; any other
+    buffer (a memoryview, an ndarray subclass, a byte-swapped or strided array) goes through
+    the buffer protocol: the same answers, the same refusals."""
+    rng = np.random.default_rng(seed)
+    pol = NestedWaitPolicy(edges=(10, 20, 40), thresholds=(6, 3, 1))
+    R = int(rng.integers(1, 300))
+    output = rng.integers(0, 60, R).astype(np.int64) % int(rng.integers(1, 8))
+    mx = output + rng.integers(1, 80, R)
+    prompt = rng.integers(1, 3000, R).astype(np.int64)
+
+    class Sub(np.ndarray):
+        pass
+
+    for view in (memoryview, lambda a: a.view(Sub)):
+        for ahead in range(4):
+            args = (output, mx, None, pol._n_stage, pol._seg_a, pol._min_n, ahead)
+            other = tuple(view(a) if isinstance(a, np.ndarray) else a for a in args)
+            assert _c("stage_groups")(*other) == _c("stage_groups")(*args)
+        args = (prompt, output, pol._seg_a, pol._edge_a, 16)
+        other = tuple(view(a) if isinstance(a, np.ndarray) else a for a in args)
+        assert _c("segment_blocks")(*other) == _c("segment_blocks")(*args)
+    with pytest.raises(TypeError, match="int64"):
+        _c("segment_blocks")(prompt.astype(">i8"), output, pol._seg_a, pol._edge_a, 16)
+    with pytest.raises(ValueError, match="contiguous"):
+        _c("segment_blocks")(np.repeat(prompt, 2)[::2], output, pol._seg_a, pol._edge_a, 16)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_keyed_passes_match_the_numpy_ones(seed: int) -> None:
     rng = np.random.default_rng(seed)
