@@ -341,14 +341,6 @@ typedef struct {
     uint64_t slot;
 } member;
 
-/* By stage, then the most tokens left first. */
-static int member_cmp(const void *a, const void *b) {
-    const member *x = (const member *)a, *y = (const member *)b;
-    if (x->k != y->k)
-        return x->k < y->k ? -1 : 1;
-    return x->r > y->r ? -1 : (x->r < y->r ? 1 : 0);
-}
-
 /* The segments' quotas: seg (S stages, each one's segment, in [0, m) to be read) and min_n
  * (m x m). A segment is checked where it is read, not the whole table on every call (its
  * hundreds of stages cost more than the pass): `*bad` is set when one is out of range, and the
@@ -368,9 +360,8 @@ static int64_t seg_of(const quotas *q, int64_t x) {
     return 0;
 }
 
-static int seg_error(const char *fn) {
+static void seg_error(const char *fn) {
     PyErr_Format(PyExc_ValueError, "%s(): segment out of range", fn);
-    return -1;
 }
 
 /* Does a member at stage k with r tokens left, its group's j-th longest, fit the quotas of
@@ -383,33 +374,8 @@ static inline int fits_at(int64_t k, int64_t r, int64_t j, const quotas *q) {
     return j <= q->mn[seg_of(q, lo) * q->m + seg_of(q, hi)];
 }
 
-/* Sorted by member_cmp: an insertion sort for the few members of the usual case (a dozen in
- * groups of two or three: the sort costs less than qsort's calls of its comparison), else
- * qsort. Members that compare equal are alike for groups_hold, so stability is moot. */
-static void sort_members(member *a, Py_ssize_t n) {
-    if (n > 32) {
-        qsort(a, (size_t)n, sizeof(member), member_cmp);
-        return;
-    }
-    for (Py_ssize_t i = 1; i < n; i++) {
-        member e = a[i];
-        Py_ssize_t j = i;
-        for (; j > 0 && member_cmp(&a[j - 1], &e) > 0; j--)
-            a[j] = a[j - 1];
-        a[j] = e;
-    }
-}
-
 /* Keys sorted on the stack up to this many (and as many of scratch), else on the heap. */
 #define STACK_KEYS 256
-
-/* A member as one key in member_cmp's order: the stage in the high half, the tokens left
- * (1 .. 2^32 - 1, the most first) in the low half. */
-#define PACKABLE(e) ((e).k >= 0 && (e).k <= (int64_t)UINT32_MAX && (e).r >= 0 && \
-                     (e).r <= (int64_t)UINT32_MAX)
-#define PACK(e) (((uint64_t)(e).k << 32) | (uint64_t)(UINT32_MAX - (uint64_t)(e).r))
-#define KEY_K(x) ((int64_t)((x) >> 32))
-#define KEY_R(x) ((int64_t)(UINT32_MAX - ((x) & UINT32_MAX)))
 
 /* `a` ascending (tmp: as many items of scratch): insertion sort of runs of 16, then merges.
  * Why not qsort: its call of the comparison per step was most of groups_hold (issue 13). */
@@ -448,44 +414,36 @@ static void sort_keys(uint64_t *a, uint64_t *tmp, Py_ssize_t n) {
 /* Whether the groups of `all` (N members, `t` their stages' final counts, read at each
  * member's slot) keep within the quotas of every stage they reach, all decoding together
  * (see stage_groups_hold): each group's j-th longest member fits (fits_at). A singleton is
- * checked as it is met; the members of larger groups are sorted by stage, the longest first
- * (as keys when they pack into 64 bits, the usual case; else as members); -1: no memory. */
+ * checked as it is met; the members of larger groups are sorted as one 64-bit key each, their
+ * stage's slot in the high half (a group's members together; the stage is the tally's key of
+ * that slot) and the tokens left in the low half, the most first. The tokens are read only as
+ * r < 2 and through s(k + r - 1), the same for every r > S, so they are capped at S + 1 (exact
+ * for any segment table below 2^32 stages); slots are below 2^32 (the tally has under four a
+ * member). -1: no memory. */
 static int groups_hold(member *all, Py_ssize_t N, const tally *t, const quotas *q) {
-    Py_ssize_t B = 0;
-    int packable = 1;
-    for (Py_ssize_t i = 0; i < N; i++) {
-        if (t->cnt[all[i].slot] == 1) { /* the group has one member */
-            if (!fits_at(all[i].k, all[i].r, 1, q))
-                return 0;
-        } else {
-            packable &= PACKABLE(all[i]);
-            all[B++] = all[i];
-        }
-    }
-    if (!packable) {
-        sort_members(all, B);
-        int64_t j = 0;
-        for (Py_ssize_t i = 0; i < B; i++) {
-            j = (i > 0 && all[i].k == all[i - 1].k) ? j + 1 : 1;
-            if (!fits_at(all[i].k, all[i].r, j, q))
-                return 0;
-        }
-        return 1;
-    }
+    const uint64_t cap = (uint64_t)q->S < UINT32_MAX ? (uint64_t)q->S + 1 : UINT32_MAX;
     uint64_t stack[2 * STACK_KEYS], *keys = stack, *heap = NULL;
-    if (B > STACK_KEYS && (keys = heap = (uint64_t *)malloc(2 * (size_t)B * sizeof(uint64_t))) == NULL) {
+    if (N > STACK_KEYS && (keys = heap = (uint64_t *)malloc(2 * (size_t)N * sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < B; i++)
-        keys[i] = PACK(all[i]);
-    sort_keys(keys, keys + B, B);
+    Py_ssize_t B = 0;
     int ok = 1;
+    for (Py_ssize_t i = 0; i < N && ok; i++) {
+        if (t->cnt[all[i].slot] == 1) { /* the group has one member */
+            ok = fits_at(all[i].k, all[i].r, 1, q);
+        } else {
+            uint64_t r = (uint64_t)all[i].r < cap ? (uint64_t)all[i].r : cap; /* r >= 1 */
+            keys[B++] = (all[i].slot << 32) | (UINT32_MAX - r);
+        }
+    }
+    if (ok)
+        sort_keys(keys, keys + B, B);
     int64_t j = 0;
     for (Py_ssize_t i = 0; i < B && ok; i++) {
-        int64_t k = KEY_K(keys[i]);
-        j = (i > 0 && k == KEY_K(keys[i - 1])) ? j + 1 : 1;
-        ok = fits_at(k, KEY_R(keys[i]), j, q);
+        uint64_t slot = keys[i] >> 32;
+        j = (i > 0 && slot == keys[i - 1] >> 32) ? j + 1 : 1;
+        ok = fits_at(t->key[slot], (int64_t)(UINT32_MAX - (keys[i] & UINT32_MAX)), j, q);
     }
     free(heap);
     return ok;
