@@ -55,20 +55,18 @@ def percentile_key(p: float, metric: str) -> str:
     return f"p{word}_{metric}_ms"
 
 
-def mean_std(v: np.ndarray, scratch: np.ndarray | None = None) -> tuple[float, float]:
+def mean_std(v: np.ndarray) -> tuple[float, float]:
     """``(np.mean(v), np.std(v))`` of a 1-D float64 array, bit for bit: numpy 2's ``_mean``
     and ``_var`` steps (one pairwise sum for the mean, the squared deviations' pairwise sum
     over n, its square root), the mean summed once. The deviations are made and summed a
-    piece at a time (:func:`_pairwise_sum`: numpy's own halving, so the same sum) in the
-    front of ``scratch`` when it is long enough, else a fresh piece. Why: at 15M ITL samples
-    an N-row temporary costs page faults and three trips through memory; a cache-sized
-    piece costs one read of ``v``."""
+    piece at a time in one cache-sized buffer (:func:`_pairwise_sum`: numpy's own halving,
+    so the same sum). Why: at 15M ITL samples an N-row temporary costs page faults and three
+    trips through memory; a cache-sized piece costs one read of ``v``."""
     n = np.intp(v.size)
     total = np.add.reduce(v, keepdims=True)
     mean = total[0].dtype.type(total[0] / n)  # np.mean's scalar path
     arrmean = np.true_divide(total, n, out=total, casting="unsafe", subok=False)
-    piece = min(v.size, _PAIRWISE_PIECE)
-    buf = scratch if scratch is not None and scratch.size >= piece else np.empty(piece)
+    buf = np.empty(min(v.size, _PAIRWISE_PIECE))
 
     def squares(a: int, b: int) -> np.floating:
         x = np.subtract(v[a:b], arrmean, out=buf[: b - a])
